@@ -1,0 +1,145 @@
+// Package indexes defines Index v1, the durable map from page key to the
+// location of its bytes in a Store (for the disk tier: disk, slot, epoch),
+// and the registry through which a stack config selects an implementation.
+//
+// An Index never decides what is cached; it records where the Store put
+// what the host told it to keep. Implementations: indexes/lmdb (shared by all
+// ranks of a node) and indexes/badger (one process), and plugins.
+package indexes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvtier/kvtier/registry"
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// IndexV1 is the role ID of Index v1.
+const IndexV1 registry.TypeID = "kvtier.index.v1"
+
+// Sentinel errors callers branch on with errors.Is.
+var (
+	// ErrFull means the index has no room for the batch (LMDB's
+	// MDB_MAP_FULL). Nothing of the batch was written; admission of new
+	// pages must stop until space is freed. Existing entries are intact.
+	ErrFull = errors.New("index full")
+	// ErrInUse means another process holds the index exclusively.
+	ErrInUse = errors.New("index in use by another process")
+	// ErrCorrupt means a stored record failed to decode. The message names
+	// the key; the entry should be treated as absent and deleted.
+	ErrCorrupt = errors.New("index record corrupt")
+	// ErrClosed is returned by every method called after Close.
+	ErrClosed = errors.New("index closed")
+)
+
+// Record is where one payload page lives.
+type Record struct {
+	// Disk is the store's disk number.
+	Disk uint16
+	// Kind is the payload kind (repeated from the key so a record is
+	// self-describing when cross-checked against a slot header).
+	Kind tiers.PayloadKind
+	// Slot is the slot number within the (kind, disk) slab file.
+	Slot uint64
+	// Epoch is the store epoch the slot was written in; a record of an
+	// older epoch than the store's is stale (cold start "clear").
+	Epoch uint64
+	// LastAccess is the store's logical access time of the page.
+	LastAccess uint64
+}
+
+// Entry is a key with its record.
+type Entry struct {
+	Key    tiers.Key
+	Record Record
+}
+
+// Stats summarises an index.
+type Stats struct {
+	// Entries is the number of keys.
+	Entries int64
+	// Bytes is the storage the index uses on disk, if known.
+	Bytes int64
+	// CapacityBytes is the configured limit (LMDB map size), 0 if none.
+	CapacityBytes int64
+}
+
+// Index v1 is a durable, batched map from tiers.Key to Record.
+//
+// Batches are atomic: a Put, Delete, DeleteIf or Touch batch is applied
+// whole or not at all, and is durable when the call returns (subject to the
+// implementation's sync setting, which its config documents). Slices passed
+// in are not retained. All methods are safe for concurrent use.
+//
+// Errors: a key that is absent is not an error (Get reports found=false,
+// Delete ignores it). ErrFull, ErrInUse and ErrClosed are returned as
+// themselves (wrapped); anything else means the index is broken.
+type Index interface {
+	// Put inserts or replaces the entries.
+	Put(ctx context.Context, entries []Entry) error
+	// Get looks keys up. dst and found must have len(keys).
+	Get(ctx context.Context, keys []tiers.Key, dst []Record, found []bool) error
+	// Delete removes keys.
+	Delete(ctx context.Context, keys []tiers.Key) error
+	// DeleteIf removes each entry's key only if its stored record still
+	// has the same Disk, Slot and Epoch (so a stale reader never deletes a
+	// newer record). deleted must have len(entries).
+	DeleteIf(ctx context.Context, entries []Entry, deleted []bool) error
+	// Touch sets LastAccess of the present keys to at; absent keys are
+	// ignored.
+	Touch(ctx context.Context, keys []tiers.Key, at uint64) error
+	// Iterate calls fn for every entry in key order (hash bytes, then
+	// kind) from a consistent snapshot. fn's error stops the iteration
+	// and is returned.
+	Iterate(ctx context.Context, fn func(Entry) error) error
+	// Stats returns counters.
+	Stats(ctx context.Context) (Stats, error)
+	// Close releases the index.
+	Close() error
+}
+
+// Env is what the host hands an index at open.
+type Env struct {
+	// Logger receives the index's logs; never nil.
+	Logger *slog.Logger
+	// Registerer receives metrics; nil means do not register.
+	Registerer prometheus.Registerer
+	// Dir is the directory the index keeps its files in when its config
+	// does not name one.
+	Dir string
+}
+
+// Factory opens an index from its decoded config.
+type Factory func(ctx context.Context, env Env, cfg any) (Index, error)
+
+// Registry is the index registry of one host.
+type Registry = registry.Registry[Factory]
+
+// NewRegistry returns an empty index registry.
+func NewRegistry() *Registry { return registry.New[Factory]() }
+
+// KeySize is the length of an encoded key: the 32-byte hash then the kind.
+const KeySize = 33
+
+// EncodeKey writes k in the canonical byte order used by every index
+// (hash bytes, then kind), which is also the Iterate order.
+func EncodeKey(dst *[KeySize]byte, k tiers.Key) {
+	copy(dst[:32], k.Hash[:])
+	dst[32] = byte(k.Kind)
+}
+
+// DecodeKey is the inverse of EncodeKey.
+func DecodeKey(b []byte) (tiers.Key, error) {
+	var k tiers.Key
+	if len(b) != KeySize {
+		return k, fmt.Errorf("index key: want %d bytes, got %d: %w", KeySize, len(b), ErrCorrupt)
+	}
+	copy(k.Hash[:], b[:32])
+	k.Kind = tiers.PayloadKind(b[32])
+	return k, nil
+}

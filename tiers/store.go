@@ -1,0 +1,149 @@
+package tiers
+
+import (
+	"context"
+
+	"github.com/kvtier/kvtier/pagehash"
+	"github.com/kvtier/kvtier/registry"
+)
+
+// StoreV1 is the role ID of content-addressed tiers below the slab.
+const StoreV1 registry.TypeID = "kvtier.tier.store.v1"
+
+// BatchID identifies one Put call on one Store; ids increase from 1.
+type BatchID uint64
+
+// PutRequest writes one payload of one page from a slab span.
+type PutRequest struct {
+	// Key is the page hash and payload kind the bytes are stored under.
+	Key Key
+	// Src holds exactly the payload's page_bytes. The store reads it until
+	// the item's AckGathered (or AckFailed); after that the host may reuse it.
+	Src Span
+}
+
+// GetRequest reads one payload of one page into a slab span.
+type GetRequest struct {
+	// Key is the page hash and payload kind to read.
+	Key Key
+	// Dst receives exactly the payload's page_bytes. It is written only
+	// with verified bytes; on a miss its content is unspecified (the host
+	// does not expose it: the page is not inserted).
+	Dst Span
+}
+
+// AckStage is the stage a Put item reached.
+type AckStage uint8
+
+const (
+	// AckGathered: the store has copied the item's bytes out of the slab
+	// (into its own staging buffer). The slab span may now be reused.
+	AckGathered AckStage = iota + 1
+	// AckDurable: the item is stored and indexed; a Get after a restart
+	// with cold start "load" finds it. Terminal.
+	AckDurable
+	// AckFailed: the item was not stored; Err says why. Terminal. If it
+	// comes before AckGathered the slab span is released all the same.
+	AckFailed
+)
+
+// String returns the stage name.
+func (s AckStage) String() string {
+	switch s {
+	case AckGathered:
+		return "gathered"
+	case AckDurable:
+		return "durable"
+	case AckFailed:
+		return "failed"
+	}
+	return "unknown"
+}
+
+// Ack reports the progress of one item of one Put batch.
+type Ack struct {
+	// Batch is the id Put returned.
+	Batch BatchID
+	// Index is the item's position in that batch.
+	Index int
+	// Stage is the stage reached.
+	Stage AckStage
+	// Err is set only for AckFailed.
+	Err error
+}
+
+// ColdStart says what a store does with data left by a previous run.
+type ColdStart string
+
+const (
+	// ColdStartClear starts empty: everything left behind is invisible
+	// (for the disk store, an epoch bump; O(1)).
+	ColdStartClear ColdStart = "clear"
+	// ColdStartLoad keeps what was durable: the store rebuilds its
+	// bookkeeping from what it finds, dropping whatever fails verification.
+	ColdStartLoad ColdStart = "load"
+)
+
+// StoreStats is a point-in-time summary of a store.
+type StoreStats struct {
+	// Pages and Bytes count stored payload pages and their payload bytes.
+	Pages, Bytes int64
+	// CapacityBytes is the configured capacity, 0 if unbounded.
+	CapacityBytes int64
+	// Hits and Misses count Get items since open; Corrupt counts the
+	// misses that were verification failures.
+	Hits, Misses, Corrupt int64
+	// Puts, PutFailures and Evictions count Put items and pages evicted
+	// by the store's own garbage collection since open.
+	Puts, PutFailures, Evictions int64
+}
+
+// Store v1 is a content-addressed tier below the slab (L3 disk, a remote
+// store, a plugin). Keys are page hashes plus payload kind.
+//
+// Batching: every operation takes a batch; a batch of one is legal but
+// implementations may cost a fixed overhead per call (a plugin call is about
+// 140 µs), so the host batches.
+//
+// Buffers: a Store reads Put sources and writes Get destinations through
+// the Slab it was opened with (Env.Slab). Put sources are read until the
+// item's AckGathered or AckFailed; Get destinations only until Get returns.
+// Request slices are not retained after the call returns.
+//
+// Completions: Put is asynchronous. Each item produces at most one
+// AckGathered followed by exactly one terminal ack (AckDurable or AckFailed).
+// Acks are queued inside the store until the host drains them with
+// DrainAcks, which it does at ticks (acks are rank-local facts and become
+// replicated only through the tick frontier). AckReady is signalled when
+// the queue goes non-empty, so a host can also wait for progress.
+//
+// Concurrency: all methods are safe for concurrent use. Close waits for
+// in-flight work; Put items not yet durable are acknowledged AckFailed
+// with ErrClosed.
+type Store interface {
+	// Put starts storing the batch and returns its id. A returned error
+	// means no item of the batch was accepted (and none will be acked).
+	Put(ctx context.Context, batch []PutRequest) (BatchID, error)
+	// Get reads the batch into the destination spans. results must have
+	// len(batch); results[i] is nil for a verified hit or wraps ErrMiss.
+	// A returned error means the call failed as a whole.
+	Get(ctx context.Context, batch []GetRequest, results []error) error
+	// LongestPrefix returns how many leading hashes of chain are present
+	// for kind (a later page may be present after a missing one; it does
+	// not count).
+	LongestPrefix(ctx context.Context, kind PayloadKind, chain []pagehash.Hash) (int, error)
+	// Delete removes keys; absent keys are not an error.
+	Delete(ctx context.Context, keys []Key) error
+	// Touch marks keys as recently used for the store's own eviction.
+	Touch(ctx context.Context, keys []Key) error
+	// DrainAcks appends all queued acks to dst and returns it. It never
+	// blocks.
+	DrainAcks(dst []Ack) []Ack
+	// AckReady returns a channel that receives a value whenever acks were
+	// queued since the last drain.
+	AckReady() <-chan struct{}
+	// Stats returns counters.
+	Stats() StoreStats
+	// Close stops the store and releases its resources.
+	Close() error
+}
