@@ -1,0 +1,52 @@
+// Package builtin registers kvtier's own modules — tiers, indexes and eviction
+// policies — into registries the caller owns. Registries are values: the
+// host, the CLI and tests each build their own, and a third party embedding
+// kvtier can add modules beside these or leave some out.
+package builtin
+
+import (
+	"fmt"
+
+	"github.com/kvtier/kvtier/indexes"
+	"github.com/kvtier/kvtier/policy"
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// Tiers returns a tier registry holding every built-in tier.
+func Tiers() (*tiers.Registry, error) {
+	r := tiers.NewRegistry()
+	for _, register := range []func(*tiers.Registry) error{
+		// One line per built-in tier package: pkg.Register,
+	} {
+		if err := register(r); err != nil {
+			return nil, fmt.Errorf("built-in tiers: %w", err)
+		}
+	}
+	return r, nil
+}
+
+// Indexes returns an index registry holding every built-in index.
+func Indexes() (*indexes.Registry, error) {
+	r := indexes.NewRegistry()
+	for _, register := range []func(*indexes.Registry) error{
+		// One line per built-in index package: pkg.Register,
+	} {
+		if err := register(r); err != nil {
+			return nil, fmt.Errorf("built-in indexes: %w", err)
+		}
+	}
+	return r, nil
+}
+
+// Policies returns a policy registry holding every built-in policy.
+func Policies() (*policy.Registry, error) {
+	r := policy.NewRegistry()
+	for _, register := range []func(*policy.Registry) error{
+		// One line per built-in policy package: pkg.Register,
+	} {
+		if err := register(r); err != nil {
+			return nil, fmt.Errorf("built-in policies: %w", err)
+		}
+	}
+	return r, nil
+}
