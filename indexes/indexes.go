@@ -15,8 +15,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/registry"
-	"github.com/kvtier/kvtier/tiers"
 )
 
 // IndexV1 is the role ID of Index v1.
@@ -37,13 +37,26 @@ var (
 	ErrClosed = errors.New("index closed")
 )
 
+// Key addresses one payload of one page: the page hash and the payload kind
+// (the stack's payload index, tiers.PayloadKind). It is the index's own type
+// so that this package does not import tiers; tiers.Env carries an Index.
+type Key struct {
+	// Hash is the page's prefix-chained hash.
+	Hash pagehash.Hash
+	// Kind is the payload kind.
+	Kind uint8
+}
+
+// String returns "kind:hash-prefix", for logs and errors.
+func (k Key) String() string { return fmt.Sprintf("%d:%s", k.Kind, k.Hash.Short()) }
+
 // Record is where one payload page lives.
 type Record struct {
 	// Disk is the store's disk number.
 	Disk uint16
 	// Kind is the payload kind (repeated from the key so a record is
 	// self-describing when cross-checked against a slot header).
-	Kind tiers.PayloadKind
+	Kind uint8
 	// Slot is the slot number within the (kind, disk) slab file.
 	Slot uint64
 	// Epoch is the store epoch the slot was written in; a record of an
@@ -55,7 +68,7 @@ type Record struct {
 
 // Entry is a key with its record.
 type Entry struct {
-	Key    tiers.Key
+	Key    Key
 	Record Record
 }
 
@@ -69,7 +82,7 @@ type Stats struct {
 	CapacityBytes int64
 }
 
-// Index v1 is a durable, batched map from tiers.Key to Record.
+// Index v1 is a durable, batched map from Key to Record.
 //
 // Batches are atomic: a Put, Delete, DeleteIf or Touch batch is applied
 // whole or not at all, and is durable when the call returns (subject to the
@@ -83,16 +96,16 @@ type Index interface {
 	// Put inserts or replaces the entries.
 	Put(ctx context.Context, entries []Entry) error
 	// Get looks keys up. dst and found must have len(keys).
-	Get(ctx context.Context, keys []tiers.Key, dst []Record, found []bool) error
+	Get(ctx context.Context, keys []Key, dst []Record, found []bool) error
 	// Delete removes keys.
-	Delete(ctx context.Context, keys []tiers.Key) error
+	Delete(ctx context.Context, keys []Key) error
 	// DeleteIf removes each entry's key only if its stored record still
 	// has the same Disk, Slot and Epoch (so a stale reader never deletes a
 	// newer record). deleted must have len(entries).
 	DeleteIf(ctx context.Context, entries []Entry, deleted []bool) error
 	// Touch sets LastAccess of the present keys to at; absent keys are
 	// ignored.
-	Touch(ctx context.Context, keys []tiers.Key, at uint64) error
+	Touch(ctx context.Context, keys []Key, at uint64) error
 	// Iterate calls fn for every entry in key order (hash bytes, then
 	// kind) from a consistent snapshot. fn's error stops the iteration
 	// and is returned.
@@ -128,18 +141,18 @@ const KeySize = 33
 
 // EncodeKey writes k in the canonical byte order used by every index
 // (hash bytes, then kind), which is also the Iterate order.
-func EncodeKey(dst *[KeySize]byte, k tiers.Key) {
+func EncodeKey(dst *[KeySize]byte, k Key) {
 	copy(dst[:32], k.Hash[:])
-	dst[32] = byte(k.Kind)
+	dst[32] = k.Kind
 }
 
 // DecodeKey is the inverse of EncodeKey.
-func DecodeKey(b []byte) (tiers.Key, error) {
-	var k tiers.Key
+func DecodeKey(b []byte) (Key, error) {
+	var k Key
 	if len(b) != KeySize {
 		return k, fmt.Errorf("index key: want %d bytes, got %d: %w", KeySize, len(b), ErrCorrupt)
 	}
 	copy(k.Hash[:], b[:32])
-	k.Kind = tiers.PayloadKind(b[32])
+	k.Kind = b[32]
 	return k, nil
 }

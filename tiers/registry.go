@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/registry"
 )
 
@@ -28,6 +29,9 @@ type Env struct {
 	Slab Slab
 	// ColdStart is what a Store does with data left by a previous run.
 	ColdStart ColdStart
+	// Index is the opened Index v1 for a store whose stack entry names one
+	// (the L3 disk store); nil otherwise. The host opens and closes it.
+	Index indexes.Index
 }
 
 // Validate checks the fields every tier relies on.

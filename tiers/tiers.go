@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/pagehash"
 )
 
@@ -84,3 +85,6 @@ type Key struct {
 
 // String returns "kind:hash-prefix", for logs and errors.
 func (k Key) String() string { return fmt.Sprintf("%d:%s", k.Kind, k.Hash.Short()) }
+
+// IndexKey converts k to the index's key type.
+func (k Key) IndexKey() indexes.Key { return indexes.Key{Hash: k.Hash, Kind: uint8(k.Kind)} }
