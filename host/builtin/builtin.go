@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/policy"
+	"github.com/kvtier/kvtier/policy/lru"
 	"github.com/kvtier/kvtier/tiers"
 )
 
@@ -43,6 +44,7 @@ func Policies() (*policy.Registry, error) {
 	r := policy.NewRegistry()
 	for _, register := range []func(*policy.Registry) error{
 		// One line per built-in policy package: pkg.Register,
+		lru.Register,
 	} {
 		if err := register(r); err != nil {
 			return nil, fmt.Errorf("built-in policies: %w", err)
