@@ -11,6 +11,7 @@ import (
 	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/policy/lru"
 	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/memstore"
 )
 
 // Tiers returns a tier registry holding every built-in tier.
@@ -18,6 +19,7 @@ func Tiers() (*tiers.Registry, error) {
 	r := tiers.NewRegistry()
 	for _, register := range []func(*tiers.Registry) error{
 		// One line per built-in tier package: pkg.Register,
+		memstore.Register,
 	} {
 		if err := register(r); err != nil {
 			return nil, fmt.Errorf("built-in tiers: %w", err)
