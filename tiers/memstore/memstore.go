@@ -78,7 +78,7 @@ type Store struct {
 	capacity int64
 	used     int64
 	pages    map[tiers.Key]*entry
-	head     entry           // sentinel of the circular LRU list
+	head     entry            // sentinel of the circular LRU list
 	free     map[int][][]byte // recycled page buffers by length
 	nextID   tiers.BatchID
 	stats    tiers.StoreStats
