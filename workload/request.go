@@ -4,6 +4,8 @@
 // is the embedded default workload.
 package workload
 
+import "fmt"
+
 // BlockTokens is the number of tokens per trace block (one hash id).
 const BlockTokens = 512
 
@@ -19,4 +21,33 @@ type Request struct {
 	// equal ids at equal positions mean equal prefixes. The last block may
 	// be partial (InputLength need not be a multiple of 512).
 	HashIDs []uint64 `json:"hash_ids"`
+}
+
+// Blocks returns the number of trace blocks a prompt of inputLength tokens
+// occupies: ceil(inputLength / BlockTokens). The last block may be partial.
+func Blocks(inputLength int) int {
+	if inputLength <= 0 {
+		return 0
+	}
+	return (inputLength + BlockTokens - 1) / BlockTokens
+}
+
+// Validate checks the rules every trace line obeys: lengths are not
+// negative and there is exactly one hash id per (possibly partial) block of
+// the input, ceil(InputLength / 512). The reader enforces the same rules;
+// Write refuses a request that breaks them.
+func (r Request) Validate() error {
+	switch {
+	case r.Timestamp < 0:
+		return fmt.Errorf("timestamp: %d is negative: %w", r.Timestamp, ErrMalformed)
+	case r.InputLength < 0:
+		return fmt.Errorf("input_length: %d is negative: %w", r.InputLength, ErrMalformed)
+	case r.OutputLength < 0:
+		return fmt.Errorf("output_length: %d is negative: %w", r.OutputLength, ErrMalformed)
+	}
+	if want := Blocks(r.InputLength); len(r.HashIDs) != want {
+		return fmt.Errorf("hash_ids: %d ids for input_length %d, want ceil(%d/%d) = %d: %w",
+			len(r.HashIDs), r.InputLength, r.InputLength, BlockTokens, want, ErrMalformed)
+	}
+	return nil
 }
