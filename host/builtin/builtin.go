@@ -9,7 +9,11 @@ import (
 
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/policy"
+	"github.com/kvtier/kvtier/policy/belady"
 	"github.com/kvtier/kvtier/policy/lru"
+	"github.com/kvtier/kvtier/policy/s3fifo"
+	"github.com/kvtier/kvtier/policy/sieve"
+	"github.com/kvtier/kvtier/policy/slru"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/memstore"
 )
@@ -47,6 +51,10 @@ func Policies() (*policy.Registry, error) {
 	for _, register := range []func(*policy.Registry) error{
 		// One line per built-in policy package: pkg.Register,
 		lru.Register,
+		slru.Register,
+		s3fifo.Register,
+		sieve.Register,
+		belady.Register,
 	} {
 		if err := register(r); err != nil {
 			return nil, fmt.Errorf("built-in policies: %w", err)
