@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	"github.com/kvtier/kvtier/indexes"
+	badgerindex "github.com/kvtier/kvtier/indexes/badger"
 	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/policy/belady"
 	"github.com/kvtier/kvtier/policy/lru"
@@ -37,6 +38,7 @@ func Indexes() (*indexes.Registry, error) {
 	r := indexes.NewRegistry()
 	for _, register := range []func(*indexes.Registry) error{
 		// One line per built-in index package: pkg.Register,
+		badgerindex.Register,
 	} {
 		if err := register(r); err != nil {
 			return nil, fmt.Errorf("built-in indexes: %w", err)
