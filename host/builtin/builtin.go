@@ -16,6 +16,7 @@ import (
 	"github.com/kvtier/kvtier/policy/sieve"
 	"github.com/kvtier/kvtier/policy/slru"
 	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/l3disk"
 	"github.com/kvtier/kvtier/tiers/memstore"
 )
 
@@ -25,6 +26,7 @@ func Tiers() (*tiers.Registry, error) {
 	for _, register := range []func(*tiers.Registry) error{
 		// One line per built-in tier package: pkg.Register,
 		memstore.Register,
+		l3disk.Register,
 	} {
 		if err := register(r); err != nil {
 			return nil, fmt.Errorf("built-in tiers: %w", err)

@@ -1,0 +1,257 @@
+package l3disk
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/kvtier/kvtier/indexes"
+	"github.com/kvtier/kvtier/pagehash"
+	"github.com/kvtier/kvtier/tiers/l3disk/diskfs"
+)
+
+// headerScan is what the headers of one slab file say.
+type headerScan struct {
+	headers    []SlotHeader
+	valid      []bool // header decodes and belongs to this file's kind and epoch
+	readErrors int
+	badHeaders int // written-looking but undecodable (torn or bit-rotten)
+	stale      int // valid header of an older epoch or another kind
+}
+
+// scanHeaders reads the header block of every slot of f (header-only: one
+// aligned block per slot, not the whole slot), depth reads in flight.
+func scanHeaders(ctx context.Context, f *slabFile, depth int) (headerScan, error) {
+	n := int(f.sb.Slots)
+	sc := headerScan{headers: make([]SlotHeader, n), valid: make([]bool, n)}
+	var (
+		next         int
+		mu           sync.Mutex
+		wg           sync.WaitGroup
+		errs         = make([]error, max(depth, 1))
+		rdErr, bad   = make([]int, max(depth, 1)), make([]int, max(depth, 1))
+		staleByWorkr = make([]int, max(depth, 1))
+	)
+	for w := range max(depth, 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf, err := diskfs.NewAlignedBuffer(diskfs.BlockSize)
+			if err != nil {
+				errs[w] = err
+				return
+			}
+			defer func() { _ = buf.Free() }()
+			for {
+				mu.Lock()
+				slot := next
+				next++
+				mu.Unlock()
+				if slot >= n || ctx.Err() != nil {
+					return
+				}
+				if err := f.readHeaderBlock(int64(slot), buf.Bytes()); err != nil {
+					rdErr[w]++
+					continue
+				}
+				h, err := DecodeSlotHeader(buf.Bytes())
+				if err != nil {
+					if !allZero(buf.Bytes()[:HeaderSize]) {
+						bad[w]++
+					}
+					continue
+				}
+				if h.Kind != f.sb.Kind || h.Epoch != f.epoch() || int64(h.PayloadLen) != f.sb.PageBytes {
+					staleByWorkr[w]++
+					continue
+				}
+				sc.headers[slot], sc.valid[slot] = h, true
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return sc, err
+	}
+	if err := ctx.Err(); err != nil {
+		return sc, fmt.Errorf("scan %s: %w", f.path, err)
+	}
+	for w := range rdErr {
+		sc.readErrors += rdErr[w]
+		sc.badHeaders += bad[w]
+		sc.stale += staleByWorkr[w]
+	}
+	return sc, nil
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// ownsRecord reports whether rec names a slot of this store (its disk,
+// its rank's files, a kind it has); records of other ranks sharing the
+// index are never touched.
+func (s *Store) ownsRecord(k indexes.Key, rec indexes.Record) bool {
+	return int(rec.Disk) == s.disk && epochRank(rec.Epoch) == s.rank && int(k.Kind) < len(s.files)
+}
+
+// liveSlot is a slot the cold-start load found referenced and valid.
+type liveSlot struct {
+	kind uint8
+	slot int32
+	hash pagehash.Hash
+	at   uint64
+}
+
+// load rebuilds the slot pools and LRU from the slot headers cross-checked
+// with the index (cold start "load"). It runs before the writer starts.
+// A slot is live iff its header is valid for this file's epoch and the
+// index maps the header's hash to exactly that slot; index entries that
+// fail the check are dropped, valid headers that no entry references
+// (orphans: written, never indexed, or reclaimed) are freed.
+func (s *Store) load(ctx context.Context) error {
+	scans := make([]headerScan, len(s.files))
+	for k, f := range s.files {
+		sc, err := scanHeaders(ctx, f, s.cfg.Depth)
+		if err != nil {
+			return err
+		}
+		scans[k] = sc
+	}
+	claimed := make([][]bool, len(s.files))
+	for k := range s.files {
+		claimed[k] = make([]bool, s.files[k].sb.Slots)
+	}
+	var (
+		live  []liveSlot
+		drop  []indexes.Entry
+		stale int
+	)
+	err := s.index.Iterate(ctx, func(e indexes.Entry) error {
+		if !s.ownsRecord(e.Key, e.Record) {
+			return nil
+		}
+		k := e.Key.Kind
+		f, rec := s.files[k], e.Record
+		switch {
+		case rec.Epoch != f.epoch():
+			stale++
+			drop = append(drop, e)
+		case rec.Kind != k || rec.Slot >= uint64(f.sb.Slots) || !scans[k].valid[rec.Slot] ||
+			scans[k].headers[rec.Slot].Hash != e.Key.Hash || claimed[k][rec.Slot]:
+			drop = append(drop, e)
+		default:
+			claimed[k][rec.Slot] = true
+			live = append(live, liveSlot{kind: k, slot: int32(rec.Slot), hash: e.Key.Hash, at: rec.LastAccess})
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("iterate index: %w", err)
+	}
+	dropped := 0
+	for len(drop) > 0 {
+		part := drop[:min(len(drop), 1024)]
+		drop = drop[len(part):]
+		deleted := make([]bool, len(part))
+		if err := s.index.DeleteIf(ctx, part, deleted); err != nil {
+			return fmt.Errorf("drop %d bad index entries: %w", len(part), err)
+		}
+		for _, d := range deleted {
+			if d {
+				dropped++
+			}
+		}
+	}
+	slices.SortFunc(live, func(a, b liveSlot) int {
+		return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.kind, b.kind), cmp.Compare(a.slot, b.slot))
+	})
+	maxAt := uint64(0)
+	for _, l := range live {
+		s.pools[l.kind].occupy(l.slot, l.hash, l.at)
+		maxAt = max(maxAt, l.at)
+		s.st.usedSlots[l.kind].Add(1)
+		s.st.livePages.Add(1)
+		s.st.liveBytes.Add(s.pageBytes[l.kind])
+	}
+	s.clock.Store(maxAt)
+	orphans, badHeaders, readErrors := 0, 0, 0
+	for k, p := range s.pools {
+		p.compactFree()
+		if err := p.check(); err != nil {
+			// NB: broken invariant of the rebuild itself.
+			panic(fmt.Sprintf("l3disk: slot pool of kind %d after load: %v", k, err))
+		}
+		for slot, v := range scans[k].valid {
+			if v && !claimed[k][slot] {
+				orphans++
+			}
+		}
+		badHeaders += scans[k].badHeaders
+		readErrors += scans[k].readErrors
+	}
+	s.st.loadLive.Store(int64(len(live)))
+	s.st.loadOrphan.Store(int64(orphans))
+	s.st.loadDropped.Store(int64(dropped))
+	s.st.loadStaleEntry.Store(int64(stale))
+	s.log.Info("l3 cold start load", "live", len(live), "orphans_freed", orphans,
+		"entries_dropped", dropped, "stale_entries", stale, "torn_headers", badHeaders, "read_errors", readErrors)
+	return nil
+}
+
+// LoadCounts reports what the last cold-start load found.
+type LoadCounts struct {
+	// Live slots kept, orphan slots freed, index entries dropped (stale
+	// epoch or no matching slot), of which stale epoch.
+	Live, Orphans, Dropped, Stale int64
+}
+
+// LoadCounts returns the counts of the cold-start load (zero after clear).
+func (s *Store) LoadCounts() LoadCounts {
+	return LoadCounts{Live: s.st.loadLive.Load(), Orphans: s.st.loadOrphan.Load(),
+		Dropped: s.st.loadDropped.Load(), Stale: s.st.loadStaleEntry.Load()}
+}
+
+// sweepStale removes this store's index entries of older epochs after a
+// cold start clear, in the background: the clear itself is O(1) (an epoch
+// bump), and stale entries are misses until the sweep drops them.
+func (s *Store) sweepStale(ctx context.Context) {
+	var stale []indexes.Entry
+	err := s.index.Iterate(ctx, func(e indexes.Entry) error {
+		if s.ownsRecord(e.Key, e.Record) && e.Record.Epoch != s.files[e.Key.Kind].epoch() {
+			stale = append(stale, e)
+		}
+		return ctx.Err()
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("l3 stale-entry sweep: iterate failed", "err", err)
+		}
+		return
+	}
+	n := 0
+	for len(stale) > 0 && ctx.Err() == nil {
+		part := stale[:min(len(stale), 1024)]
+		stale = stale[len(part):]
+		deleted := make([]bool, len(part))
+		if err := s.index.DeleteIf(ctx, part, deleted); err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("l3 stale-entry sweep: delete failed", "err", err)
+			}
+			return
+		}
+		n += len(part)
+	}
+	if n > 0 {
+		s.st.staleDropped.Add(int64(n))
+		s.log.Info("l3 stale-entry sweep done", "entries", n)
+	}
+}

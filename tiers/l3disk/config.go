@@ -1,0 +1,281 @@
+package l3disk
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/goccy/go-yaml"
+
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// Size is a byte count that decodes from YAML as a plain integer or with a
+// unit: "64GiB", "2.75MiB", "512KiB", "1.5GB", "4096".
+type Size int64
+
+var sizeUnits = []struct {
+	suffix string
+	mult   float64
+}{
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+	{"B", 1},
+}
+
+// ParseSize parses a size with an optional unit.
+func ParseSize(s string) (Size, error) {
+	t := strings.TrimSpace(s)
+	mult := 1.0
+	for _, u := range sizeUnits {
+		if strings.HasSuffix(t, u.suffix) {
+			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(t, 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return 0, fmt.Errorf("size %q: want a number with an optional unit (KiB, MiB, GiB, TiB, KB, MB, GB, TB)", s)
+	}
+	v := f * mult
+	if v < 0 || v > math.MaxInt64/2 {
+		return 0, fmt.Errorf("size %q: out of range", s)
+	}
+	if v != math.Trunc(v) {
+		return 0, fmt.Errorf("size %q: not a whole number of bytes", s)
+	}
+	return Size(v), nil
+}
+
+// UnmarshalYAML implements yaml.BytesUnmarshaler.
+func (s *Size) UnmarshalYAML(b []byte) error {
+	var raw string
+	if err := yaml.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	v, err := ParseSize(raw)
+	if err != nil {
+		return err
+	}
+	*s = v
+	return nil
+}
+
+// MarshalYAML implements yaml.BytesMarshaler (plain bytes round-trip).
+func (s Size) MarshalYAML() ([]byte, error) { return []byte(strconv.FormatInt(int64(s), 10)), nil }
+
+// String returns the size in the largest binary unit that divides it.
+func (s Size) String() string {
+	for _, u := range []struct {
+		name string
+		m    int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if s != 0 && int64(s)%u.m == 0 {
+			return fmt.Sprintf("%d%s", int64(s)/u.m, u.name)
+		}
+	}
+	return strconv.FormatInt(int64(s), 10)
+}
+
+// Disk is one disk (a directory on one device) that holds slab files.
+type Disk struct {
+	// Dir is the directory; created if missing.
+	Dir string `yaml:"dir"`
+	// Budget is the space the store may use on this disk, shared by every
+	// rank mapped to it and split equally over ranks and payload kinds
+	// (the same slot count per kind).
+	Budget Size `yaml:"budget"`
+}
+
+// Cold-start and O_DIRECT modes.
+const (
+	ODirectAuto = "auto"
+	ODirectOn   = "on"
+	ODirectOff  = "off"
+)
+
+// Config is the l3disk tier's YAML block.
+type Config struct {
+	// Disks lists the disks. Required.
+	Disks []Disk `yaml:"disks"`
+	// RankDisks maps rank r to disk RankDisks[r]; empty means r mod
+	// len(Disks). When set, it must have one entry per rank.
+	RankDisks []int `yaml:"rank_disks,omitempty"`
+	// Slots, when positive, is the slot count per payload kind instead of
+	// what the budget allows; it must still fit the budget.
+	Slots int64 `yaml:"slots,omitempty"`
+	// Depth is the number of reads and of writes in flight (default 8).
+	Depth int `yaml:"depth"`
+	// GCStart and GCStop are the slot occupancy fractions at which the
+	// writer's garbage collection starts and stops (0.90, 0.85).
+	GCStart float64 `yaml:"gc_start"`
+	GCStop  float64 `yaml:"gc_stop"`
+	// GCBatch bounds the pages one GC pass reclaims (default 64), so a
+	// put behind it never waits long.
+	GCBatch int `yaml:"gc_batch"`
+	// ColdStart overrides the host's cold-start mode: "clear" or "load";
+	// empty means the host's (tiers.Env.ColdStart), "clear" if unset.
+	ColdStart tiers.ColdStart `yaml:"cold_start,omitempty"`
+	// ODirect is "auto" (O_DIRECT where the file system allows it,
+	// buffered + fdatasync elsewhere, reported once), "on" (fail where
+	// refused) or "off".
+	ODirect string `yaml:"o_direct"`
+	// RequirePLP refuses to open when the power-loss-protection probe
+	// finds fdatasync slower than PLPMaxSync.
+	RequirePLP bool `yaml:"require_plp"`
+	// PLPMaxSync is the median 4 KiB write+fdatasync latency below which
+	// a disk counts as power-loss protected (default 500µs).
+	PLPMaxSync time.Duration `yaml:"plp_max_sync"`
+	// PLPProbes is the number of probe writes (default 8; 0 skips the
+	// probe unless RequirePLP is set).
+	PLPProbes int `yaml:"plp_probes"`
+}
+
+// DefaultConfig returns a config with every default set and no disks.
+func DefaultConfig() Config {
+	return Config{
+		Depth:      8,
+		GCStart:    0.90,
+		GCStop:     0.85,
+		GCBatch:    64,
+		ODirect:    ODirectAuto,
+		PLPMaxSync: 500 * time.Microsecond,
+		PLPProbes:  8,
+	}
+}
+
+// Validate checks the config on its own (what needs the world size is
+// checked at Open by DiskForRank).
+func (c *Config) Validate() error {
+	var errs []error
+	if len(c.Disks) == 0 {
+		errs = append(errs, errors.New("disks: at least one disk is required"))
+	}
+	seen := map[string]int{}
+	for i, d := range c.Disks {
+		if d.Dir == "" {
+			errs = append(errs, fmt.Errorf("disks[%d].dir: empty", i))
+		}
+		if j, ok := seen[d.Dir]; ok && d.Dir != "" {
+			errs = append(errs, fmt.Errorf("disks[%d].dir: %q repeats disks[%d]", i, d.Dir, j))
+		}
+		seen[d.Dir] = i
+		if d.Budget <= 0 && c.Slots <= 0 {
+			errs = append(errs, fmt.Errorf("disks[%d].budget: must be positive (or set slots)", i))
+		}
+	}
+	if len(c.Disks) > math.MaxUint16 {
+		errs = append(errs, fmt.Errorf("disks: %d disks, at most %d", len(c.Disks), math.MaxUint16))
+	}
+	for r, d := range c.RankDisks {
+		if d < 0 || d >= len(c.Disks) {
+			errs = append(errs, fmt.Errorf("rank_disks[%d]: disk %d out of range [0, %d)", r, d, len(c.Disks)))
+		}
+	}
+	if c.Slots < 0 {
+		errs = append(errs, fmt.Errorf("slots: %d is negative", c.Slots))
+	}
+	if c.Depth < 1 || c.Depth > 1024 {
+		errs = append(errs, fmt.Errorf("depth: %d, want 1..1024", c.Depth))
+	}
+	if !(c.GCStop > 0 && c.GCStop < c.GCStart && c.GCStart <= 1) {
+		errs = append(errs, fmt.Errorf("gc_start %.3g, gc_stop %.3g: want 0 < gc_stop < gc_start <= 1", c.GCStart, c.GCStop))
+	}
+	if c.GCBatch < 1 {
+		errs = append(errs, fmt.Errorf("gc_batch: %d, want >= 1", c.GCBatch))
+	}
+	switch c.ColdStart {
+	case "", tiers.ColdStartClear, tiers.ColdStartLoad:
+	default:
+		errs = append(errs, fmt.Errorf("cold_start: %q, want clear or load", c.ColdStart))
+	}
+	switch c.ODirect {
+	case ODirectAuto, ODirectOn, ODirectOff:
+	default:
+		errs = append(errs, fmt.Errorf("o_direct: %q, want auto, on or off", c.ODirect))
+	}
+	if c.PLPMaxSync <= 0 {
+		errs = append(errs, fmt.Errorf("plp_max_sync: %v, want positive", c.PLPMaxSync))
+	}
+	if c.PLPProbes < 0 || (c.RequirePLP && c.PLPProbes == 0) {
+		errs = append(errs, fmt.Errorf("plp_probes: %d, want >= 0 (>= 1 with require_plp)", c.PLPProbes))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("l3disk config: %w", err)
+	}
+	return nil
+}
+
+// DiskForRank returns the disk of rank in a group of worldSize ranks and
+// how many ranks share that disk.
+func (c *Config) DiskForRank(rank, worldSize int) (disk, ranksOnDisk int, err error) {
+	if worldSize < 1 || rank < 0 || rank >= worldSize {
+		return 0, 0, fmt.Errorf("l3disk: rank %d of world size %d", rank, worldSize)
+	}
+	if len(c.Disks) == 0 {
+		return 0, 0, fmt.Errorf("l3disk: no disks configured")
+	}
+	of := func(r int) int { return r % len(c.Disks) }
+	if len(c.RankDisks) > 0 {
+		if len(c.RankDisks) != worldSize {
+			return 0, 0, fmt.Errorf("l3disk config: rank_disks has %d entries, world size is %d", len(c.RankDisks), worldSize)
+		}
+		of = func(r int) int { return c.RankDisks[r] }
+	}
+	disk = of(rank)
+	if disk < 0 || disk >= len(c.Disks) {
+		return 0, 0, fmt.Errorf("l3disk config: rank_disks[%d] = %d out of range [0, %d)", rank, disk, len(c.Disks))
+	}
+	for r := range worldSize {
+		if of(r) == disk {
+			ranksOnDisk++
+		}
+	}
+	return disk, ranksOnDisk, nil
+}
+
+// SlotsPerKind returns the slot count per payload kind for a rank on a
+// disk shared by ranksOnDisk ranks: Slots if set, else what the budget
+// allows with the same count for every kind.
+func (c *Config) SlotsPerKind(disk, ranksOnDisk int, g tiers.PayloadGeometry) (int64, error) {
+	var perSlotSet int64 // one slot of every kind
+	for _, k := range g.Kinds {
+		if k.PageBytes <= 0 {
+			return 0, fmt.Errorf("l3disk: payload %q page_bytes %d", k.Name, k.PageBytes)
+		}
+		perSlotSet += SlotBytes(k.PageBytes)
+	}
+	budget := int64(c.Disks[disk].Budget)
+	if budget > 0 && ranksOnDisk > 0 {
+		share := budget/int64(ranksOnDisk) - int64(len(g.Kinds))*superblockSize
+		fit := share / perSlotSet
+		if c.Slots > 0 {
+			if c.Slots > fit {
+				return 0, fmt.Errorf("l3disk config: slots %d need %s per rank on disk %d (%s), budget %s over %d ranks fits %d",
+					c.Slots, Size(c.Slots*perSlotSet), disk, c.Disks[disk].Dir, c.Disks[disk].Budget, ranksOnDisk, fit)
+			}
+			return c.Slots, nil
+		}
+		if fit < 1 {
+			return 0, fmt.Errorf("l3disk config: disks[%d].budget %s over %d ranks holds no slot (one slot of every kind needs %s)",
+				disk, c.Disks[disk].Budget, ranksOnDisk, Size(perSlotSet))
+		}
+		return fit, nil
+	}
+	if c.Slots > 0 {
+		return c.Slots, nil
+	}
+	return 0, fmt.Errorf("l3disk config: disks[%d]: neither budget nor slots set", disk)
+}
+
+// String returns the config as YAML that decodes to an equal Config.
+func (c Config) String() string {
+	b, err := yaml.Marshal(c)
+	if err != nil {
+		return fmt.Sprintf("l3disk config: %v", err)
+	}
+	return string(b)
+}

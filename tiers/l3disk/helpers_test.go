@@ -1,0 +1,359 @@
+package l3disk
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/kvtier/kvtier/indexes"
+	"github.com/kvtier/kvtier/indexes/badger"
+	"github.com/kvtier/kvtier/pagehash"
+	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/l3disk/diskfs"
+	"github.com/kvtier/kvtier/tiers/tiertest"
+)
+
+// testGeometry has two kinds with page sizes that are not multiples of
+// 4 KiB, so slot padding and alignment are exercised.
+var testGeometry = tiers.PayloadGeometry{
+	PageTokens: 16,
+	Kinds: []tiers.PayloadSpec{
+		{Name: "kv", PageBytes: 20000},
+		{Name: "index", PageBytes: 5000},
+	},
+}
+
+// indexOpener opens an index in dir; the test registers cleanup.
+type indexOpener struct {
+	name string
+	open func(t testing.TB, dir string) indexes.Index
+}
+
+func openBadger(t testing.TB, dir string) indexes.Index {
+	t.Helper()
+	cfg := badger.DefaultConfig()
+	cfg.Dir = dir
+	cfg.Sync = false
+	cfg.MemTableBytes = 16 << 20
+	cfg.BlockCacheBytes = 1 << 20
+	ix, err := badger.Open(context.Background(), indexes.Env{Logger: testLogger(t), Dir: dir}, cfg)
+	if err != nil {
+		t.Fatalf("open badger index in %s: %v", dir, err)
+	}
+	return ix
+}
+
+// testIndexes lists the real indexes available to the store's tests.
+func testIndexes() []indexOpener {
+	return append([]indexOpener{{"badger", openBadger}}, extraIndexes...)
+}
+
+// extraIndexes is appended to by index test files built when their
+// package exists.
+var extraIndexes []indexOpener
+
+func testLogger(t testing.TB) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// rig is one store under test with its slab, index and directories.
+type rig struct {
+	t       testing.TB
+	dir     string // disk directory
+	ixDir   string
+	ixOpen  indexOpener
+	index   indexes.Index
+	slab    *tiertest.HeapSlab
+	cfg     Config
+	geom    tiers.PayloadGeometry
+	store   *Store
+	fs      diskfs.FS
+	slabCap int64
+}
+
+func testConfig(dir string, slots int64) Config {
+	c := DefaultConfig()
+	c.Disks = []Disk{{Dir: dir}}
+	c.Slots = slots
+	c.Depth = 4
+	c.PLPProbes = 0
+	return c
+}
+
+func newRig(t testing.TB, ix indexOpener, slots int64) *rig {
+	t.Helper()
+	base := t.TempDir()
+	r := &rig{
+		t: t, dir: filepath.Join(base, "disk0"), ixDir: filepath.Join(base, "index"), ixOpen: ix,
+		geom: testGeometry, fs: diskfs.OS{}, slabCap: 256,
+	}
+	r.cfg = testConfig(r.dir, slots)
+	r.slab = tiertest.NewHeapSlab(r.slabCap * r.pageSlot())
+	return r
+}
+
+// pageSlot is the slab stride: the largest page.
+func (r *rig) pageSlot() int64 {
+	m := int64(0)
+	for _, k := range r.geom.Kinds {
+		m = max(m, k.PageBytes)
+	}
+	return m
+}
+
+func (r *rig) env(mode tiers.ColdStart) tiers.Env {
+	return tiers.Env{
+		Logger: testLogger(r.t), Payload: r.geom, Rank: 0, WorldSize: 1, StackID: "test",
+		Slab: r.slab, ColdStart: mode, Index: r.index,
+	}
+}
+
+// open opens index (if closed) and store with the given cold start.
+func (r *rig) open(mode tiers.ColdStart) *Store {
+	r.t.Helper()
+	if r.index == nil {
+		r.index = r.ixOpen.open(r.t, r.ixDir)
+	}
+	st, err := OpenFS(context.Background(), r.env(mode), r.cfg, r.fs)
+	if err != nil {
+		r.t.Fatalf("open store (%s): %v", mode, err)
+	}
+	r.store = st
+	r.t.Cleanup(func() { r.close() })
+	return st
+}
+
+// close closes store and index.
+func (r *rig) close() {
+	r.t.Helper()
+	if r.store != nil {
+		if err := r.store.Close(); err != nil && !errors.Is(err, tiers.ErrClosed) {
+			r.t.Errorf("close store: %v", err)
+		}
+		r.store = nil
+	}
+	if r.index != nil {
+		if err := r.index.Close(); err != nil && !errors.Is(err, indexes.ErrClosed) {
+			r.t.Errorf("close index: %v", err)
+		}
+		r.index = nil
+	}
+}
+
+// testPage is a page the tests write and expect back.
+type testPage struct {
+	key  tiers.Key
+	data []byte
+}
+
+func makePages(seed uint64, n int, kind tiers.PayloadKind, g tiers.PayloadGeometry) []testPage {
+	rng := rand.New(rand.NewPCG(seed, 77))
+	out := make([]testPage, n)
+	size := g.Kinds[kind].PageBytes
+	for i := range out {
+		var h pagehash.Hash
+		for j := 0; j < len(h); j += 8 {
+			binary.LittleEndian.PutUint64(h[j:], rng.Uint64())
+		}
+		d := make([]byte, size)
+		for j := range d {
+			d[j] = byte(rng.Uint32())
+		}
+		out[i] = testPage{key: tiers.Key{Hash: h, Kind: kind}, data: d}
+	}
+	return out
+}
+
+func (r *rig) span(i int, k tiers.PayloadKind) tiers.Span {
+	return tiers.Span{Offset: int64(i) * r.pageSlot(), Length: r.geom.Kinds[k].PageBytes}
+}
+
+// put stores pages through slab slots base.. and returns each item's
+// terminal error.
+func (r *rig) put(pages []testPage, base int) []error {
+	r.t.Helper()
+	reqs := make([]tiers.PutRequest, len(pages))
+	for i, p := range pages {
+		sp := r.span(base+i, p.key.Kind)
+		b, err := r.slab.Bytes(sp)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		copy(b, p.data)
+		reqs[i] = tiers.PutRequest{Key: p.key, Src: sp}
+	}
+	id, err := r.store.Put(context.Background(), reqs)
+	if err != nil {
+		r.t.Fatalf("put: %v", err)
+	}
+	return r.waitBatch(id, len(pages))
+}
+
+func (r *rig) waitBatch(id tiers.BatchID, n int) []error {
+	r.t.Helper()
+	out := make([]error, n)
+	left := n
+	deadline := time.Now().Add(30 * time.Second)
+	for left > 0 {
+		for _, a := range r.store.DrainAcks(nil) {
+			if a.Batch != id {
+				r.t.Fatalf("ack of unexpected batch %d", a.Batch)
+			}
+			switch a.Stage {
+			case tiers.AckDurable:
+				left--
+			case tiers.AckFailed:
+				out[a.Index] = a.Err
+				left--
+			}
+		}
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("timed out waiting for %d acks of batch %d", left, id)
+		}
+		select {
+		case <-r.store.AckReady():
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return out
+}
+
+// get reads pages into slab slots base.. and checks that every hit is
+// byte-exact and every miss wraps ErrMiss.
+func (r *rig) get(pages []testPage, base int) []error {
+	r.t.Helper()
+	reqs := make([]tiers.GetRequest, len(pages))
+	for i, p := range pages {
+		sp := r.span(base+i, p.key.Kind)
+		b, _ := r.slab.Bytes(sp)
+		for j := range b {
+			b[j] = 0xEE
+		}
+		reqs[i] = tiers.GetRequest{Key: p.key, Dst: sp}
+	}
+	res := make([]error, len(pages))
+	if err := r.store.Get(context.Background(), reqs, res); err != nil {
+		r.t.Fatalf("get: %v", err)
+	}
+	for i, p := range pages {
+		if res[i] == nil {
+			b, _ := r.slab.Bytes(reqs[i].Dst)
+			if !bytes.Equal(b, p.data) {
+				r.t.Fatalf("get %s: hit with WRONG BYTES", p.key)
+			}
+		} else if !errors.Is(res[i], tiers.ErrMiss) {
+			r.t.Fatalf("get %s: result %v does not wrap ErrMiss", p.key, res[i])
+		}
+	}
+	return res
+}
+
+func countHits(res []error) int {
+	n := 0
+	for _, e := range res {
+		if e == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// onWriter runs fn on the store's writer goroutine once nothing is queued
+// or in flight, and returns fn's error.
+func onWriter(t testing.TB, s *Store, fn func() error) error {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		done := make(chan error, 1)
+		s.postCtl(ctlOp{kind: ctlCall, fn: func() {
+			s.gatherMu.Lock()
+			q := len(s.gatherQ)
+			s.gatherMu.Unlock()
+			if q > 0 || len(s.gathered) > 0 || s.inflightN > 0 || len(s.staging) != cap(s.staging) {
+				done <- errBusy
+				return
+			}
+			done <- fn()
+		}})
+		select {
+		case err := <-done:
+			if err != errBusy {
+				return err
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("writer did not answer in 20s")
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("store not idle after 20s")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+var errBusy = errors.New("busy")
+
+// checkConsistent checks, on the writer goroutine with nothing in flight,
+// slot pools, the index and each other: every index entry of this store
+// points at a live slot holding its hash, every live slot is indexed
+// exactly once, and free + live = total (no slot leaks).
+func (r *rig) checkConsistent() {
+	r.t.Helper()
+	s := r.store
+	err := onWriter(r.t, s, func() error {
+		refs := make([]map[int32]pagehash.Hash, len(s.files))
+		for k := range refs {
+			refs[k] = map[int32]pagehash.Hash{}
+		}
+		err := s.index.Iterate(context.Background(), func(e indexes.Entry) error {
+			if !s.ownsRecord(e.Key, e.Record) || e.Record.Epoch != s.files[e.Key.Kind].epoch() {
+				return nil
+			}
+			slot := int32(e.Record.Slot)
+			if _, dup := refs[e.Key.Kind][slot]; dup {
+				return fmt.Errorf("slot %d of kind %d referenced twice", slot, e.Key.Kind)
+			}
+			refs[e.Key.Kind][slot] = e.Key.Hash
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("iterate: %w", err)
+		}
+		for k, p := range s.pools {
+			if err := p.check(); err != nil {
+				return fmt.Errorf("kind %d pool: %w", k, err)
+			}
+			if p.used() != p.live || p.freeCount()+p.live != p.size() {
+				return fmt.Errorf("kind %d: %d free + %d live + %d in flight != %d slots", k, p.freeCount(), p.live, p.used()-p.live, p.size())
+			}
+			for slot, h := range refs[k] {
+				if p.state[slot] != slotLive || p.hash[slot] != h {
+					return fmt.Errorf("kind %d: index maps %s to slot %d, pool has it %s with %s", k, h.Short(), slot, p.state[slot], p.hash[slot].Short())
+				}
+			}
+			if len(refs[k]) != p.live {
+				return fmt.Errorf("kind %d: %d index entries, %d live slots", k, len(refs[k]), p.live)
+			}
+			if got := s.st.usedSlots[k].Load(); got != int64(p.used()) {
+				return fmt.Errorf("kind %d: used-slots gauge %d, pool %d", k, got, p.used())
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		r.t.Fatalf("consistency: %v", err)
+	}
+}

@@ -1,0 +1,37 @@
+package l3disk
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kvtier/kvtier/registry"
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// Name is the module name stacks select the disk store by.
+const Name = "l3disk"
+
+// Register adds the disk store to r as kvtier.tier.store.v1/l3disk.
+func Register(r *tiers.Registry) error {
+	return r.Stores.Register(registry.Registration[tiers.Factory[tiers.Store]]{
+		Type: tiers.StoreV1,
+		Name: Name,
+		Doc:  "O_DIRECT slot store on local disks, located through an index (lmdb or badger)",
+		NewConfig: func() any {
+			c := DefaultConfig()
+			return &c
+		},
+		Factory: func(ctx context.Context, env tiers.Env, cfg any) (tiers.Store, error) {
+			var c Config
+			switch v := cfg.(type) {
+			case *Config:
+				c = *v
+			case Config:
+				c = v
+			default:
+				return nil, fmt.Errorf("l3disk: config of type %T, want *l3disk.Config: %w", cfg, tiers.ErrInvalid)
+			}
+			return Open(ctx, env, c)
+		},
+	})
+}

@@ -1,0 +1,52 @@
+package l3disk
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvtier/kvtier/pagehash"
+)
+
+// ErrSlotMismatch marks a slot whose header is valid but describes another
+// page than the one asked for (a reused slot, a stale epoch, another kind).
+var ErrSlotMismatch = errors.New("slot holds another page")
+
+// ErrPayloadCorrupt marks a slot whose payload fails its CRC (a torn write
+// or bit rot).
+var ErrPayloadCorrupt = errors.New("slot payload corrupt")
+
+// verifySlot checks that buf (a whole slot) holds page hash of kind at
+// epoch with a payload of pageBytes whose CRC matches. It returns the
+// payload on success.
+func verifySlot(buf []byte, kind uint8, epoch uint64, hash pagehash.Hash, pageBytes int64) ([]byte, error) {
+	h, err := DecodeSlotHeader(buf)
+	if err != nil {
+		return nil, err
+	}
+	if err := matchHeader(h, kind, epoch, hash, pageBytes); err != nil {
+		return nil, err
+	}
+	if int64(len(buf)) < HeaderSize+pageBytes {
+		return nil, fmt.Errorf("slot buffer of %d bytes holds no %d-byte payload: %w", len(buf), pageBytes, ErrPayloadCorrupt)
+	}
+	p := buf[HeaderSize : HeaderSize+pageBytes]
+	if got := PayloadCRC(p); got != h.PayloadCRC {
+		return nil, fmt.Errorf("payload crc %#08x, header says %#08x: %w", got, h.PayloadCRC, ErrPayloadCorrupt)
+	}
+	return p, nil
+}
+
+// matchHeader checks a decoded header against what the index promises.
+func matchHeader(h SlotHeader, kind uint8, epoch uint64, hash pagehash.Hash, pageBytes int64) error {
+	switch {
+	case h.Hash != hash:
+		return fmt.Errorf("header hash %s, want %s: %w", h.Hash.Short(), hash.Short(), ErrSlotMismatch)
+	case h.Kind != kind:
+		return fmt.Errorf("header kind %d, want %d: %w", h.Kind, kind, ErrSlotMismatch)
+	case h.Epoch != epoch:
+		return fmt.Errorf("header epoch %#x, want %#x: %w", h.Epoch, epoch, ErrSlotMismatch)
+	case int64(h.PayloadLen) != pageBytes:
+		return fmt.Errorf("header payload length %d, want %d: %w", h.PayloadLen, pageBytes, ErrSlotMismatch)
+	}
+	return nil
+}
