@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvtier/kvtier/indexes"
 	badgerindex "github.com/kvtier/kvtier/indexes/badger"
+	lmdbindex "github.com/kvtier/kvtier/indexes/lmdb"
 	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/policy/belady"
 	"github.com/kvtier/kvtier/policy/lru"
@@ -41,6 +42,7 @@ func Indexes() (*indexes.Registry, error) {
 	for _, register := range []func(*indexes.Registry) error{
 		// One line per built-in index package: pkg.Register,
 		badgerindex.Register,
+		lmdbindex.Register,
 	} {
 		if err := register(r); err != nil {
 			return nil, fmt.Errorf("built-in indexes: %w", err)

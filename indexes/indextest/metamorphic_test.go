@@ -1,0 +1,42 @@
+package indextest_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+
+	"github.com/kvtier/kvtier/indexes"
+	"github.com/kvtier/kvtier/indexes/badger"
+	"github.com/kvtier/kvtier/indexes/indextest"
+	"github.com/kvtier/kvtier/indexes/lmdb"
+)
+
+// TestLMDBVersusBadger drives one seeded random operation stream on an LMDB
+// and a Badger index (and the suite's oracle) and requires identical
+// answers at every step.
+func TestLMDBVersusBadger(t *testing.T) {
+	steps := 1500
+	if testing.Short() {
+		steps = 300
+	}
+	env := indexes.Env{Logger: slog.New(slog.DiscardHandler)}
+	for _, seed := range []uint64{1, 2, 3, 4} {
+		lcfg := lmdb.DefaultConfig()
+		lcfg.Dir, lcfg.Sync = t.TempDir(), lmdb.SyncNone
+		a, err := lmdb.Open(context.Background(), env, lcfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bcfg := badger.DefaultConfig()
+		bcfg.Dir, bcfg.Sync = t.TempDir(), false
+		b, err := badger.Open(context.Background(), env, bcfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		indextest.Metamorphic(t, seed, steps, a, b)
+		if err := errors.Join(a.Close(), b.Close()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

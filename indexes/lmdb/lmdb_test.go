@@ -1,0 +1,482 @@
+package lmdb
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	mdb "github.com/PowerDNS/lmdb-go/lmdb"
+	"github.com/goccy/go-yaml"
+
+	"github.com/kvtier/kvtier/indexes"
+	"github.com/kvtier/kvtier/indexes/indextest"
+)
+
+func quietEnv() indexes.Env { return indexes.Env{Logger: slog.New(slog.DiscardHandler)} }
+
+func openAt(t testing.TB, dir string, cfg Config) *Index {
+	t.Helper()
+	cfg.Dir = dir
+	ix, err := Open(context.Background(), quietEnv(), cfg)
+	if err != nil {
+		t.Fatalf("open %s: %v", dir, err)
+	}
+	return ix
+}
+
+func TestConformance(t *testing.T) {
+	for _, sync := range []string{SyncFull, SyncNone} {
+		t.Run(sync, func(t *testing.T) {
+			indextest.Run(t, func(t *testing.T) indexes.Index {
+				cfg := DefaultConfig()
+				cfg.Sync = sync
+				return openAt(t, t.TempDir(), cfg)
+			})
+		})
+	}
+}
+
+func TestDurable(t *testing.T) {
+	indextest.RunDurable(t, func(t *testing.T, dir string) indexes.Index {
+		return openAt(t, dir, DefaultConfig())
+	})
+}
+
+func TestSecondOpenInProcessRefused(t *testing.T) {
+	dir := t.TempDir()
+	ix := openAt(t, dir, DefaultConfig())
+	_, err := Open(context.Background(), quietEnv(), Config{Dir: dir, MapSizeBytes: 1 << 30, MaxReaders: 64, Sync: SyncFull})
+	if err == nil || !strings.Contains(err.Error(), "already open in this process") {
+		t.Fatalf("second open in one process: err = %v, want a refusal", err)
+	}
+	// The refused open must not have disturbed the first handle.
+	entries := entriesFor(rand.New(rand.NewPCG(1, 1)), 10)
+	if err := ix.Put(context.Background(), entries); err != nil {
+		t.Fatal(err)
+	}
+	if err := ix.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ix = openAt(t, dir, DefaultConfig())
+	expectPresent(t, ix, entries)
+	if err := ix.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMapFull fills a tiny map until a batch is refused with ErrFull, then
+// checks that every earlier batch is intact, the refused batch left
+// nothing, and the environment accepts writes again after deletes and
+// after a reopen.
+func TestMapFull(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	cfg := DefaultConfig()
+	cfg.MapSizeBytes = 256 << 10
+	ix := openAt(t, dir, cfg)
+	rng := rand.New(rand.NewPCG(42, 0))
+	var committed [][]indexes.Entry
+	var refused []indexes.Entry
+	for range 1000 {
+		batch := entriesFor(rng, 100)
+		err := ix.Put(ctx, batch)
+		if errors.Is(err, indexes.ErrFull) {
+			if !strings.Contains(err.Error(), "map_size_bytes") || !strings.Contains(err.Error(), dir) {
+				t.Fatalf("ErrFull message %q should name the directory and map_size_bytes", err)
+			}
+			refused = batch
+			break
+		}
+		if err != nil {
+			t.Fatalf("put batch %d: %v", len(committed), err)
+		}
+		committed = append(committed, batch)
+	}
+	if refused == nil {
+		t.Fatalf("a 256 KiB map took %d batches of 100 entries without ErrFull", len(committed))
+	}
+	if len(committed) < 3 {
+		t.Fatalf("only %d batches fit before ErrFull; the test needs a few", len(committed))
+	}
+	t.Logf("map full after %d batches of 100", len(committed))
+	var all []indexes.Entry
+	for _, b := range committed {
+		all = append(all, b...)
+	}
+	check := func(ix *Index, want []indexes.Entry) {
+		t.Helper()
+		expectPresent(t, ix, want)
+		expectAbsent(t, ix, refused)
+		st, err := ix.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Entries != int64(len(want)) || st.CapacityBytes != cfg.MapSizeBytes || st.Bytes > st.CapacityBytes {
+			t.Fatalf("stats = %+v, want %d entries in a %d-byte map", st, len(want), cfg.MapSizeBytes)
+		}
+	}
+	check(ix, all)
+	// Other writes still report ErrFull cleanly, and a retry is refused
+	// the same way (nothing half-written in between).
+	if err := ix.Put(ctx, refused); !errors.Is(err, indexes.ErrFull) {
+		t.Fatalf("retry of the refused batch: err = %v, want ErrFull", err)
+	}
+	check(ix, all)
+
+	// Free half the entries: LMDB reuses the freed pages.
+	half := len(committed) / 2
+	for _, b := range committed[:half] {
+		if err := ix.Delete(ctx, keysOf(b)); err != nil {
+			t.Fatalf("delete after ErrFull: %v", err)
+		}
+	}
+	remaining := all[half*100:]
+	check(ix, remaining)
+	if err := ix.Put(ctx, refused); err != nil {
+		t.Fatalf("put after freeing half the map: %v", err)
+	}
+	remaining = append(remaining, refused...)
+	refused = nil
+	expectPresent(t, ix, remaining)
+	if err := ix.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ix = openAt(t, dir, cfg)
+	defer ix.Close()
+	expectPresent(t, ix, remaining)
+}
+
+// Modes of the re-executed test binary (the child process).
+const (
+	childModeEnv = "KVTIER_LMDB_INDEX_CHILD_MODE"
+	childDirEnv  = "KVTIER_LMDB_INDEX_CHILD_DIR"
+	childSeedEnv = "KVTIER_LMDB_INDEX_CHILD_SEED"
+)
+
+// TestChild is the body of the child processes started by the multi-process
+// tests; it does nothing in a normal run.
+func TestChild(t *testing.T) {
+	mode := os.Getenv(childModeEnv)
+	if mode == "" {
+		t.Skip("child process of the multi-process tests only")
+	}
+	dir := os.Getenv(childDirEnv)
+	var seed uint64
+	if _, err := fmt.Sscan(os.Getenv(childSeedEnv), &seed); err != nil {
+		t.Fatalf("child seed: %v", err)
+	}
+	ix := openAt(t, dir, DefaultConfig())
+	defer ix.Close()
+	entries := entriesFor(rand.New(rand.NewPCG(seed, 0)), 500)
+	switch mode {
+	case "write":
+		if err := ix.Put(context.Background(), entries); err != nil {
+			t.Fatalf("child put: %v", err)
+		}
+	case "read":
+		expectPresent(t, ix, entries)
+	case "hold-env":
+		fmt.Println("env-open")
+		_, _ = io.Copy(io.Discard, os.Stdin) // until the parent closes stdin
+	case "hold-reader":
+		// Open a read transaction, say so, and wait to be killed.
+		if err := ix.Put(context.Background(), entries[:1]); err != nil {
+			t.Fatalf("child put: %v", err)
+		}
+		_ = ix.Iterate(context.Background(), func(indexes.Entry) error {
+			fmt.Println("reader-open")
+			time.Sleep(time.Hour)
+			return nil
+		})
+		t.Fatal("hold-reader child was not killed")
+	default:
+		t.Fatalf("unknown child mode %q", mode)
+	}
+}
+
+func child(t *testing.T, mode, dir string, seed uint64) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestChild$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), childModeEnv+"="+mode, childDirEnv+"="+dir, fmt.Sprintf("%s=%d", childSeedEnv, seed))
+	return cmd
+}
+
+func runChild(t *testing.T, mode, dir string, seed uint64) {
+	t.Helper()
+	out, err := child(t, mode, dir, seed).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestChild") {
+		t.Fatalf("child %s: %v\n%s", mode, err, out)
+	}
+}
+
+// TestTwoProcesses shares one environment between this process and a child
+// process, both open at once: the child reads what the parent wrote, and
+// the parent reads what the child wrote, through its still-open handle.
+func TestTwoProcesses(t *testing.T) {
+	dir := t.TempDir()
+	ix := openAt(t, dir, DefaultConfig())
+	defer ix.Close()
+	parentEntries := entriesFor(rand.New(rand.NewPCG(100, 0)), 500)
+	if err := ix.Put(context.Background(), parentEntries); err != nil {
+		t.Fatal(err)
+	}
+	runChild(t, "read", dir, 100)
+	runChild(t, "write", dir, 200)
+	childEntries := entriesFor(rand.New(rand.NewPCG(200, 0)), 500)
+	expectPresent(t, ix, append(parentEntries, childEntries...))
+	st, err := ix.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Entries != 1000 {
+		t.Fatalf("stats entries = %d after 500 + 500 puts from two processes", st.Entries)
+	}
+}
+
+// startChild starts a child in mode and waits until it prints ready.
+func startChild(t *testing.T, mode, dir, ready string) (*exec.Cmd, io.WriteCloser) {
+	t.Helper()
+	cmd := child(t, mode, dir, 1)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := bufio.NewScanner(stdout)
+	for lines.Scan() {
+		if strings.Contains(lines.Text(), ready) {
+			go func() { _, _ = io.Copy(io.Discard, stdout) }()
+			return cmd, stdin
+		}
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	t.Fatalf("child %s exited before printing %q", mode, ready)
+	return nil, nil
+}
+
+func killChild(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err == nil {
+		t.Fatal("child exited cleanly; it should have been killed inside its read transaction")
+	}
+}
+
+// TestStaleReaderCleared kills a child process inside a read transaction
+// while another process keeps the environment open (so LMDB does not
+// simply reset its lock file), and checks that the next Open clears the
+// dead child's reader slot, as does ClearStaleReaders on a handle that was
+// already open.
+func TestStaleReaderCleared(t *testing.T) {
+	dir := t.TempDir()
+	holder, holderStdin := startChild(t, "hold-env", dir, "env-open")
+	defer func() {
+		_ = holderStdin.Close()
+		if err := holder.Wait(); err != nil {
+			t.Errorf("holder child: %v", err)
+		}
+	}()
+	reader, _ := startChild(t, "hold-reader", dir, "reader-open")
+	killChild(t, reader)
+	ix := openAt(t, dir, DefaultConfig())
+	if got := ix.StaleReadersCleared(); got != 1 {
+		t.Fatalf("open cleared %d stale reader slots, want the killed child's 1", got)
+	}
+	reader, _ = startChild(t, "hold-reader", dir, "reader-open")
+	killChild(t, reader)
+	n, err := ix.ClearStaleReaders()
+	if err != nil || n != 1 {
+		t.Fatalf("ClearStaleReaders = %d, %v; want 1 slot", n, err)
+	}
+	if err := ix.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestConfig(t *testing.T) {
+	tests := []struct {
+		name    string
+		mutate  func(*Config)
+		wantErr string
+	}{
+		{"defaults", func(*Config) {}, ""},
+		{"odd dir", func(c *Config) { c.Dir = "/x y/\"z\"\t:\n" }, ""},
+		{"nometa", func(c *Config) { c.Sync = SyncNoMeta }, ""},
+		{"none", func(c *Config) { c.Sync = SyncNone }, ""},
+		{"bad sync", func(c *Config) { c.Sync = "sometimes" }, `sync "sometimes"`},
+		{"tiny map", func(c *Config) { c.MapSizeBytes = 4096 }, "map_size_bytes 4096"},
+		{"few readers", func(c *Config) { c.MaxReaders = 1 }, "max_readers 1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			tt.mutate(&c)
+			err := c.Validate()
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("validate = %v, want an error containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("validate: %v", err)
+			}
+			var back Config
+			if err := yaml.UnmarshalWithOptions([]byte(c.String()), &back, yaml.DisallowUnknownField()); err != nil {
+				t.Fatalf("decode %q: %v", c.String(), err)
+			}
+			if back != c {
+				t.Fatalf("round trip of %q = %+v, want %+v", c.String(), back, c)
+			}
+		})
+	}
+}
+
+func TestRegister(t *testing.T) {
+	r := indexes.NewRegistry()
+	if err := Register(r); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := r.Lookup(indexes.IndexV1, Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := reg.NewConfig().(*Config)
+	if *cfg != DefaultConfig() {
+		t.Fatalf("NewConfig = %+v, want the defaults", *cfg)
+	}
+	env := quietEnv()
+	env.Dir = t.TempDir()
+	ix, err := reg.Factory(context.Background(), env, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(env.Dir, "data.mdb")); err != nil {
+		t.Fatalf("index did not open in the env dir: %v", err)
+	}
+	if err := ix.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Factory(context.Background(), env, "nope"); err == nil {
+		t.Fatal("factory accepted a config of the wrong type")
+	}
+}
+
+// TestCorruptRecord writes a damaged value under a key with the raw library
+// (fault injection) and checks each operation's documented answer.
+func TestCorruptRecord(t *testing.T) {
+	ctx := context.Background()
+	ix := openAt(t, t.TempDir(), DefaultConfig())
+	defer ix.Close()
+	entries := entriesFor(rand.New(rand.NewPCG(5, 5)), 2)
+	bad, good := entries[0], entries[1]
+	if err := ix.Put(ctx, entries); err != nil {
+		t.Fatal(err)
+	}
+	if err := ix.env.Update(func(txn *mdb.Txn) error {
+		var kb [indexes.KeySize]byte
+		var vb [indexes.RecordSize]byte
+		indexes.EncodeKey(&kb, bad.Key)
+		indexes.EncodeRecord(&vb, bad.Key, bad.Record)
+		vb[13] ^= 4
+		return txn.Put(ix.dbi, kb[:], vb[:], 0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	keys := keysOf(entries)
+	dst := make([]indexes.Record, 2)
+	found := make([]bool, 2)
+	err := ix.Get(ctx, keys, dst, found)
+	if !errors.Is(err, indexes.ErrCorrupt) || !strings.Contains(err.Error(), bad.Key.String()) {
+		t.Fatalf("get of a corrupt record: err = %v, want ErrCorrupt naming %s", err, bad.Key)
+	}
+	if found[0] || !found[1] || dst[1] != good.Record {
+		t.Fatalf("get answered found=%v dst=%+v, want the corrupt key absent and the good one present", found, dst)
+	}
+	seen := 0
+	err = ix.Iterate(ctx, func(e indexes.Entry) error {
+		if e != good {
+			t.Errorf("iterate yielded %s, want only the good entry", e.Key)
+		}
+		seen++
+		return nil
+	})
+	if !errors.Is(err, indexes.ErrCorrupt) || seen != 1 {
+		t.Fatalf("iterate over a corrupt record: err = %v after %d entries, want ErrCorrupt after 1", err, seen)
+	}
+	deleted := []bool{true}
+	if err := ix.DeleteIf(ctx, []indexes.Entry{bad}, deleted); err != nil || deleted[0] {
+		t.Fatalf("delete-if of a corrupt record = %v deleted=%v, want no error and not deleted", err, deleted)
+	}
+	if err := ix.Touch(ctx, []indexes.Key{bad.Key}, 9); err != nil {
+		t.Fatalf("touch of a corrupt record: %v", err)
+	}
+	if err := ix.Put(ctx, []indexes.Entry{bad}); err != nil {
+		t.Fatal(err)
+	}
+	expectPresent(t, ix, entries)
+}
+
+func entriesFor(rng *rand.Rand, n int) []indexes.Entry {
+	out := make([]indexes.Entry, n)
+	for i := range out {
+		k := indextest.RandomKey(rng, 3)
+		out[i] = indexes.Entry{Key: k, Record: indextest.RandomRecord(rng, k)}
+	}
+	return out
+}
+
+func keysOf(entries []indexes.Entry) []indexes.Key {
+	out := make([]indexes.Key, len(entries))
+	for i, e := range entries {
+		out[i] = e.Key
+	}
+	return out
+}
+
+func expectPresent(t testing.TB, ix *Index, entries []indexes.Entry) {
+	t.Helper()
+	dst := make([]indexes.Record, len(entries))
+	found := make([]bool, len(entries))
+	if err := ix.Get(context.Background(), keysOf(entries), dst, found); err != nil {
+		t.Fatalf("get: %v", err)
+	}
+	for i, e := range entries {
+		if !found[i] || dst[i] != e.Record {
+			t.Fatalf("entry %d %s: found=%v %+v, want %+v", i, e.Key, found[i], dst[i], e.Record)
+		}
+	}
+}
+
+func expectAbsent(t testing.TB, ix *Index, entries []indexes.Entry) {
+	t.Helper()
+	dst := make([]indexes.Record, len(entries))
+	found := make([]bool, len(entries))
+	if err := ix.Get(context.Background(), keysOf(entries), dst, found); err != nil {
+		t.Fatalf("get: %v", err)
+	}
+	for i, e := range entries {
+		if found[i] {
+			t.Fatalf("entry %d %s of the refused batch is present", i, e.Key)
+		}
+	}
+}
