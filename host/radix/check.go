@@ -116,15 +116,25 @@ func (c *checker) node(n *Node) (int32, error) {
 		return 0, fmt.Errorf("radix invariant: node %d has both a child list and a child map", n.id)
 	}
 	var sum int32
-	for _, k := range n.sortedChildren() {
+	visit := func(k *Node) error {
 		if k.parent != n {
-			return 0, fmt.Errorf("radix invariant: child %d of node %d names parent %v", k.id, n.id, idOf(k.parent))
+			return fmt.Errorf("radix invariant: child %d of node %d names parent %v", k.id, n.id, idOf(k.parent))
 		}
 		refs, err := c.node(k)
-		if err != nil {
+		sum += refs
+		return err
+	}
+	// NB: map order is fine here: the first violation found may vary,
+	// never whether there is one.
+	for _, k := range n.kids {
+		if err := visit(k); err != nil {
 			return 0, err
 		}
-		sum += refs
+	}
+	for _, k := range n.kidMap {
+		if err := visit(k); err != nil {
+			return 0, err
+		}
 	}
 	if n != t.root && n.lockRefs < sum {
 		return 0, fmt.Errorf("radix invariant: node %d has %d lock refs, below its children's %d", n.id, n.lockRefs, sum)

@@ -122,6 +122,11 @@ func (t *Tree) SetResidency(n *Node, r Residency) error {
 // Victim per evicted or trimmed node to dst and returns it with the
 // number of pages freed, which is less than need only when no evictable
 // leaf is left. A victim that is not an evictable leaf is ErrBadVictim.
+//
+// With an evictor that ranks leaves by their tail page (TailRanker), a
+// trim can move the victim in the policy's order, so each victim gives one
+// page and the evictor is asked again: block-level semantics, one Victim
+// per page.
 func (t *Tree) EvictPages(need int, dst []Victim) ([]Victim, int, error) {
 	freed := 0
 	for freed < need {
@@ -136,6 +141,9 @@ func (t *Tree) EvictPages(need int, dst []Victim) ([]Victim, int, error) {
 		}
 		t.ops++
 		rem := need - freed
+		if t.pageByPage {
+			rem = 1
+		}
 		if len(n.hashes) <= rem {
 			dst = append(dst, Victim{ID: n.id, Pages: len(n.hashes), Whole: true, Hashes: n.hashes})
 			freed += len(n.hashes)

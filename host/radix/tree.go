@@ -74,6 +74,20 @@ type Tree struct {
 	tierPages [MaxTiers]int
 	// ops counts mutating calls, for sampling invariant checks.
 	ops uint64
+	// pageByPage: the evictor ranks leaves by their tail page.
+	pageByPage bool
+}
+
+// TailRanker is an optional ability of an evictor. TailRanked reports
+// that the evictor ranks a leaf by its tail page (the offline Belady
+// oracle does: the tail's next use), so trimming a leaf can change its
+// rank; EvictPages then frees that evictor's victims one page at a time.
+// Evictors that rank a node by node-wide facts (recency, hits, queue
+// position) need not implement it: every page of a node shares them, and
+// freeing a victim's pages together is then the same decision as freeing
+// them one by one.
+type TailRanker interface {
+	TailRanked() bool
 }
 
 // New returns an empty tree that reports to ev.
@@ -85,12 +99,14 @@ func New(opts Options, ev policy.Evictor) (*Tree, error) {
 		return nil, fmt.Errorf("radix: nil evictor")
 	}
 	root := &Node{residency: Residency(1<<opts.Tiers - 1)}
+	tr, ok := ev.(TailRanker)
 	return &Tree{
-		opts:   opts,
-		ev:     ev,
-		root:   root,
-		nextID: 1,
-		byID:   make(map[policy.NodeID]*Node),
+		pageByPage: ok && tr.TailRanked(),
+		opts:       opts,
+		ev:         ev,
+		root:       root,
+		nextID:     1,
+		byID:       make(map[policy.NodeID]*Node),
 	}, nil
 }
 

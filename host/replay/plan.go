@@ -1,0 +1,166 @@
+package replay
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+
+	"github.com/kvtier/kvtier/policy"
+	"github.com/kvtier/kvtier/policy/belady"
+)
+
+// Spec names one policy to replay and its parameters.
+type Spec struct {
+	// Name is the registered policy name.
+	Name string
+	// Params are the policy's parameters (policy.Options.Params).
+	Params map[string]float64
+}
+
+// Plan is a set of replays of one trace: every policy at every finite
+// capacity, the Belady bound at each finite capacity, and the infinite
+// bound once.
+type Plan struct {
+	// Policies are the online policies, first the primary one.
+	Policies []Spec
+	// Capacities are in tokens; 0 stands for infinite, which is the
+	// infinite row (every policy is equal there) and is not repeated.
+	Capacities []int64
+	// Belady adds the belady row per finite capacity.
+	Belady bool
+	// Infinite adds the infinite-capacity row.
+	Infinite bool
+	// Parallel is how many replays run at once (one tree replica each);
+	// 0 means GOMAXPROCS.
+	Parallel int
+	// Breakdown classifies misses (slightly slower).
+	Breakdown bool
+	// Progress, if set, is called from the replaying goroutines with
+	// counts of requests replayed; it must be safe for concurrent use.
+	Progress func(int)
+}
+
+// job is one replay of a plan.
+type job struct {
+	spec     Spec
+	capacity int64
+}
+
+// Jobs returns the number of replays the plan makes.
+func (p Plan) Jobs() int { return len(p.jobs()) }
+
+// jobs lists the replays in output order: per finite capacity, each policy
+// then belady; the infinite row last.
+func (p Plan) jobs() []job {
+	var out []job
+	for _, c := range p.Capacities {
+		if c == 0 {
+			continue
+		}
+		for _, s := range p.Policies {
+			out = append(out, job{s, c})
+		}
+		if p.Belady {
+			out = append(out, job{Spec{Name: belady.Name}, c})
+		}
+	}
+	if p.Infinite {
+		out = append(out, job{Spec{Name: Infinite}, 0})
+	}
+	return out
+}
+
+// NewEvictor builds the named policy from reg for a replay of tr. Online
+// policies get no future; a policy that refuses to build without one (an
+// offline oracle such as belady) is built again with tr as its Future.
+func NewEvictor(reg *policy.Registry, tr *Trace, s Spec) (policy.Evictor, error) {
+	if s.Name == Infinite {
+		return unbounded{}, nil
+	}
+	r, err := reg.Lookup(policy.EvictorV1, s.Name)
+	if err != nil {
+		return nil, fmt.Errorf("replay: policy %q: %w", s.Name, err)
+	}
+	ev, err := r.Factory(policy.Options{Params: s.Params})
+	if errors.Is(err, belady.ErrOffline) {
+		ev, err = r.Factory(policy.Options{Params: s.Params, Future: tr})
+		if err == nil {
+			// NB: an oracle ranks a leaf by its tail's next use, which a
+			// trim changes: the tree must free its victims page by page
+			// to stay the block-level oracle.
+			ev = tailRanked{ev}
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("replay: policy %q: %w", s.Name, err)
+	}
+	return ev, nil
+}
+
+// tailRanked marks an offline oracle as ranking leaves by their tail page
+// (radix.TailRanker).
+type tailRanked struct{ policy.Evictor }
+
+func (tailRanked) TailRanked() bool { return true }
+
+// RunPlan runs every replay of p on tr, in parallel, each on its own tree
+// replica and evictor, and returns the results in the plan's order. The
+// results do not depend on Parallel.
+func RunPlan(tr *Trace, reg *policy.Registry, p Plan) ([]Result, error) {
+	jobs := p.jobs()
+	evs := make([]policy.Evictor, len(jobs))
+	for i, j := range jobs {
+		ev, err := NewEvictor(reg, tr, j.spec)
+		if err != nil {
+			return nil, err
+		}
+		evs[i] = ev
+	}
+	par := p.Parallel
+	if par <= 0 {
+		par = runtime.GOMAXPROCS(0)
+	}
+	results := make([]Result, len(jobs))
+	errs := make([]error, len(jobs))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(par, len(jobs)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				results[i], errs[i] = runOne(tr, evs[i], jobs[i].capacity, p.Breakdown, p.Progress)
+			}
+		}()
+	}
+	for i := range jobs {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return results, err
+	}
+	return results, nil
+}
+
+func runOne(tr *Trace, ev policy.Evictor, capacity int64, breakdown bool, progress func(int)) (Result, error) {
+	r, err := newRunner(tr, ev, capacity, breakdown)
+	if err != nil {
+		return Result{}, err
+	}
+	const every = 128
+	for i := range tr.Requests() {
+		if err := r.request(i); err != nil {
+			return r.finish(), fmt.Errorf("policy %s at %d tokens: %w", ev.Name(), capacity, err)
+		}
+		if progress != nil && (i+1)%every == 0 {
+			progress(every)
+		}
+	}
+	if progress != nil {
+		progress(tr.Requests() % every)
+	}
+	return r.finish(), nil
+}
