@@ -173,6 +173,9 @@ func decodeSuperblock(b []byte) (superblock, error) {
 	if n > maxStackID {
 		return s, fmt.Errorf("superblock: stack id length %d > %d: %w", n, maxStackID, ErrBadHeader)
 	}
+	if b[11] != 0 || !allZero(b[49+n:49+maxStackID]) {
+		return s, fmt.Errorf("superblock: reserved bytes set: %w", ErrBadHeader)
+	}
 	s.Kind = b[10]
 	s.Rank = binary.LittleEndian.Uint32(b[12:])
 	s.PageBytes = int64(binary.LittleEndian.Uint64(b[16:]))
