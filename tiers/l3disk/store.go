@@ -655,12 +655,14 @@ func (s *Store) freeLive(k tiers.PayloadKind, slot int32) {
 func (s *Store) deleteLive(keys []tiers.Key) error {
 	entries := make([]indexes.Entry, 0, len(keys))
 	slots := make([]int32, 0, len(keys))
+	seen := make(map[tiers.Key]bool, len(keys))
 	for _, key := range keys {
 		pool := s.pools[key.Kind]
 		slot, ok := pool.lookup(key.Hash)
-		if !ok || pool.state[slot] != slotLive {
+		if !ok || pool.state[slot] != slotLive || seen[key] {
 			continue
 		}
+		seen[key] = true
 		entries = append(entries, indexes.Entry{Key: key.IndexKey(), Record: s.record(key.Kind, slot, 0)})
 		slots = append(slots, slot)
 	}
