@@ -83,10 +83,12 @@ type posError struct {
 	msg string
 }
 
-func (e *posError) Error() string                           { return e.msg }
-func (e *posError) GetToken() *token.Token                  { return e.tok }
-func (e *posError) GetMessage() string                      { return e.msg }
-func (e *posError) FormatError(colored, source bool) string { return yaml.FormatErrorWithToken(e.msg, e.tok, colored, source) }
+func (e *posError) Error() string          { return e.msg }
+func (e *posError) GetToken() *token.Token { return e.tok }
+func (e *posError) GetMessage() string     { return e.msg }
+func (e *posError) FormatError(colored, source bool) string {
+	return yaml.FormatErrorWithToken(e.msg, e.tok, colored, source)
+}
 
 var _ yaml.Error = (*posError)(nil)
 
