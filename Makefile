@@ -9,6 +9,11 @@ LDFLAGS       := -X main.version=$(VERSION) -X main.revision=$(REVISION)
 RACE_PKGS     ?= ./registry/... ./tiers/... ./indexes/... ./host/...
 # Extra flags for `go test` (e.g. TESTFLAGS=-short).
 TESTFLAGS     ?=
+# Protobuf code generators, pinned (protoc itself is Debian's protobuf-compiler).
+PROTOC        ?= protoc
+PROTOC_GEN_GO      := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
+PROTO_FILES   := $(wildcard plugins/proto/kvtier/*/v*/*.proto)
 
 .PHONY: build test bench plugins lint run proto clean
 
@@ -37,6 +42,15 @@ bench: build plugins
 lint:
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
+
+# Regenerate the committed Go code of the plugin protocol (plugins/proto).
+proto:
+	GOBIN=$(CURDIR)/$(BIN)/tools $(GO) install $(PROTOC_GEN_GO)
+	GOBIN=$(CURDIR)/$(BIN)/tools $(GO) install $(PROTOC_GEN_GO_GRPC)
+	PATH=$(CURDIR)/$(BIN)/tools:$$PATH $(PROTOC) -I plugins/proto \
+		--go_out=. --go_opt=module=github.com/kvtier/kvtier \
+		--go-grpc_out=. --go-grpc_opt=module=github.com/kvtier/kvtier \
+		$(PROTO_FILES)
 
 run: build
 	$(BIN)/kvtier replay

@@ -1,0 +1,141 @@
+// Command faultplugin is a FAULT-INJECTING test plugin, never shipped: the
+// example memstore Store plugin (and the badger Index plugin) with gRPC
+// interceptors that crash, hang or answer garbage on demand, so the host's
+// supervision tests can make a real plugin process misbehave.
+//
+// Faults are chosen by environment variables, which the host's process
+// environment passes down (tests set them with t.Setenv):
+//
+//	KVTIER_FAULT_CRASH_ON_PUT=N      exit abruptly inside the Nth Put call, after
+//	                                 the store accepted the batch, before replying
+//	KVTIER_FAULT_HANG_ON_GET=N       block forever in the Nth Get call
+//	KVTIER_FAULT_GARBAGE_GET=N       answer the Nth Get with a reply of the wrong length
+//	KVTIER_FAULT_GARBAGE_ACKS=N      send the Nth ack batch with an unset stage
+//	KVTIER_FAULT_NO_SLAB=1           claim in Open that the slab is not mapped
+//	KVTIER_FAULT_STDOUT_MARKER=path  print to stdout before the handshake if path exists
+//	KVTIER_FAULT_STDOUT_ALWAYS=1     print to stdout before the handshake
+//
+// Counters start at 1 in each process, so a restarted plugin misbehaves
+// again at its own Nth call.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+
+	"github.com/kvtier/kvtier/indexes"
+	"github.com/kvtier/kvtier/indexes/badger"
+	"github.com/kvtier/kvtier/plugins/proto/storev1"
+	"github.com/kvtier/kvtier/plugins/sdk"
+	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/memstore"
+)
+
+func envInt(name string) int64 {
+	n, _ := strconv.ParseInt(os.Getenv(name), 10, 64)
+	return n
+}
+
+type faults struct {
+	crashOnPut, hangOnGet, garbageGet, garbageAcks int64
+	noSlab                                         bool
+	puts, gets, ackBatches                         atomic.Int64
+}
+
+func main() {
+	if os.Getenv("KVTIER_FAULT_STDOUT_ALWAYS") != "" {
+		fmt.Println("faultplugin: hello from stdout") // the fault under test
+	}
+	if m := os.Getenv("KVTIER_FAULT_STDOUT_MARKER"); m != "" {
+		if _, err := os.Stat(m); err == nil {
+			fmt.Println("faultplugin: hello from stdout") // the fault under test
+		}
+	}
+	f := &faults{
+		crashOnPut:  envInt("KVTIER_FAULT_CRASH_ON_PUT"),
+		hangOnGet:   envInt("KVTIER_FAULT_HANG_ON_GET"),
+		garbageGet:  envInt("KVTIER_FAULT_GARBAGE_GET"),
+		garbageAcks: envInt("KVTIER_FAULT_GARBAGE_ACKS"),
+		noSlab:      os.Getenv("KVTIER_FAULT_NO_SLAB") != "",
+	}
+	sdk.Serve(sdk.Plugin{
+		Name:    "faultplugin",
+		Version: "test",
+		OpenStore: func(_ context.Context, env tiers.Env, config []byte) (tiers.Store, error) {
+			cfg := memstore.DefaultConfig()
+			if err := sdk.DecodeConfig(config, &cfg); err != nil {
+				return nil, err
+			}
+			return memstore.Open(env, cfg)
+		},
+		OpenIndex: func(ctx context.Context, env indexes.Env, config []byte) (indexes.Index, error) {
+			cfg := badger.DefaultConfig()
+			if err := sdk.DecodeConfig(config, &cfg); err != nil {
+				return nil, err
+			}
+			return badger.Open(ctx, env, cfg)
+		},
+		ServerOptions: []grpc.ServerOption{
+			grpc.ChainUnaryInterceptor(f.unary),
+			grpc.ChainStreamInterceptor(f.stream),
+		},
+	})
+}
+
+func (f *faults) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	switch info.FullMethod {
+	case storev1.Store_Open_FullMethodName:
+		reply, err := handler(ctx, req)
+		if err == nil && f.noSlab {
+			reply.(*storev1.OpenReply).SlabMapped = false
+		}
+		return reply, err
+	case storev1.Store_Put_FullMethodName:
+		n := f.puts.Add(1)
+		reply, err := handler(ctx, req)
+		if n == f.crashOnPut {
+			// The store has the batch; the host never hears back.
+			os.Exit(3)
+		}
+		return reply, err
+	case storev1.Store_Get_FullMethodName:
+		n := f.gets.Add(1)
+		if n == f.hangOnGet {
+			select {} // hang: only the host's deadline ends this
+		}
+		reply, err := handler(ctx, req)
+		if n == f.garbageGet && err == nil {
+			r := reply.(*storev1.GetReply)
+			for _, it := range r.Results {
+				it.Code = storev1.ResultCode_RESULT_CODE_OK // claim hits...
+			}
+			r.Results = r.Results[:len(r.Results)/2] // ...in a reply of the wrong length
+		}
+		return reply, err
+	}
+	return handler(ctx, req)
+}
+
+func (f *faults) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if info.FullMethod == storev1.Store_Acks_FullMethodName && f.garbageAcks > 0 {
+		return handler(srv, &garbageAcks{ServerStream: ss, f: f})
+	}
+	return handler(srv, ss)
+}
+
+type garbageAcks struct {
+	grpc.ServerStream
+	f *faults
+}
+
+func (g *garbageAcks) SendMsg(m any) error {
+	if b, ok := m.(*storev1.AckBatch); ok && g.f.ackBatches.Add(1) == g.f.garbageAcks && len(b.Acks) > 0 {
+		b.Acks[0].Stage = storev1.AckStage_ACK_STAGE_UNSPECIFIED
+	}
+	return g.ServerStream.SendMsg(m)
+}

@@ -1,0 +1,438 @@
+package pluginhost
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvtier/kvtier/indexes"
+	"github.com/kvtier/kvtier/plugins"
+	"github.com/kvtier/kvtier/plugins/internal/wire"
+	"github.com/kvtier/kvtier/plugins/proto/indexv1"
+)
+
+// Index is an indexes.Index served by a supervised plugin process.
+//
+// While the plugin is down, Get reports every key absent (a miss) and
+// every other method fails with an error wrapping ErrDown.
+type Index struct {
+	spec   PluginSpec
+	opts   Options
+	env    indexes.Env
+	config []byte
+	logger *slog.Logger
+	m      *metrics
+	rl     *rateLog
+	sup    *supervisor
+
+	mu     sync.Mutex
+	gen    *indexGen
+	closed bool
+}
+
+var _ indexes.Index = (*Index)(nil)
+
+type indexGen struct {
+	proc     *process
+	client   indexv1.IndexClient
+	started  time.Time
+	stopped  chan struct{}
+	stopOnce sync.Once
+	closing  bool
+}
+
+// OpenIndex starts the plugin binary of spec and opens its Index v1. It
+// refuses a binary whose SHA-256 is not spec.SHA256, a plugin with no common
+// protocol version, and one that fails the handshake.
+func OpenIndex(ctx context.Context, env indexes.Env, spec PluginSpec) (*Index, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	if env.Logger == nil {
+		return nil, fmt.Errorf("plugin %s: index env: logger is nil", spec.Name)
+	}
+	config, err := json.Marshal(spec.Config)
+	if err != nil {
+		return nil, fmt.Errorf("plugin %s: encode config as JSON: %w", spec.Name, err)
+	}
+	opts := spec.Options.withDefaults()
+	logger := env.Logger.With("plugin", spec.Name)
+	m, err := newMetrics(env.Registerer, spec.Name, "index")
+	if err != nil {
+		return nil, err
+	}
+	x := &Index{spec: spec, opts: opts, env: env, config: config, logger: logger, m: m, rl: newRateLog(logger, opts.LogInterval)}
+	if err := x.startGen(ctx); err != nil {
+		if m.unregister != nil {
+			m.unregister()
+		}
+		return nil, err
+	}
+	x.sup = newSupervisor(spec.Name, opts, m, x.rl, x.startGen)
+	return x, nil
+}
+
+func (x *Index) startGen(ctx context.Context) error {
+	x.mu.Lock()
+	switch {
+	case x.closed:
+		x.mu.Unlock()
+		return fmt.Errorf("plugin %s: %w", x.spec.Name, indexes.ErrClosed)
+	case x.gen != nil:
+		x.mu.Unlock()
+		return errAlreadyUp
+	}
+	x.mu.Unlock()
+	proc, err := launch(x.spec, x.opts, plugins.IndexService, x.logger)
+	if err != nil {
+		return err
+	}
+	client := indexv1.NewIndexClient(proc.conn)
+	octx, cancel := context.WithTimeout(ctx, x.opts.StartTimeout)
+	defer cancel()
+	reply, err := client.Open(octx, &indexv1.OpenRequest{Name: x.spec.Name, Dir: x.env.Dir, ConfigJson: x.config})
+	if err != nil {
+		proc.kill()
+		if status.Code(err) == codes.Unimplemented {
+			return fmt.Errorf("plugin %s (%s): it does not serve kvtier.index.v1 (is it a store plugin?): %w", x.spec.Name, x.spec.Path, ErrHandshake)
+		}
+		if err := x.indexError("open", err); err != nil && !errors.Is(err, ErrDown) {
+			return fmt.Errorf("plugin %s (%s): %w%s", x.spec.Name, x.spec.Path, err, saidSuffix(proc.notes))
+		}
+		return fmt.Errorf("plugin %s (%s): open index: %s%s", x.spec.Name, x.spec.Path, wire.Message(err), saidSuffix(proc.notes))
+	}
+	g := &indexGen{proc: proc, client: client, started: time.Now(), stopped: make(chan struct{})}
+	x.mu.Lock()
+	if x.closed {
+		x.mu.Unlock()
+		g.teardown(true)
+		return fmt.Errorf("plugin %s: %w", x.spec.Name, indexes.ErrClosed)
+	}
+	x.gen = g
+	x.mu.Unlock()
+	x.m.up.Set(1)
+	go x.watchExit(g)
+	x.logger.Info("index plugin serving", "impl", reply.GetImplementation(), "protocol", proc.version, "pid", proc.pid)
+	return nil
+}
+
+func (g *indexGen) teardown(kill bool) {
+	g.stopOnce.Do(func() {
+		close(g.stopped)
+		if kill {
+			g.proc.kill()
+		} else {
+			g.proc.stop()
+		}
+	})
+}
+
+func (x *Index) watchExit(g *indexGen) {
+	select {
+	case <-g.proc.exited.Done():
+		x.fail(g, reasonCrash, errors.New("plugin process exited"))
+	case <-g.stopped:
+	}
+}
+
+func (x *Index) fail(g *indexGen, reason string, cause error) {
+	x.mu.Lock()
+	if x.gen != g || g.closing {
+		x.mu.Unlock()
+		return
+	}
+	x.gen = nil
+	x.mu.Unlock()
+	x.m.up.Set(0)
+	x.m.failures.WithLabelValues(reason).Inc()
+	x.rl.log(slog.LevelError, "down", "index plugin down; lookups miss and writes fail until it restarts",
+		"reason", reason, "error", errString(cause), "pid", g.proc.pid, "plugin_said", g.proc.notes.lastLines())
+	go g.teardown(true)
+	x.sup.wentDown(g.started)
+}
+
+// indexError maps a plugin's error status to the Index v1 sentinels; it
+// returns an error wrapping ErrDown for failures that mean the plugin is
+// broken (the caller marks it down).
+func (x *Index) indexError(method string, err error) error {
+	msg := wire.Message(err)
+	switch wire.Classify(err) {
+	case wire.CallFull:
+		return fmt.Errorf("plugin %s: index %s: %s: %w", x.spec.Name, method, msg, indexes.ErrFull)
+	case wire.CallInUse:
+		return fmt.Errorf("plugin %s: index %s: %s: %w", x.spec.Name, method, msg, indexes.ErrInUse)
+	case wire.CallCorrupt:
+		return fmt.Errorf("plugin %s: index %s: %s: %w", x.spec.Name, method, msg, indexes.ErrCorrupt)
+	case wire.CallInvalid:
+		return fmt.Errorf("plugin %s: index %s: plugin refused the request: %s", x.spec.Name, method, msg)
+	}
+	return fmt.Errorf("plugin %s: index %s: %s: %w", x.spec.Name, method, msg, ErrDown)
+}
+
+// call runs one call on the serving plugin. It returns degraded = true,
+// with an error wrapping ErrDown, when the plugin is down or failed during
+// the call (and marks it down).
+func (x *Index) call(ctx context.Context, method string, fn func(ctx context.Context, c indexv1.IndexClient) error) (degraded bool, err error) {
+	if err := ctx.Err(); err != nil {
+		return false, fmt.Errorf("plugin %s: index %s: %w", x.spec.Name, method, err)
+	}
+	x.mu.Lock()
+	closed, g := x.closed, x.gen
+	x.mu.Unlock()
+	if closed {
+		return false, fmt.Errorf("plugin %s: index %s: %w", x.spec.Name, method, indexes.ErrClosed)
+	}
+	if g == nil {
+		x.rl.log(slog.LevelWarn, "degraded-"+method, "index plugin down: "+method+" degraded")
+		return true, fmt.Errorf("plugin %s: index %s: %w", x.spec.Name, method, ErrDown)
+	}
+	cctx, cancel := callCtx(ctx, x.opts)
+	defer cancel()
+	start := time.Now()
+	err = fn(cctx, g.client)
+	x.m.observe(method, start)
+	if err == nil {
+		return false, nil
+	}
+	if ctx.Err() != nil {
+		return false, fmt.Errorf("plugin %s: index %s: %w", x.spec.Name, method, ctx.Err())
+	}
+	if errors.Is(err, wire.ErrMalformed) {
+		x.fail(g, reasonMalformed, err)
+		return true, fmt.Errorf("plugin %s: index %s: %w: %w", x.spec.Name, method, err, ErrDown)
+	}
+	if wire.Classify(err) == wire.CallTimeout {
+		x.fail(g, reasonTimeout, fmt.Errorf("%s past its %v deadline", method, x.opts.CallTimeout))
+		return true, fmt.Errorf("plugin %s: index %s: hung past %v: %w", x.spec.Name, method, x.opts.CallTimeout, ErrDown)
+	}
+	mapped := x.indexError(method, err)
+	if errors.Is(mapped, ErrDown) {
+		x.fail(g, reasonCrash, err)
+		return true, mapped
+	}
+	return false, mapped
+}
+
+func (x *Index) degradedWrite(method string, n int) {
+	x.m.degraded.WithLabelValues(method).Add(float64(n))
+}
+
+// Put writes entries through the plugin.
+func (x *Index) Put(ctx context.Context, entries []indexes.Entry) error {
+	degraded, err := x.call(ctx, "put", func(ctx context.Context, c indexv1.IndexClient) error {
+		_, err := c.Put(ctx, &indexv1.PutRequest{Entries: wire.Entries(entries)})
+		return err
+	})
+	if degraded {
+		x.degradedWrite("index_put", len(entries))
+	}
+	return err
+}
+
+// Get looks keys up through the plugin; while it is down every key is
+// reported absent and the call succeeds.
+func (x *Index) Get(ctx context.Context, keys []indexes.Key, dst []indexes.Record, found []bool) error {
+	if len(dst) != len(keys) || len(found) != len(keys) {
+		return fmt.Errorf("plugin %s: index get: %d records and %d flags for %d keys", x.spec.Name, len(dst), len(found), len(keys))
+	}
+	degraded, err := x.call(ctx, "get", func(ctx context.Context, c indexv1.IndexClient) error {
+		reply, err := c.Get(ctx, &indexv1.GetRequest{Keys: wire.IndexKeys(keys)})
+		if err != nil {
+			return err
+		}
+		rs := reply.GetResults()
+		if len(rs) != len(keys) {
+			return fmt.Errorf("get reply has %d results for %d keys: %w", len(rs), len(keys), wire.ErrMalformed)
+		}
+		recs := make([]indexes.Record, len(rs))
+		for i, r := range rs {
+			if !r.GetFound() {
+				continue
+			}
+			if recs[i], err = wire.FromRecord(r.GetRecord()); err != nil {
+				return fmt.Errorf("get reply for %s: %w", keys[i], err)
+			}
+		}
+		for i, r := range rs {
+			found[i] = r.GetFound()
+			dst[i] = recs[i]
+		}
+		return nil
+	})
+	if degraded {
+		clear(found)
+		x.m.degraded.WithLabelValues("index_get").Add(float64(len(keys)))
+		return nil
+	}
+	return err
+}
+
+// Delete removes keys through the plugin.
+func (x *Index) Delete(ctx context.Context, keys []indexes.Key) error {
+	degraded, err := x.call(ctx, "delete", func(ctx context.Context, c indexv1.IndexClient) error {
+		_, err := c.Delete(ctx, &indexv1.DeleteRequest{Keys: wire.IndexKeys(keys)})
+		return err
+	})
+	if degraded {
+		x.degradedWrite("index_delete", len(keys))
+	}
+	return err
+}
+
+// DeleteIf removes keys whose records still match, through the plugin.
+func (x *Index) DeleteIf(ctx context.Context, entries []indexes.Entry, deleted []bool) error {
+	if len(deleted) != len(entries) {
+		return fmt.Errorf("plugin %s: index delete-if: %d flags for %d entries", x.spec.Name, len(deleted), len(entries))
+	}
+	degraded, err := x.call(ctx, "delete_if", func(ctx context.Context, c indexv1.IndexClient) error {
+		reply, err := c.DeleteIf(ctx, &indexv1.DeleteIfRequest{Entries: wire.Entries(entries)})
+		if err != nil {
+			return err
+		}
+		if len(reply.GetDeleted()) != len(entries) {
+			return fmt.Errorf("delete-if reply has %d flags for %d entries: %w", len(reply.GetDeleted()), len(entries), wire.ErrMalformed)
+		}
+		copy(deleted, reply.GetDeleted())
+		return nil
+	})
+	if degraded {
+		clear(deleted)
+		x.degradedWrite("index_delete_if", len(entries))
+	}
+	return err
+}
+
+// Touch sets last access times through the plugin.
+func (x *Index) Touch(ctx context.Context, keys []indexes.Key, at uint64) error {
+	degraded, err := x.call(ctx, "touch", func(ctx context.Context, c indexv1.IndexClient) error {
+		_, err := c.Touch(ctx, &indexv1.TouchRequest{Keys: wire.IndexKeys(keys), At: at})
+		return err
+	})
+	if degraded {
+		x.degradedWrite("index_touch", len(keys))
+	}
+	return err
+}
+
+// errStop marks fn's error inside the stream loop.
+type errStop struct{ err error }
+
+func (e errStop) Error() string { return e.err.Error() }
+
+// Iterate streams the plugin's entries to fn in key order. The call
+// deadline applies to each batch of the stream, not to the whole walk.
+func (x *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) error {
+	var stop error
+	_, err := x.call(ctx, "iterate", func(cctx context.Context, c indexv1.IndexClient) error {
+		// The whole walk may take longer than one call's deadline: run the
+		// stream under the caller's context and watch each receive.
+		sctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		stream, err := c.Iterate(sctx, &indexv1.IterateRequest{})
+		if err != nil {
+			return err
+		}
+		var prev []byte
+		var kb [indexes.KeySize]byte
+		for {
+			msg, err := recvWithin(sctx, cancel, x.opts.CallTimeout, stream.Recv)
+			if err == io.EOF {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			es, err := wire.FromEntries(msg.GetEntries())
+			if err != nil {
+				return fmt.Errorf("iterate batch: %w", err)
+			}
+			for _, e := range es {
+				indexes.EncodeKey(&kb, e.Key)
+				if prev != nil && bytes.Compare(prev, kb[:]) >= 0 {
+					return fmt.Errorf("iterate: key %s out of order: %w", e.Key, wire.ErrMalformed)
+				}
+				prev = append(prev[:0], kb[:]...)
+				if err := fn(e); err != nil {
+					stop = err
+					return nil
+				}
+			}
+		}
+	})
+	if stop != nil {
+		return stop
+	}
+	return err
+}
+
+// recvWithin receives one stream message, cancelling the stream and
+// reporting DeadlineExceeded if none arrives within d.
+func recvWithin[T any](ctx context.Context, cancel context.CancelFunc, d time.Duration, recv func() (T, error)) (T, error) {
+	t := time.AfterFunc(d, cancel)
+	msg, err := recv()
+	if !t.Stop() && ctx.Err() != nil && err != nil {
+		var zero T
+		return zero, status.Error(codes.DeadlineExceeded, fmt.Sprintf("no stream message within %v", d))
+	}
+	return msg, err
+}
+
+// Stats returns the plugin's index stats.
+func (x *Index) Stats(ctx context.Context) (indexes.Stats, error) {
+	var st indexes.Stats
+	_, err := x.call(ctx, "stats", func(ctx context.Context, c indexv1.IndexClient) error {
+		r, err := c.Stats(ctx, &indexv1.StatsRequest{})
+		if err != nil {
+			return err
+		}
+		if r.GetEntries() < 0 || r.GetBytes() < 0 || r.GetCapacityBytes() < 0 {
+			return fmt.Errorf("stats %v: negative counter: %w", r, wire.ErrMalformed)
+		}
+		st = indexes.Stats{Entries: r.GetEntries(), Bytes: r.GetBytes(), CapacityBytes: r.GetCapacityBytes()}
+		return nil
+	})
+	return st, err
+}
+
+// Close closes the plugin's index, stops the restarter and ends the
+// process.
+func (x *Index) Close() error {
+	x.mu.Lock()
+	if x.closed {
+		x.mu.Unlock()
+		return nil
+	}
+	x.closed = true
+	g := x.gen
+	if g != nil {
+		g.closing = true
+	}
+	x.mu.Unlock()
+	x.sup.stop()
+	var err error
+	if g != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), x.opts.CloseTimeout)
+		if _, cerr := g.client.Close(ctx, &indexv1.CloseRequest{}); cerr != nil {
+			err = fmt.Errorf("plugin %s: close index: %s", x.spec.Name, wire.Message(cerr))
+		}
+		cancel()
+		g.teardown(err != nil)
+	}
+	x.mu.Lock()
+	x.gen = nil
+	x.mu.Unlock()
+	x.m.up.Set(0)
+	if x.m.unregister != nil {
+		x.m.unregister()
+	}
+	return err
+}

@@ -1,0 +1,179 @@
+package pluginhost
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	plugin "github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+
+	"github.com/kvtier/kvtier/plugins"
+)
+
+// maxMessageBytes bounds one gRPC message (spans and keys, never pages).
+const maxMessageBytes = 64 << 20
+
+// process is one running plugin process and its connection.
+type process struct {
+	client  *plugin.Client
+	conn    *grpc.ClientConn
+	exited  context.Context // cancelled when the process has exited
+	version int
+	pid     int
+	notes   *bridgeNotes
+}
+
+// launch checks the binary's checksum, starts it through go-plugin with
+// AutoMTLS and version negotiation, and dispenses service.
+func launch(spec PluginSpec, opts Options, service string, logger *slog.Logger) (*process, error) {
+	want, err := decodeSum(spec.SHA256)
+	if err != nil {
+		return nil, fmt.Errorf("plugin %s (%s): sha256: %w", spec.Name, spec.Path, err)
+	}
+	// go-plugin's SecureConfig check says only "checksums did not match";
+	// check first ourselves so the refusal names both sums. SecureConfig
+	// still checks again right before exec.
+	got, err := fileSum(spec.Path)
+	if err != nil {
+		return nil, fmt.Errorf("plugin %s: %w", spec.Name, err)
+	}
+	if !bytes.Equal(got, want) {
+		return nil, fmt.Errorf("plugin %s (%s): %w: pinned sha256 %s, binary has %s",
+			spec.Name, spec.Path, ErrChecksum, hex.EncodeToString(want), hex.EncodeToString(got))
+	}
+	bridge := newSlogBridge(logger)
+	cmd := exec.Command(spec.Path)
+	cmd.Env = append(os.Environ(), "KVTIER_PLUGIN_NAME="+spec.Name)
+	// The plugin must not die with the host's terminal signals before the
+	// host has flushed it; the host kills it explicitly.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	client := plugin.NewClient(&plugin.ClientConfig{
+		HandshakeConfig:  plugins.Handshake(),
+		VersionedPlugins: plugins.HostPluginSets(),
+		Cmd:              cmd,
+		SecureConfig:     &plugin.SecureConfig{Checksum: want, Hash: sha256.New()},
+		AutoMTLS:         true,
+		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
+		StartTimeout:     opts.StartTimeout,
+		Logger:           bridge,
+		Stderr:           io.Discard,
+		SyncStdout:       io.Discard,
+		SyncStderr:       io.Discard,
+		GRPCDialOptions: []grpc.DialOption{grpc.WithDefaultCallOptions(
+			grpc.MaxCallRecvMsgSize(maxMessageBytes), grpc.MaxCallSendMsgSize(maxMessageBytes))},
+	})
+	rpc, err := client.Client()
+	if err != nil {
+		// Kill waits for go-plugin's stderr reader, so every line the
+		// plugin wrote is in the notes before we read them.
+		client.Kill()
+		return nil, startError(spec, err, bridge.notes)
+	}
+	raw, err := rpc.Dispense(service)
+	if err != nil {
+		client.Kill()
+		return nil, fmt.Errorf("plugin %s: dispense %s: %w", spec.Name, service, err)
+	}
+	c, ok := raw.(*plugins.Conn)
+	if !ok {
+		client.Kill()
+		return nil, fmt.Errorf("plugin %s: dispense %s returned %T", spec.Name, service, raw)
+	}
+	pid, _ := strconv.Atoi(client.ID())
+	return &process{client: client, conn: c.Conn, exited: c.Exited, version: client.NegotiatedVersion(), pid: pid, notes: bridge.notes}, nil
+}
+
+// kill ends the process at once (a broken plugin gets no grace period),
+// then lets go-plugin reap it and stop its goroutines.
+func (p *process) kill() {
+	if p.pid > 0 {
+		if proc, err := os.FindProcess(p.pid); err == nil {
+			_ = proc.Signal(syscall.SIGKILL)
+		}
+	}
+	p.client.Kill()
+}
+
+// stop asks go-plugin to shut the process down gracefully (it force-kills
+// after two seconds).
+func (p *process) stop() { p.client.Kill() }
+
+func fileSum(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open plugin binary: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return nil, fmt.Errorf("hash plugin binary %s: %w", path, err)
+	}
+	return h.Sum(nil), nil
+}
+
+var (
+	goPluginVersionRE = regexp.MustCompile(`Plugin version: (\d+)`)
+	unrecognizedRE    = regexp.MustCompile(`Unrecognized remote plugin message: ?(.*)`)
+)
+
+// startError turns go-plugin's start failure into a refusal that says what
+// happened and what to do.
+func startError(spec PluginSpec, err error, notes *bridgeNotes) error {
+	msg := err.Error()
+	host := plugins.FormatVersions(plugins.Versions())
+	if h, p, ok := notes.versions(); ok {
+		if h == "" {
+			h = host
+		}
+		return fmt.Errorf("plugin %s (%s): %w: host speaks [%s], plugin speaks [%s]", spec.Name, spec.Path, ErrNoCommonVersion, h, p)
+	}
+	if m := goPluginVersionRE.FindStringSubmatch(msg); m != nil && strings.Contains(msg, "incompatible API version") {
+		// A plugin not built with the SDK: go-plugin reports only the
+		// newest version the plugin speaks.
+		return fmt.Errorf("plugin %s (%s): %w: host speaks [%s], plugin speaks [%s] (its newest; it listed no others)", spec.Name, spec.Path, ErrNoCommonVersion, host, m[1])
+	}
+	if errors.Is(err, plugin.ErrChecksumsDoNotMatch) {
+		return fmt.Errorf("plugin %s (%s): %w: the binary changed after it was hashed", spec.Name, spec.Path, ErrChecksum)
+	}
+	last := notes.lastLines()
+	if last != "" {
+		last = " (plugin said: " + last + ")"
+	}
+	if m := unrecognizedRE.FindStringSubmatch(msg); m != nil {
+		line := strings.SplitN(m[1], "\n", 2)[0]
+		if line == "" {
+			return fmt.Errorf("plugin %s (%s): %w: it exited before the handshake%s", spec.Name, spec.Path, ErrHandshake, last)
+		}
+		return fmt.Errorf("plugin %s (%s): %w: it wrote %q to stdout before the handshake; stdout is the go-plugin handshake channel, so a plugin must log to stderr%s",
+			spec.Name, spec.Path, ErrHandshake, line, last)
+	}
+	if strings.Contains(msg, "timeout while waiting for plugin to start") {
+		return fmt.Errorf("plugin %s (%s): %w: no handshake within %v%s", spec.Name, spec.Path, ErrHandshake, spec.Options.withDefaults().StartTimeout, last)
+	}
+	if strings.Contains(msg, "exited before we could connect") {
+		return fmt.Errorf("plugin %s (%s): %w: it exited before the handshake%s", spec.Name, spec.Path, ErrHandshake, last)
+	}
+	return fmt.Errorf("plugin %s (%s): %w: %v%s", spec.Name, spec.Path, ErrHandshake, err, last)
+}
+
+// callCtx derives a call context with the plugin's call deadline.
+func callCtx(ctx context.Context, opts Options) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, opts.CallTimeout)
+}
+
+// sinceStart is how long a process has been up; a helper so the
+// supervisor's crash-loop rule reads plainly.
+func sinceStart(t time.Time) time.Duration { return time.Since(t) }

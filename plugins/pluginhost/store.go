@@ -1,0 +1,754 @@
+package pluginhost
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvtier/kvtier/pagehash"
+	"github.com/kvtier/kvtier/plugins"
+	"github.com/kvtier/kvtier/plugins/internal/wire"
+	"github.com/kvtier/kvtier/plugins/proto/storev1"
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// Store is a tiers.Store served by a supervised plugin process.
+type Store struct {
+	spec   PluginSpec
+	opts   Options
+	env    tiers.Env
+	config []byte
+	logger *slog.Logger
+	m      *metrics
+	rl     *rateLog
+	sup    *supervisor
+
+	ackReady chan struct{}
+
+	mu        sync.Mutex
+	gen       *storeGen // nil while down
+	genSeq    int
+	closed    bool
+	nextBatch tiers.BatchID
+	batches   map[tiers.BatchID]*hostBatch
+	queue     []tiers.Ack
+	carry     tiers.StoreStats // counters of past processes and of degraded items
+}
+
+var _ tiers.Store = (*Store)(nil)
+
+// storeGen is one plugin process serving the store.
+type storeGen struct {
+	id      int
+	proc    *process
+	client  storev1.StoreClient
+	started time.Time
+	impl    string
+
+	cancelStream context.CancelFunc
+	streamDone   chan struct{} // closed when the ack pump returns
+	stopped      chan struct{} // closed when the generation is torn down
+	stopOnce     sync.Once
+	closing      bool            // set under Store.mu by Close: stream end is expected
+	last         tiers.StoreStats // last stats seen, under Store.mu
+}
+
+// Item states of a host batch.
+const (
+	itemPending  uint8 = iota
+	itemGathered       // AckGathered seen
+	itemDone           // terminal ack seen or synthesized
+)
+
+// hostBatch tracks the items of one Put batch so that every item gets
+// exactly one terminal ack whatever happens to the plugin.
+type hostBatch struct {
+	gen   int
+	state []uint8
+	left  int
+}
+
+// OpenStore starts the plugin binary of spec and opens its Store v1 over
+// env's slab. It refuses a binary whose SHA-256 is not spec.SHA256, a plugin
+// with no common protocol version, one that fails the handshake, and one
+// that cannot map the slab files; each refusal says which and why.
+func OpenStore(ctx context.Context, env tiers.Env, spec PluginSpec) (*Store, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	if err := env.Validate(); err != nil {
+		return nil, fmt.Errorf("plugin %s: %w", spec.Name, err)
+	}
+	if env.Slab == nil {
+		return nil, fmt.Errorf("plugin %s: store plugins need the host's slab (env.Slab is nil): %w", spec.Name, tiers.ErrInvalid)
+	}
+	for _, f := range env.Slab.Geometry().Slabs {
+		if f.Path == "" {
+			return nil, fmt.Errorf("plugin %s: slab %d has no file path, so a plugin process cannot map it; use a file-backed slab (hugetlbfs or shm): %w",
+				spec.Name, f.ID, ErrNoSlabMapping)
+		}
+	}
+	config, err := json.Marshal(spec.Config)
+	if err != nil {
+		return nil, fmt.Errorf("plugin %s: encode config as JSON: %w", spec.Name, err)
+	}
+	opts := spec.Options.withDefaults()
+	logger := env.Logger.With("plugin", spec.Name)
+	m, err := newMetrics(env.Registerer, spec.Name, "store")
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{
+		spec: spec, opts: opts, env: env, config: config, logger: logger, m: m,
+		rl:       newRateLog(logger, opts.LogInterval),
+		ackReady: make(chan struct{}, 1),
+		batches:  make(map[tiers.BatchID]*hostBatch),
+	}
+	if err := s.startGen(ctx, env.ColdStart); err != nil {
+		if m.unregister != nil {
+			m.unregister()
+		}
+		return nil, err
+	}
+	// Restarts keep what the plugin made durable: cold start "load".
+	s.sup = newSupervisor(spec.Name, opts, m, s.rl, func(ctx context.Context) error { return s.startGen(ctx, tiers.ColdStartLoad) })
+	return s, nil
+}
+
+// startGen launches a plugin process, opens the store in it, opens the ack
+// stream and installs it as the serving generation.
+func (s *Store) startGen(ctx context.Context, cold tiers.ColdStart) error {
+	s.mu.Lock()
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		return fmt.Errorf("plugin %s: %w", s.spec.Name, tiers.ErrClosed)
+	case s.gen != nil:
+		s.mu.Unlock()
+		return errAlreadyUp
+	}
+	s.mu.Unlock()
+	proc, err := launch(s.spec, s.opts, plugins.StoreService, s.logger)
+	if err != nil {
+		return err
+	}
+	client := storev1.NewStoreClient(proc.conn)
+	octx, cancel := context.WithTimeout(ctx, s.opts.StartTimeout)
+	defer cancel()
+	reply, err := client.Open(octx, &storev1.OpenRequest{
+		Name:       s.spec.Name,
+		StackId:    s.env.StackID,
+		Rank:       uint32(s.env.Rank),
+		WorldSize:  uint32(s.env.WorldSize),
+		Payload:    wire.Payload(s.env.Payload),
+		Slab:       wire.Slab(s.env.Slab.Geometry()),
+		ColdStart:  wire.ColdStart(cold),
+		ConfigJson: s.config,
+	})
+	if err != nil {
+		proc.kill()
+		if status.Code(err) == codes.Unimplemented {
+			return fmt.Errorf("plugin %s (%s): it does not serve kvtier.store.v1 (is it an index plugin?): %w", s.spec.Name, s.spec.Path, ErrHandshake)
+		}
+		return fmt.Errorf("plugin %s (%s): open store: %s%s", s.spec.Name, s.spec.Path, wire.Message(err), saidSuffix(proc.notes))
+	}
+	if !reply.GetSlabMapped() {
+		_, _ = client.Close(octx, &storev1.CloseRequest{})
+		proc.kill()
+		return fmt.Errorf("plugin %s (%s, %s): %w: kvtier moves page bytes only through the shared slab files, never over gRPC, so a store plugin must map them at open%s",
+			s.spec.Name, s.spec.Path, reply.GetImplementation(), ErrNoSlabMapping, saidSuffix(proc.notes))
+	}
+	sctx, scancel := context.WithCancel(context.Background())
+	stream, err := client.Acks(sctx, &storev1.AcksRequest{})
+	if err != nil {
+		scancel()
+		proc.kill()
+		return fmt.Errorf("plugin %s: open ack stream: %s", s.spec.Name, wire.Message(err))
+	}
+	g := &storeGen{
+		proc: proc, client: client, started: time.Now(), impl: reply.GetImplementation(),
+		cancelStream: scancel, streamDone: make(chan struct{}), stopped: make(chan struct{}),
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		g.teardown(true)
+		return fmt.Errorf("plugin %s: %w", s.spec.Name, tiers.ErrClosed)
+	}
+	s.genSeq++
+	g.id = s.genSeq
+	s.gen = g
+	s.mu.Unlock()
+	s.m.up.Set(1)
+	go s.pumpAcks(g, stream)
+	go s.watchExit(g)
+	s.logger.Info("store plugin serving", "impl", g.impl, "protocol", proc.version, "pid", proc.pid, "cold_start", string(cold))
+	return nil
+}
+
+func saidSuffix(n *bridgeNotes) string {
+	if l := n.lastLines(); l != "" {
+		return " (plugin said: " + l + ")"
+	}
+	return ""
+}
+
+// teardown stops the generation's goroutines and process. kill skips the
+// graceful shutdown (for a plugin that is broken).
+func (g *storeGen) teardown(kill bool) {
+	g.stopOnce.Do(func() {
+		close(g.stopped)
+		g.cancelStream()
+		if kill {
+			g.proc.kill()
+		} else {
+			g.proc.stop()
+		}
+	})
+}
+
+// watchExit marks the store down when the process exits on its own.
+func (s *Store) watchExit(g *storeGen) {
+	select {
+	case <-g.proc.exited.Done():
+		s.fail(g, reasonCrash, errors.New("plugin process exited"))
+	case <-g.stopped:
+	}
+}
+
+// pumpAcks receives the plugin's acks until its stream ends.
+func (s *Store) pumpAcks(g *storeGen, stream storev1.Store_AcksClient) {
+	defer close(g.streamDone)
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			s.mu.Lock()
+			expected := g.closing || s.gen != g
+			s.mu.Unlock()
+			if !expected {
+				s.fail(g, reasonCrash, fmt.Errorf("ack stream ended: %w", err))
+			}
+			return
+		}
+		if err := s.applyAcks(g, msg.GetAcks()); err != nil {
+			s.fail(g, reasonMalformed, err)
+			return
+		}
+	}
+}
+
+// applyAcks checks the plugin's acks against the batches it was given and
+// queues them. A violation of the ack protocol is an error (malformed); the
+// acks before it stand.
+func (s *Store) applyAcks(g *storeGen, acks []*storev1.Ack) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gen != g && !g.closing {
+		return nil // a replaced process: its acks were already synthesized
+	}
+	queued := false
+	defer func() {
+		if queued {
+			s.signal()
+		}
+	}()
+	for _, a := range acks {
+		id := tiers.BatchID(a.GetBatch())
+		b := s.batches[id]
+		if b == nil || b.gen != g.id {
+			return fmt.Errorf("ack for batch %d, which is not pending: %w", id, wire.ErrMalformed)
+		}
+		i := int(a.GetIndex())
+		if i >= len(b.state) {
+			return fmt.Errorf("ack for item %d of batch %d, which has %d items: %w", i, id, len(b.state), wire.ErrMalformed)
+		}
+		stage, err := wire.FromAckStage(a.GetStage())
+		if err != nil {
+			return fmt.Errorf("ack for batch %d item %d: %w", id, i, err)
+		}
+		if b.state[i] == itemDone || (stage == tiers.AckGathered && b.state[i] == itemGathered) {
+			return fmt.Errorf("second %s ack for batch %d item %d: %w", stage, id, i, wire.ErrMalformed)
+		}
+		out := tiers.Ack{Batch: id, Index: i, Stage: stage}
+		switch stage {
+		case tiers.AckGathered, tiers.AckDurable:
+			if a.GetCode() != storev1.ResultCode_RESULT_CODE_OK {
+				return fmt.Errorf("%s ack for batch %d item %d with code %v: %w", stage, id, i, a.GetCode(), wire.ErrMalformed)
+			}
+		case tiers.AckFailed:
+			itemErr, err := wire.FromResult(a.GetCode(), a.GetMessage())
+			if err != nil || itemErr == nil {
+				return fmt.Errorf("failed ack for batch %d item %d with code %v: %w", id, i, a.GetCode(), wire.ErrMalformed)
+			}
+			out.Err = fmt.Errorf("plugin %s: put batch %d item %d: %w", s.spec.Name, id, i, itemErr)
+		}
+		if stage == tiers.AckGathered {
+			b.state[i] = itemGathered
+		} else {
+			b.state[i] = itemDone
+			if b.left--; b.left == 0 {
+				delete(s.batches, id)
+			}
+		}
+		s.queue = append(s.queue, out)
+		queued = true
+	}
+	return nil
+}
+
+// signal wakes AckReady; callers hold s.mu or not, it never blocks.
+func (s *Store) signal() {
+	select {
+	case s.ackReady <- struct{}{}:
+	default:
+	}
+}
+
+// failPending acknowledges AckFailed, with err, every item of generation
+// gen's batches (all batches if gen < 0) that has no terminal ack yet. It
+// returns the number of items. s.mu must be held.
+func (s *Store) failPending(gen int, err error) int {
+	n := 0
+	for id, b := range s.batches {
+		if gen >= 0 && b.gen != gen {
+			continue
+		}
+		for i, st := range b.state {
+			if st == itemDone {
+				continue
+			}
+			s.queue = append(s.queue, tiers.Ack{Batch: id, Index: i, Stage: tiers.AckFailed, Err: err})
+			n++
+		}
+		delete(s.batches, id)
+	}
+	if n > 0 {
+		s.signal()
+	}
+	return n
+}
+
+// fail marks generation g down: its pending put items fail, the process is
+// killed, and the supervisor restarts it. It is a no-op if g is no longer
+// the serving generation.
+func (s *Store) fail(g *storeGen, reason string, cause error) {
+	s.mu.Lock()
+	if s.gen != g || g.closing {
+		s.mu.Unlock()
+		return
+	}
+	s.gen = nil
+	s.carryOver(g.last)
+	downErr := fmt.Errorf("plugin %s %s: %w: %w", s.spec.Name, reason, ErrDown, tiers.ErrBroken)
+	n := s.failPending(g.id, downErr)
+	s.carry.PutFailures += int64(n)
+	s.mu.Unlock()
+	s.m.up.Set(0)
+	s.m.failures.WithLabelValues(reason).Inc()
+	s.m.degraded.WithLabelValues("put").Add(float64(n))
+	s.rl.log(slog.LevelError, "down", "store plugin down; serving misses and failed writes until it restarts",
+		"reason", reason, "error", errString(cause), "failed_put_items", n, "pid", g.proc.pid, "plugin_said", g.proc.notes.lastLines())
+	go g.teardown(true)
+	if s.sup != nil {
+		s.sup.wentDown(g.started)
+	}
+}
+
+// carryOver adds a finished process's counters to the carried totals.
+func (s *Store) carryOver(last tiers.StoreStats) {
+	s.carry.Hits += last.Hits
+	s.carry.Misses += last.Misses
+	s.carry.Corrupt += last.Corrupt
+	s.carry.Puts += last.Puts
+	s.carry.PutFailures += last.PutFailures
+	s.carry.Evictions += last.Evictions
+}
+
+// serving returns the serving generation, nil while down, or ErrClosed.
+func (s *Store) serving() (*storeGen, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, fmt.Errorf("plugin %s: %w", s.spec.Name, tiers.ErrClosed)
+	}
+	return s.gen, nil
+}
+
+// callFailed handles the error of a call: ErrInvalid for a refused request,
+// the caller's own context error, or (after marking the plugin down) nil
+// with degraded = true.
+func (s *Store) callFailed(ctx context.Context, g *storeGen, method string, err error) (degraded bool, out error) {
+	if ctx.Err() != nil {
+		return false, fmt.Errorf("plugin %s: %s: %w", s.spec.Name, method, ctx.Err())
+	}
+	switch wire.Classify(err) {
+	case wire.CallInvalid:
+		return false, fmt.Errorf("plugin %s: %s: %s: %w", s.spec.Name, method, wire.Message(err), tiers.ErrInvalid)
+	case wire.CallTimeout:
+		s.fail(g, reasonTimeout, fmt.Errorf("%s past its %v deadline", method, s.opts.CallTimeout))
+	default:
+		s.fail(g, reasonCrash, fmt.Errorf("%s: %w", method, err))
+	}
+	return true, nil
+}
+
+// checkSpan validates one item against the payload geometry and the slab,
+// so a malformed batch is refused whole before any item reaches the plugin.
+func (s *Store) checkSpan(what string, i int, k tiers.Key, sp tiers.Span) error {
+	size, err := s.env.Payload.PageBytes(k.Kind)
+	if err != nil {
+		return fmt.Errorf("plugin %s: %s item %d: %w", s.spec.Name, what, i, err)
+	}
+	if sp.Length != size {
+		return fmt.Errorf("plugin %s: %s item %d: span length %d, kind %d pages are %d bytes: %w", s.spec.Name, what, i, sp.Length, k.Kind, size, tiers.ErrInvalid)
+	}
+	if _, err := s.env.Slab.Bytes(sp); err != nil {
+		return fmt.Errorf("plugin %s: %s item %d: %w", s.spec.Name, what, i, err)
+	}
+	return nil
+}
+
+// Put sends the batch to the plugin. While the plugin is down, or if it
+// fails during the call, every item is acknowledged AckFailed with an error
+// wrapping ErrDown and tiers.ErrBroken; the call itself succeeds.
+func (s *Store) Put(ctx context.Context, batch []tiers.PutRequest) (tiers.BatchID, error) {
+	for i, r := range batch {
+		if err := s.checkSpan("put", i, r.Key, r.Src); err != nil {
+			return 0, err
+		}
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return 0, fmt.Errorf("plugin %s: %w", s.spec.Name, tiers.ErrClosed)
+	}
+	s.nextBatch++
+	id := s.nextBatch
+	g := s.gen
+	if len(batch) == 0 {
+		s.mu.Unlock()
+		return id, nil
+	}
+	if g == nil {
+		err := fmt.Errorf("plugin %s: %w: %w", s.spec.Name, ErrDown, tiers.ErrBroken)
+		for i := range batch {
+			s.queue = append(s.queue, tiers.Ack{Batch: id, Index: i, Stage: tiers.AckFailed, Err: err})
+		}
+		s.carry.Puts += int64(len(batch))
+		s.carry.PutFailures += int64(len(batch))
+		s.signal()
+		s.mu.Unlock()
+		s.m.degraded.WithLabelValues("put").Add(float64(len(batch)))
+		s.rl.log(slog.LevelWarn, "degraded-put", "store plugin down: put items failed", "items", len(batch))
+		return id, nil
+	}
+	s.batches[id] = &hostBatch{gen: g.id, state: make([]uint8, len(batch)), left: len(batch)}
+	s.mu.Unlock()
+
+	req := &storev1.PutRequest{Batch: uint64(id), Items: make([]*storev1.PutItem, len(batch))}
+	for i, r := range batch {
+		req.Items[i] = &storev1.PutItem{Key: wire.StoreKey(r.Key), Src: wire.Span(r.Src)}
+	}
+	// Put is asynchronous and quick; it ignores the caller's cancellation,
+	// because a cancelled call leaves unknown whether the plugin accepted
+	// the batch, and only the plugin's acks or its failure can settle it.
+	cctx, cancel := callCtx(context.WithoutCancel(ctx), s.opts)
+	defer cancel()
+	start := time.Now()
+	_, err := g.client.Put(cctx, req)
+	s.m.observe("put", start)
+	if err == nil {
+		return id, nil
+	}
+	if wire.Classify(err) == wire.CallInvalid {
+		s.mu.Lock()
+		_, pending := s.batches[id]
+		delete(s.batches, id)
+		s.mu.Unlock()
+		if pending {
+			return 0, fmt.Errorf("plugin %s: put: %s: %w", s.spec.Name, wire.Message(err), tiers.ErrInvalid)
+		}
+		return id, nil // the plugin failed meanwhile and the items were acknowledged failed
+	}
+	_, _ = s.callFailed(ctx, g, "put", err)
+	return id, nil
+}
+
+// Get reads the batch through the plugin. While the plugin is down, or if
+// it fails during the call or replies malformed, every item is a miss
+// wrapping tiers.ErrMiss and ErrDown; the call itself succeeds.
+func (s *Store) Get(ctx context.Context, batch []tiers.GetRequest, results []error) error {
+	if len(results) != len(batch) {
+		return fmt.Errorf("plugin %s: get: %d results for %d items: %w", s.spec.Name, len(results), len(batch), tiers.ErrInvalid)
+	}
+	for i, r := range batch {
+		if err := s.checkSpan("get", i, r.Key, r.Dst); err != nil {
+			return err
+		}
+	}
+	g, err := s.serving()
+	if err != nil {
+		return err
+	}
+	if len(batch) == 0 {
+		return nil
+	}
+	if g == nil {
+		s.missAll(results, errors.New("down"))
+		return nil
+	}
+	req := &storev1.GetRequest{Items: make([]*storev1.GetItem, len(batch))}
+	for i, r := range batch {
+		req.Items[i] = &storev1.GetItem{Key: wire.StoreKey(r.Key), Dst: wire.Span(r.Dst)}
+	}
+	cctx, cancel := callCtx(ctx, s.opts)
+	defer cancel()
+	start := time.Now()
+	reply, err := g.client.Get(cctx, req)
+	s.m.observe("get", start)
+	if err != nil {
+		if _, err := s.callFailed(ctx, g, "get", err); err != nil {
+			return err
+		}
+		s.missAll(results, errors.New("failed during get"))
+		return nil
+	}
+	if err := s.decodeGet(reply, results); err != nil {
+		s.fail(g, reasonMalformed, fmt.Errorf("get reply: %w", err))
+		s.missAll(results, errors.New("malformed get reply"))
+		return nil
+	}
+	return nil
+}
+
+// decodeGet fills results from a reply, or fails without touching them.
+func (s *Store) decodeGet(reply *storev1.GetReply, results []error) error {
+	rs := reply.GetResults()
+	if len(rs) != len(results) {
+		return fmt.Errorf("%d results for %d items: %w", len(rs), len(results), wire.ErrMalformed)
+	}
+	decoded := make([]error, len(rs))
+	for i, r := range rs {
+		itemErr, err := wire.FromResult(r.GetCode(), r.GetMessage())
+		if err != nil {
+			return fmt.Errorf("item %d: %w", i, err)
+		}
+		if itemErr != nil && !errors.Is(itemErr, tiers.ErrMiss) {
+			// The contract allows only hits and misses per get item;
+			// anything else is still never a hit.
+			itemErr = fmt.Errorf("%w: %w", tiers.ErrMiss, itemErr)
+		}
+		if itemErr != nil {
+			itemErr = fmt.Errorf("plugin %s: %w", s.spec.Name, itemErr)
+		}
+		decoded[i] = itemErr
+	}
+	copy(results, decoded)
+	return nil
+}
+
+// missAll makes every result a miss for a down plugin and counts it.
+func (s *Store) missAll(results []error, why error) {
+	err := fmt.Errorf("plugin %s %v: %w: %w", s.spec.Name, why, tiers.ErrMiss, ErrDown)
+	for i := range results {
+		results[i] = err
+	}
+	s.mu.Lock()
+	s.carry.Misses += int64(len(results))
+	s.mu.Unlock()
+	s.m.degraded.WithLabelValues("get").Add(float64(len(results)))
+	s.rl.log(slog.LevelWarn, "degraded-get", "store plugin down: get items are misses", "items", len(results))
+}
+
+// LongestPrefix asks the plugin; while it is down the answer is 0.
+func (s *Store) LongestPrefix(ctx context.Context, kind tiers.PayloadKind, chain []pagehash.Hash) (int, error) {
+	if _, err := s.env.Payload.PageBytes(kind); err != nil {
+		return 0, fmt.Errorf("plugin %s: longest prefix: %w", s.spec.Name, err)
+	}
+	g, err := s.serving()
+	if err != nil {
+		return 0, err
+	}
+	if len(chain) == 0 {
+		return 0, nil
+	}
+	if g == nil {
+		s.m.degraded.WithLabelValues("prefix").Inc()
+		return 0, nil
+	}
+	req := &storev1.LongestPrefixRequest{Kind: uint32(kind), Chain: make([][]byte, len(chain))}
+	for i := range chain {
+		req.Chain[i] = chain[i][:]
+	}
+	cctx, cancel := callCtx(ctx, s.opts)
+	defer cancel()
+	start := time.Now()
+	reply, err := g.client.LongestPrefix(cctx, req)
+	s.m.observe("longest_prefix", start)
+	if err != nil {
+		if _, err := s.callFailed(ctx, g, "longest prefix", err); err != nil {
+			return 0, err
+		}
+		s.m.degraded.WithLabelValues("prefix").Inc()
+		return 0, nil
+	}
+	if int64(reply.GetPresent()) > int64(len(chain)) {
+		s.fail(g, reasonMalformed, fmt.Errorf("longest prefix %d of a chain of %d: %w", reply.GetPresent(), len(chain), wire.ErrMalformed))
+		return 0, nil
+	}
+	return int(reply.GetPresent()), nil
+}
+
+// Delete removes keys in the plugin. While the plugin is down it fails
+// with an error wrapping ErrDown and tiers.ErrBroken: the keys may still be
+// present when the plugin comes back (a later get verifies what it reads).
+func (s *Store) Delete(ctx context.Context, keys []tiers.Key) error {
+	return s.keysCall(ctx, "delete", keys, func(ctx context.Context, g *storeGen, ks []*storev1.Key) error {
+		_, err := g.client.Delete(ctx, &storev1.DeleteRequest{Keys: ks})
+		return err
+	}, true)
+}
+
+// Touch marks keys used in the plugin; while it is down it is skipped.
+func (s *Store) Touch(ctx context.Context, keys []tiers.Key) error {
+	return s.keysCall(ctx, "touch", keys, func(ctx context.Context, g *storeGen, ks []*storev1.Key) error {
+		_, err := g.client.Touch(ctx, &storev1.TouchRequest{Keys: ks})
+		return err
+	}, false)
+}
+
+func (s *Store) keysCall(ctx context.Context, method string, keys []tiers.Key, call func(context.Context, *storeGen, []*storev1.Key) error, reportDown bool) error {
+	for i, k := range keys {
+		if _, err := s.env.Payload.PageBytes(k.Kind); err != nil {
+			return fmt.Errorf("plugin %s: %s key %d: %w", s.spec.Name, method, i, err)
+		}
+	}
+	g, err := s.serving()
+	if err != nil {
+		return err
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	down := func() error {
+		s.m.degraded.WithLabelValues(method).Add(float64(len(keys)))
+		if reportDown {
+			return fmt.Errorf("plugin %s: %s of %d keys: %w: %w", s.spec.Name, method, len(keys), ErrDown, tiers.ErrBroken)
+		}
+		return nil
+	}
+	if g == nil {
+		return down()
+	}
+	cctx, cancel := callCtx(ctx, s.opts)
+	defer cancel()
+	start := time.Now()
+	err = call(cctx, g, wire.StoreKeys(keys))
+	s.m.observe(method, start)
+	if err == nil {
+		return nil
+	}
+	if _, err := s.callFailed(ctx, g, method, err); err != nil {
+		return err
+	}
+	return down()
+}
+
+// DrainAcks appends the queued acks to dst.
+func (s *Store) DrainAcks(dst []tiers.Ack) []tiers.Ack {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	dst = append(dst, s.queue...)
+	clear(s.queue)
+	s.queue = s.queue[:0]
+	return dst
+}
+
+// AckReady is signalled when acks were queued.
+func (s *Store) AckReady() <-chan struct{} { return s.ackReady }
+
+// Stats returns the plugin's counters plus those of the processes before
+// it and the items served degraded. Page and byte counts are the serving
+// process's (0 while down).
+func (s *Store) Stats() tiers.StoreStats {
+	g, err := s.serving()
+	var cur tiers.StoreStats
+	if err == nil && g != nil {
+		ctx, cancel := callCtx(context.Background(), s.opts)
+		reply, rerr := g.client.Stats(ctx, &storev1.StatsRequest{})
+		cancel()
+		if rerr != nil {
+			_, _ = s.callFailed(context.Background(), g, "stats", rerr)
+		} else if st, derr := wire.FromStats(reply); derr != nil {
+			s.fail(g, reasonMalformed, derr)
+		} else {
+			s.mu.Lock()
+			if s.gen == g {
+				g.last = st
+				cur = st
+			}
+			s.mu.Unlock()
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := s.carry
+	out.Pages, out.Bytes, out.CapacityBytes = cur.Pages, cur.Bytes, cur.CapacityBytes
+	out.Hits += cur.Hits
+	out.Misses += cur.Misses
+	out.Corrupt += cur.Corrupt
+	out.Puts += cur.Puts
+	out.PutFailures += cur.PutFailures
+	out.Evictions += cur.Evictions
+	return out
+}
+
+// Close closes the plugin's store (its last acks arrive first), stops the
+// restarter and ends the process. Items still without a terminal ack are
+// acknowledged AckFailed with tiers.ErrClosed.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	g := s.gen
+	if g != nil {
+		g.closing = true
+	}
+	s.mu.Unlock()
+	if s.sup != nil {
+		s.sup.stop()
+	}
+	var err error
+	if g != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), s.opts.CloseTimeout)
+		if _, cerr := g.client.Close(ctx, &storev1.CloseRequest{}); cerr != nil {
+			err = fmt.Errorf("plugin %s: close: %s", s.spec.Name, wire.Message(cerr))
+		} else {
+			select {
+			case <-g.streamDone:
+			case <-ctx.Done():
+			}
+		}
+		cancel()
+		g.teardown(err != nil)
+	}
+	s.mu.Lock()
+	s.failPending(-1, fmt.Errorf("plugin %s: %w", s.spec.Name, tiers.ErrClosed))
+	s.gen = nil
+	s.mu.Unlock()
+	s.m.up.Set(0)
+	if s.m.unregister != nil {
+		s.m.unregister()
+	}
+	return err
+}
