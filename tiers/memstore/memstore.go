@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/registry"
 	"github.com/kvtier/kvtier/tiers"
@@ -29,8 +30,8 @@ const DefaultCapacity = 1 << 30
 
 // Config is memstore's YAML config.
 type Config struct {
-	// Capacity is the byte budget for stored payload bytes.
-	Capacity int64 `yaml:"capacity"`
+	// Capacity is the byte budget for stored payload bytes ("8GiB").
+	Capacity config.Size `yaml:"capacity"`
 }
 
 // DefaultConfig returns the defaults.
@@ -39,7 +40,7 @@ func DefaultConfig() Config { return Config{Capacity: DefaultCapacity} }
 // Validate checks the config.
 func (c *Config) Validate() error {
 	if c.Capacity <= 0 {
-		return fmt.Errorf("memstore: capacity must be positive, got %d", c.Capacity)
+		return fmt.Errorf("memstore: capacity must be positive, got %s", c.Capacity)
 	}
 	return nil
 }
@@ -105,13 +106,13 @@ func Open(env tiers.Env, cfg Config) (*Store, error) {
 	s := &Store{
 		payload:  env.Payload,
 		slab:     env.Slab,
-		capacity: cfg.Capacity,
+		capacity: int64(cfg.Capacity),
 		pages:    make(map[tiers.Key]*entry),
 		free:     make(map[int][][]byte),
 		ready:    make(chan struct{}, 1),
 	}
 	s.head.prev, s.head.next = &s.head, &s.head
-	s.stats.CapacityBytes = cfg.Capacity
+	s.stats.CapacityBytes = int64(cfg.Capacity)
 	if env.ColdStart == tiers.ColdStartLoad {
 		env.Logger.Info("memstore is not persistent: cold start load finds nothing")
 	}
