@@ -42,19 +42,43 @@ const (
 )
 
 // EncodeRecord writes r, stored under k, in the canonical record layout.
+// Implementations that already hold the encoded key use EncodeRecordKeyed,
+// which does not copy the key.
 func EncodeRecord(dst *[RecordSize]byte, k Key, r Record) {
+	var kb [KeySize]byte
+	EncodeKey(&kb, k)
+	EncodeRecordKeyed(dst, &kb, r)
+}
+
+// EncodeRecordKeyed writes r, stored under the encoded key kb, in the
+// canonical record layout.
+func EncodeRecordKeyed(dst *[RecordSize]byte, kb *[KeySize]byte, r Record) {
 	dst[recOffVersion] = RecordVersion
 	dst[recOffKind] = r.Kind
 	binary.LittleEndian.PutUint16(dst[recOffDisk:], r.Disk)
 	binary.LittleEndian.PutUint64(dst[recOffSlot:], r.Slot)
 	binary.LittleEndian.PutUint64(dst[recOffEpoch:], r.Epoch)
 	binary.LittleEndian.PutUint64(dst[recOffAccess:], r.LastAccess)
-	binary.LittleEndian.PutUint32(dst[recOffCRC:], recordCRC(k, dst[:recOffCRC]))
+	binary.LittleEndian.PutUint32(dst[recOffCRC:], recordCRC(kb[:], dst[:recOffCRC]))
 }
 
 // DecodeRecord decodes b, the value stored under k. Any failure (length,
-// version, checksum) wraps ErrCorrupt and names the key.
+// version, checksum) wraps ErrCorrupt and names the key. Implementations
+// that already hold the encoded key use DecodeRecordKeyed.
 func DecodeRecord(k Key, b []byte) (Record, error) {
+	var kb [KeySize]byte
+	EncodeKey(&kb, k)
+	return DecodeRecordKeyed(kb[:], b)
+}
+
+// DecodeRecordKeyed decodes b, the value stored under the encoded key kb.
+// Any failure (key length, record length, version, checksum) wraps
+// ErrCorrupt and names the key.
+func DecodeRecordKeyed(kb, b []byte) (Record, error) {
+	k, err := DecodeKey(kb)
+	if err != nil {
+		return Record{}, fmt.Errorf("index record under key %x: %w", kb, err)
+	}
 	if len(b) != RecordSize {
 		return Record{}, fmt.Errorf("index record for key %s: want %d bytes, got %d: %w", k, RecordSize, len(b), ErrCorrupt)
 	}
@@ -62,7 +86,7 @@ func DecodeRecord(k Key, b []byte) (Record, error) {
 		return Record{}, fmt.Errorf("index record for key %s: format version %d, want %d: %w", k, v, RecordVersion, ErrCorrupt)
 	}
 	want := binary.LittleEndian.Uint32(b[recOffCRC:])
-	if got := recordCRC(k, b[:recOffCRC]); got != want {
+	if got := recordCRC(kb, b[:recOffCRC]); got != want {
 		return Record{}, fmt.Errorf("index record for key %s: crc32c %08x, stored %08x: %w", k, got, want, ErrCorrupt)
 	}
 	return Record{
@@ -74,22 +98,12 @@ func DecodeRecord(k Key, b []byte) (Record, error) {
 	}, nil
 }
 
-// TouchRecord rewrites the last-access field of an encoded record in place
-// and recomputes its checksum. b must already decode under k.
-func TouchRecord(b *[RecordSize]byte, k Key, at uint64) {
-	binary.LittleEndian.PutUint64(b[recOffAccess:], at)
-	binary.LittleEndian.PutUint32(b[recOffCRC:], recordCRC(k, b[:recOffCRC]))
-}
-
 // SameLocation reports whether r and o name the same stored bytes: the same
 // disk, slot and epoch. It is the condition of DeleteIf.
 func (r Record) SameLocation(o Record) bool {
 	return r.Disk == o.Disk && r.Slot == o.Slot && r.Epoch == o.Epoch
 }
 
-func recordCRC(k Key, body []byte) uint32 {
-	var kb [KeySize]byte
-	EncodeKey(&kb, k)
-	c := crc32.Update(0, castagnoli, kb[:])
-	return crc32.Update(c, castagnoli, body)
+func recordCRC(kb, body []byte) uint32 {
+	return crc32.Update(crc32.Update(0, castagnoli, kb), castagnoli, body)
 }

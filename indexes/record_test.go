@@ -41,15 +41,16 @@ func TestRecordRoundTrip(t *testing.T) {
 			if got != tt.rec {
 				t.Fatalf("decode = %+v, want %+v", got, tt.rec)
 			}
-			TouchRecord(&b, tt.key, 4242)
-			got, err = DecodeRecord(tt.key, b[:])
-			if err != nil {
-				t.Fatalf("decode after touch: %v", err)
+			var kb [KeySize]byte
+			EncodeKey(&kb, tt.key)
+			var b2 [RecordSize]byte
+			EncodeRecordKeyed(&b2, &kb, tt.rec)
+			if b2 != b {
+				t.Fatalf("EncodeRecordKeyed = %x, EncodeRecord = %x", b2, b)
 			}
-			want := tt.rec
-			want.LastAccess = 4242
-			if got != want {
-				t.Fatalf("after touch = %+v, want %+v", got, want)
+			got, err = DecodeRecordKeyed(kb[:], b[:])
+			if err != nil || got != tt.rec {
+				t.Fatalf("DecodeRecordKeyed = %+v, %v; want %+v", got, err, tt.rec)
 			}
 		})
 	}
@@ -73,6 +74,9 @@ func TestRecordDecodeCorrupt(t *testing.T) {
 		{"bit flip in crc", func(b []byte) []byte { b[30] ^= 1; return b }, key, "crc32c"},
 		{"other key", func(b []byte) []byte { return b }, testKey(9, 2), "crc32c"},
 		{"other kind", func(b []byte) []byte { return b }, testKey(1, 3), "crc32c"},
+	}
+	if _, err := DecodeRecordKeyed(make([]byte, KeySize-1), good[:]); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("decode under a 32-byte key: err = %v, want ErrCorrupt", err)
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -120,20 +120,7 @@ func Open(ctx context.Context, env indexes.Env, cfg Config) (*Index, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := badgerdb.DefaultOptions(dir).
-		WithSyncWrites(cfg.Sync).
-		WithCompression(options.None).
-		WithBlockCacheSize(cfg.BlockCacheBytes).
-		WithMemTableSize(cfg.MemTableBytes).
-		WithNumMemtables(2).
-		WithNumCompactors(2).
-		WithDetectConflicts(false).
-		WithNumVersionsToKeep(1).
-		// NB: Badger's metrics are process-global expvars; kvtier reports
-		// through the Registerer instead.
-		WithMetricsEnabled(false).
-		WithLogger(slogAdapter{env.Logger.With("index", Name, "dir", dir)})
-	db, err := badgerdb.Open(opts)
+	db, err := badgerdb.Open(cfg.BadgerOptions(dir, env.Logger))
 	if err != nil {
 		_ = lock.Close()
 		// Badger formats its lock error without %w (outside its debug
@@ -145,6 +132,24 @@ func Open(ctx context.Context, env indexes.Env, cfg Config) (*Index, error) {
 	}
 	env.Logger.Debug("badger index open", "dir", dir, "config", cfg.String())
 	return &Index{db: db, lock: lock, log: env.Logger, dir: dir}, nil
+}
+
+// BadgerOptions returns the Badger options Open uses for a database in
+// dir, so that benchmarks against the raw library run the same settings.
+func (c Config) BadgerOptions(dir string, log *slog.Logger) badgerdb.Options {
+	return badgerdb.DefaultOptions(dir).
+		WithSyncWrites(c.Sync).
+		WithCompression(options.None).
+		WithBlockCacheSize(c.BlockCacheBytes).
+		WithMemTableSize(c.MemTableBytes).
+		WithNumMemtables(2).
+		WithNumCompactors(2).
+		WithDetectConflicts(false).
+		WithNumVersionsToKeep(1).
+		// NB: Badger's metrics are process-global expvars, shared by every
+		// database of the process; they would mix indexes.
+		WithMetricsEnabled(false).
+		WithLogger(slogAdapter{log.With("index", Name, "dir", dir)})
 }
 
 // lockDir takes the kvtier lock of dir.
@@ -220,7 +225,7 @@ func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) error {
 			b := buf[i*entrySize : (i+1)*entrySize]
 			k, v := (*[indexes.KeySize]byte)(b[:indexes.KeySize]), (*[indexes.RecordSize]byte)(b[indexes.KeySize:])
 			indexes.EncodeKey(k, e.Key)
-			indexes.EncodeRecord(v, e.Key, e.Record)
+			indexes.EncodeRecordKeyed(v, k, e.Record)
 			if err := txn.Set(k[:], v[:]); err != nil {
 				return fmt.Errorf("set %s: %w", e.Key, err)
 			}
@@ -258,7 +263,7 @@ func (ix *Index) Get(ctx context.Context, keys []indexes.Key, dst []indexes.Reco
 				return fmt.Errorf("get %s: %w", k, err)
 			}
 			if err := item.Value(func(v []byte) error {
-				rec, err := indexes.DecodeRecord(k, v)
+				rec, err := indexes.DecodeRecordKeyed(kb[:], v)
 				if err != nil {
 					corrupt.add(err)
 					return nil
@@ -367,7 +372,7 @@ func (ix *Index) Touch(ctx context.Context, keys []indexes.Key, at uint64) error
 				continue
 			}
 			rec.LastAccess = at
-			indexes.EncodeRecord(vb, k, rec)
+			indexes.EncodeRecordKeyed(vb, kb, rec)
 			if err := txn.Set(kb[:], vb[:]); err != nil {
 				return fmt.Errorf("set %s: %w", k, err)
 			}
@@ -389,7 +394,7 @@ func (ix *Index) readRecord(txn *badgerdb.Txn, kb []byte, k indexes.Key) (indexe
 	var rec indexes.Record
 	var ok bool
 	if err := item.Value(func(v []byte) error {
-		r, err := indexes.DecodeRecord(k, v)
+		r, err := indexes.DecodeRecordKeyed(kb, v)
 		if err != nil {
 			ix.log.Warn("badger index: treating a corrupt record as absent", "dir", ix.dir, "err", err)
 			return nil
@@ -433,7 +438,7 @@ func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) erro
 			var rec indexes.Record
 			var ok bool
 			if err := item.Value(func(v []byte) error {
-				r, err := indexes.DecodeRecord(k, v)
+				r, err := indexes.DecodeRecordKeyed(item.Key(), v)
 				if err != nil {
 					corrupt.add(err)
 					return nil

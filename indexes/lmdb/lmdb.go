@@ -153,16 +153,7 @@ func openEnv(dir string, cfg Config, log *slog.Logger) (*Index, error) {
 	if err := e.SetMaxDBs(1); err != nil {
 		return fail("set max dbs", err)
 	}
-	// NB: lookups are point reads of random hashes; readahead only
-	// evicts useful pages when the map outgrows memory.
-	flags := uint(mdb.NoReadahead)
-	switch cfg.Sync {
-	case SyncNoMeta:
-		flags |= mdb.NoMetaSync
-	case SyncNone:
-		flags |= mdb.NoSync
-	}
-	if err := e.Open(dir, flags, 0o644); err != nil {
+	if err := e.Open(dir, cfg.EnvFlags(), 0o644); err != nil {
 		return fail("mdb_env_open", err)
 	}
 	stale, err := e.ReaderCheck()
@@ -195,6 +186,21 @@ func openEnv(dir string, cfg Config, log *slog.Logger) (*Index, error) {
 	}
 	log.Debug("lmdb index open", "dir", dir, "config", cfg.String(), "stale_readers", stale)
 	return ix, nil
+}
+
+// EnvFlags returns the mdb_env_open flags Open uses, so that benchmarks
+// against the raw library run the same settings.
+func (c Config) EnvFlags() uint {
+	// NB: lookups are point reads of random hashes; readahead only
+	// evicts useful pages when the map outgrows memory.
+	flags := uint(mdb.NoReadahead)
+	switch c.Sync {
+	case SyncNoMeta:
+		flags |= mdb.NoMetaSync
+	case SyncNone:
+		flags |= mdb.NoSync
+	}
+	return flags
 }
 
 // lockProcessSlot locks the byte at offset pid of dir's process-lock file
@@ -327,7 +333,7 @@ func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) error {
 		var vb [indexes.RecordSize]byte
 		for _, e := range entries {
 			indexes.EncodeKey(&kb, e.Key)
-			indexes.EncodeRecord(&vb, e.Key, e.Record)
+			indexes.EncodeRecordKeyed(&vb, &kb, e.Record)
 			if err := txn.Put(ix.dbi, kb[:], vb[:], 0); err != nil {
 				return err
 			}
@@ -364,7 +370,7 @@ func (ix *Index) Get(ctx context.Context, keys []indexes.Key, dst []indexes.Reco
 			if err != nil {
 				return fmt.Errorf("get %s: %w", k, err)
 			}
-			rec, err := indexes.DecodeRecord(k, v)
+			rec, err := indexes.DecodeRecordKeyed(kb[:], v)
 			if err != nil {
 				corrupt.add(err)
 				continue
@@ -467,7 +473,7 @@ func (ix *Index) Touch(ctx context.Context, keys []indexes.Key, at uint64) error
 				continue
 			}
 			rec.LastAccess = at
-			indexes.EncodeRecord(&vb, k, rec)
+			indexes.EncodeRecordKeyed(&vb, &kb, rec)
 			if err := txn.Put(ix.dbi, kb[:], vb[:], 0); err != nil {
 				return err
 			}
@@ -486,7 +492,7 @@ func (ix *Index) readRecord(txn *mdb.Txn, kb []byte, k indexes.Key) (indexes.Rec
 	if err != nil {
 		return indexes.Record{}, false, fmt.Errorf("get %s: %w", k, err)
 	}
-	rec, err := indexes.DecodeRecord(k, v)
+	rec, err := indexes.DecodeRecordKeyed(kb[:], v)
 	if err != nil {
 		ix.log.Warn("lmdb index: treating a corrupt record as absent", "dir", ix.dir, "err", err)
 		return indexes.Record{}, false, nil
@@ -532,7 +538,7 @@ func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) erro
 				corrupt.add(fmt.Errorf("key %x: %w", kb, err))
 				continue
 			}
-			rec, err := indexes.DecodeRecord(k, v)
+			rec, err := indexes.DecodeRecordKeyed(kb[:], v)
 			if err != nil {
 				corrupt.add(err)
 				continue
