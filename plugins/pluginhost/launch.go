@@ -62,7 +62,7 @@ func launch(spec PluginSpec, opts Options, service string, logger *slog.Logger) 
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	client := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  plugins.Handshake(),
-		VersionedPlugins: plugins.HostPluginSets(),
+		VersionedPlugins: hostSets(opts.hostVersions),
 		Cmd:              cmd,
 		SecureConfig:     &plugin.SecureConfig{Checksum: want, Hash: sha256.New()},
 		AutoMTLS:         true,
@@ -94,6 +94,20 @@ func launch(spec PluginSpec, opts Options, service string, logger *slog.Logger) 
 	}
 	pid, _ := strconv.Atoi(client.ID())
 	return &process{client: client, conn: c.Conn, exited: c.Exited, version: client.NegotiatedVersion(), pid: pid, notes: bridge.notes}, nil
+}
+
+// hostSets returns the plugin sets the host offers: all it speaks, or, in
+// tests, the given versions.
+func hostSets(versions []int) map[int]plugin.PluginSet {
+	sets := plugins.HostPluginSets()
+	if versions == nil {
+		return sets
+	}
+	out := make(map[int]plugin.PluginSet, len(versions))
+	for _, v := range versions {
+		out[v] = sets[plugins.ProtocolVersion1]
+	}
+	return out
 }
 
 // kill ends the process at once (a broken plugin gets no grace period),
@@ -133,7 +147,11 @@ var (
 // happened and what to do.
 func startError(spec PluginSpec, err error, notes *bridgeNotes) error {
 	msg := err.Error()
-	host := plugins.FormatVersions(plugins.Versions())
+	offered := spec.Options.hostVersions
+	if offered == nil {
+		offered = plugins.Versions()
+	}
+	host := plugins.FormatVersions(offered)
 	if h, p, ok := notes.versions(); ok {
 		if h == "" {
 			h = host

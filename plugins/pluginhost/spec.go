@@ -112,6 +112,10 @@ type Options struct {
 	// LogInterval is the least time between two logs of the same
 	// condition (down, degraded operations). Default 10s.
 	LogInterval time.Duration
+
+	// hostVersions overrides the protocol versions the host offers, for
+	// the negotiation tests; nil means plugins.Versions().
+	hostVersions []int
 }
 
 // DefaultOptions returns the defaults.

@@ -56,7 +56,7 @@ type storeGen struct {
 	streamDone   chan struct{} // closed when the ack pump returns
 	stopped      chan struct{} // closed when the generation is torn down
 	stopOnce     sync.Once
-	closing      bool            // set under Store.mu by Close: stream end is expected
+	closing      bool             // set under Store.mu by Close: stream end is expected
 	last         tiers.StoreStats // last stats seen, under Store.mu
 }
 

@@ -1,0 +1,569 @@
+package pluginhost
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kvtier/kvtier/indexes"
+	"github.com/kvtier/kvtier/pagehash"
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// The tests in this file drive plugins/internal/faultplugin, a
+// FAULT-INJECTING plugin binary built only for them (a real memstore and a
+// real badger index behind interceptors that crash, hang or answer garbage).
+
+const faultPkg = "plugins/internal/faultplugin"
+
+const slot = 12 << 10 // bytes per page slot: kind 0's page size
+
+// harness is a store plugin with a slab and helpers to write and read pages.
+type harness struct {
+	t     *testing.T
+	store *Store
+	slab  tiers.Slab
+	rng   *rand.Rand
+	seed  uint64
+	acks  map[tiers.BatchID][]tiers.Ack
+}
+
+func newHarness(t *testing.T, opts Options, seed uint64) *harness {
+	t.Helper()
+	path, sum := pluginBinary(t, faultPkg)
+	slab := newSlab(t, 256*slot)
+	st, err := OpenStore(context.Background(), storeEnv(t, slab, nil), PluginSpec{
+		Name: "fault", Path: path, SHA256: sum, Options: opts,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("seed %d", seed)
+		}
+	})
+	return &harness{t: t, store: st, slab: slab, rng: rand.New(rand.NewPCG(seed, seed)), seed: seed, acks: map[tiers.BatchID][]tiers.Ack{}}
+}
+
+type testPage struct {
+	key  tiers.Key
+	data []byte
+}
+
+func (h *harness) pages(n int) []testPage {
+	out := make([]testPage, n)
+	for i := range out {
+		var tok [8]uint32
+		for j := range tok {
+			tok[j] = h.rng.Uint32()
+		}
+		data := make([]byte, slot)
+		for j := range data {
+			data[j] = byte(h.rng.Uint32())
+		}
+		out[i] = testPage{key: tiers.Key{Hash: pagehash.Next(pagehash.Root, tok[:]), Kind: 0}, data: data}
+	}
+	return out
+}
+
+func (h *harness) span(i int) tiers.Span { return tiers.Span{Slab: 0, Offset: int64(i) * slot, Length: slot} }
+
+// put writes pages into slots base.. and puts them as one batch.
+func (h *harness) put(base int, ps []testPage) tiers.BatchID {
+	h.t.Helper()
+	reqs := make([]tiers.PutRequest, len(ps))
+	for i, p := range ps {
+		b, err := h.slab.Bytes(h.span(base + i))
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		copy(b, p.data)
+		reqs[i] = tiers.PutRequest{Key: p.key, Src: h.span(base + i)}
+	}
+	id, err := h.store.Put(context.Background(), reqs)
+	if err != nil {
+		h.t.Fatalf("put: %v", err)
+	}
+	return id
+}
+
+// drain collects acks until every batch in want has want[id] terminal acks,
+// checking the ack protocol on the way.
+func (h *harness) drain(want map[tiers.BatchID]int, d time.Duration) {
+	h.t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		for _, a := range h.store.DrainAcks(nil) {
+			h.acks[a.Batch] = append(h.acks[a.Batch], a)
+		}
+		done := true
+		for id, n := range want {
+			if terminal(h.acks[id]) < n {
+				done = false
+			}
+		}
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("timed out waiting for terminal acks %v; have %v", want, h.acks)
+		}
+		select {
+		case <-h.store.AckReady():
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	for id := range want {
+		checkAckProtocol(h.t, id, h.acks[id], want[id])
+	}
+}
+
+func terminal(acks []tiers.Ack) int {
+	n := 0
+	for _, a := range acks {
+		if a.Stage != tiers.AckGathered {
+			n++
+		}
+	}
+	return n
+}
+
+// checkAckProtocol: per item at most one gathered, exactly one terminal,
+// gathered never after terminal.
+func checkAckProtocol(t *testing.T, id tiers.BatchID, acks []tiers.Ack, n int) {
+	t.Helper()
+	gathered := make([]int, n)
+	term := make([]int, n)
+	for _, a := range acks {
+		if a.Index < 0 || a.Index >= n {
+			t.Fatalf("batch %d: ack for item %d of %d", id, a.Index, n)
+		}
+		switch a.Stage {
+		case tiers.AckGathered:
+			if term[a.Index] > 0 {
+				t.Fatalf("batch %d item %d: gathered after terminal", id, a.Index)
+			}
+			gathered[a.Index]++
+		default:
+			term[a.Index]++
+		}
+	}
+	for i := range n {
+		if gathered[i] > 1 || term[i] != 1 {
+			t.Fatalf("batch %d item %d: %d gathered and %d terminal acks, want <=1 and 1", id, i, gathered[i], term[i])
+		}
+	}
+}
+
+// durable reports whether every item of batch id was acked durable.
+func (h *harness) durable(id tiers.BatchID) bool {
+	for _, a := range h.acks[id] {
+		if a.Stage == tiers.AckFailed {
+			return false
+		}
+	}
+	return len(h.acks[id]) > 0
+}
+
+// get reads ps into slots base.. and checks that every hit is exact; it
+// returns the number of hits.
+func (h *harness) get(base int, ps []testPage) (hits int, results []error) {
+	h.t.Helper()
+	reqs := make([]tiers.GetRequest, len(ps))
+	for i, p := range ps {
+		b, _ := h.slab.Bytes(h.span(base + i))
+		clear(b)
+		reqs[i] = tiers.GetRequest{Key: p.key, Dst: h.span(base + i)}
+	}
+	results = make([]error, len(ps))
+	if err := h.store.Get(context.Background(), reqs, results); err != nil {
+		h.t.Fatalf("get: %v (a plugin failure must be misses, not a failed call)", err)
+	}
+	for i, r := range results {
+		if r != nil {
+			if !errors.Is(r, tiers.ErrMiss) {
+				h.t.Fatalf("get item %d: %v does not wrap tiers.ErrMiss", i, r)
+			}
+			continue
+		}
+		b, _ := h.slab.Bytes(h.span(base + i))
+		if !bytes.Equal(b, ps[i].data) {
+			h.t.Fatalf("get item %d (%s): a hit with wrong bytes", i, ps[i].key)
+		}
+		hits++
+	}
+	return hits, results
+}
+
+// counter reads a counter or gauge.
+func counter(m prometheus.Metric) float64 {
+	var out dto.Metric
+	if err := m.Write(&out); err != nil {
+		panic(err)
+	}
+	if out.Counter != nil {
+		return out.Counter.GetValue()
+	}
+	return out.Gauge.GetValue()
+}
+
+// TestCrashMidBatch: the plugin exits inside a Put call, after its store took
+// the batch and before the reply. Earlier acks stand, every item of the
+// crashed batch is failed exactly once, reads are misses (never wrong bytes)
+// while it is down, and the restarted plugin serves again.
+func TestCrashMidBatch(t *testing.T) {
+	t.Setenv("KVTIER_FAULT_CRASH_ON_PUT", "3")
+	h := newHarness(t, fastOptions(), 1)
+	first := h.pages(16)
+	b1 := h.put(0, first[:8])
+	b2 := h.put(8, first[8:])
+	h.drain(map[tiers.BatchID]int{b1: 8, b2: 8}, 10*time.Second)
+	if !h.durable(b1) || !h.durable(b2) {
+		t.Fatalf("batches before the crash not durable: %v", h.acks)
+	}
+	if hits, _ := h.get(32, first); hits != 16 {
+		t.Fatalf("%d of 16 hits before the crash", hits)
+	}
+	crashed := h.pages(8)
+	b3 := h.put(16, crashed) // the plugin exits inside this call
+	h.drain(map[tiers.BatchID]int{b3: 8}, 10*time.Second)
+	for _, a := range h.acks[b3] {
+		if a.Stage == tiers.AckFailed && !errors.Is(a.Err, tiers.ErrBroken) {
+			t.Fatalf("failed ack of the crashed batch: %v, want tiers.ErrBroken", a.Err)
+		}
+	}
+	// Acks already delivered for the first batches were not retracted.
+	checkAckProtocol(t, b1, h.acks[b1], 8)
+	checkAckProtocol(t, b2, h.acks[b2], 8)
+	// Whatever the state (down or restarted empty), reads never fail or lie.
+	h.get(32, append(first, crashed...))
+	waitFor(t, "restart", 20*time.Second, h.store.up)
+	if got := counter(h.store.m.failures.WithLabelValues(reasonCrash)); got < 1 {
+		t.Fatalf("crash failures = %v, want >= 1", got)
+	}
+	if got := counter(h.store.m.restarts); got < 1 {
+		t.Fatalf("restarts = %v, want >= 1", got)
+	}
+	again := h.pages(4)
+	b4 := h.put(0, again)
+	h.drain(map[tiers.BatchID]int{b4: 4}, 10*time.Second)
+	if !h.durable(b4) {
+		t.Fatalf("put after restart not durable: %v", h.acks[b4])
+	}
+	if hits, _ := h.get(32, again); hits != 4 {
+		t.Fatalf("%d of 4 hits after restart", hits)
+	}
+}
+
+// TestHangPastDeadline: a Get that hangs returns misses at the call deadline,
+// the plugin is marked down and replaced, and the host keeps serving.
+func TestHangPastDeadline(t *testing.T) {
+	t.Setenv("KVTIER_FAULT_HANG_ON_GET", "2")
+	opts := fastOptions()
+	opts.CallTimeout = 300 * time.Millisecond
+	h := newHarness(t, opts, 2)
+	ps := h.pages(4)
+	b := h.put(0, ps)
+	h.drain(map[tiers.BatchID]int{b: 4}, 10*time.Second)
+	if hits, _ := h.get(8, ps); hits != 4 {
+		t.Fatalf("%d of 4 hits before the hang", hits)
+	}
+	start := time.Now()
+	hits, res := h.get(8, ps) // hangs in the plugin
+	if took := time.Since(start); took > opts.CallTimeout+2*time.Second {
+		t.Fatalf("hung get took %v, deadline %v", took, opts.CallTimeout)
+	}
+	if hits != 0 || !errors.Is(res[0], ErrDown) {
+		t.Fatalf("hung get: %d hits, result %v; want misses wrapping ErrDown", hits, res[0])
+	}
+	if got := counter(h.store.m.failures.WithLabelValues(reasonTimeout)); got != 1 {
+		t.Fatalf("timeout failures = %v, want 1", got)
+	}
+	waitFor(t, "restart", 20*time.Second, h.store.up)
+	ps2 := h.pages(2)
+	b2 := h.put(0, ps2)
+	h.drain(map[tiers.BatchID]int{b2: 2}, 10*time.Second)
+	if hits, _ := h.get(8, ps2); hits != 2 {
+		t.Fatalf("%d of 2 hits after restart", hits)
+	}
+}
+
+// TestGarbageGetReply: a reply of the wrong length that claims hits is
+// never read as hits; the plugin is marked down as malformed.
+func TestGarbageGetReply(t *testing.T) {
+	t.Setenv("KVTIER_FAULT_GARBAGE_GET", "1")
+	h := newHarness(t, fastOptions(), 3)
+	ps := h.pages(6)
+	// Not stored: any hit would be a lie.
+	hits, res := h.get(0, ps)
+	if hits != 0 || !errors.Is(res[0], ErrDown) {
+		t.Fatalf("garbage reply: %d hits, %v; want all misses wrapping ErrDown", hits, res[0])
+	}
+	if got := counter(h.store.m.failures.WithLabelValues(reasonMalformed)); got != 1 {
+		t.Fatalf("malformed failures = %v, want 1", got)
+	}
+	waitFor(t, "restart", 20*time.Second, h.store.up)
+}
+
+// TestGarbageAcks: an ack with an unset stage marks the plugin down; every
+// item still ends with exactly one terminal ack.
+func TestGarbageAcks(t *testing.T) {
+	t.Setenv("KVTIER_FAULT_GARBAGE_ACKS", "1")
+	h := newHarness(t, fastOptions(), 4)
+	ps := h.pages(5)
+	b := h.put(0, ps)
+	h.drain(map[tiers.BatchID]int{b: 5}, 10*time.Second)
+	if h.durable(b) {
+		t.Fatalf("batch with a garbage ack counted durable: %v", h.acks[b])
+	}
+	if got := counter(h.store.m.failures.WithLabelValues(reasonMalformed)); got != 1 {
+		t.Fatalf("malformed failures = %v, want 1", got)
+	}
+	waitFor(t, "restart", 20*time.Second, h.store.up)
+}
+
+// TestKilledDuringBatchesAndRestartFailsOnStdout: the plugin is SIGKILLed
+// while batches are in flight; its replacement prints to stdout before the
+// handshake, so restarts fail until that is fixed, and the breaker opens.
+// The host serves misses and failed writes throughout and recovers.
+func TestKilledDuringBatchesAndRestartFailsOnStdout(t *testing.T) {
+	marker := filepath.Join(t.TempDir(), "print-to-stdout")
+	t.Setenv("KVTIER_FAULT_STDOUT_MARKER", marker)
+	opts := fastOptions()
+	opts.BreakerFailures = 2
+	opts.BreakerCooldown = 300 * time.Millisecond
+	h := newHarness(t, opts, 5)
+	if err := os.WriteFile(marker, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pid := h.store.pid()
+	var ids []tiers.BatchID
+	want := map[tiers.BatchID]int{}
+	for i := range 12 {
+		ps := h.pages(8)
+		id := h.put((i%4)*8, ps)
+		ids = append(ids, id)
+		want[id] = 8
+		if i == 5 {
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	h.drain(want, 20*time.Second)
+	waitFor(t, "the breaker to open", 20*time.Second, func() bool { return counter(h.store.m.breakerOpen) == 1 })
+	if h.store.up() {
+		t.Fatal("a plugin that prints to stdout before the handshake came up")
+	}
+	// Down: reads miss, writes fail, nothing blocks.
+	ps := h.pages(3)
+	if hits, _ := h.get(40, ps); hits != 0 {
+		t.Fatalf("%d hits from a down plugin", hits)
+	}
+	b := h.put(40, ps)
+	h.drain(map[tiers.BatchID]int{b: 3}, time.Second)
+	if h.durable(b) {
+		t.Fatal("put to a down plugin acknowledged durable")
+	}
+	// The crash and at least one failed restart opened the breaker
+	// (BreakerFailures = 2).
+	if counter(h.store.m.failures.WithLabelValues(reasonStart)) < 1 {
+		t.Fatalf("start failures = %v, want >= 1", counter(h.store.m.failures.WithLabelValues(reasonStart)))
+	}
+	if err := os.Remove(marker); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "recovery after the fix", 20*time.Second, h.store.up)
+	if counter(h.store.m.breakerOpen) != 0 {
+		t.Fatal("breaker still open after a successful restart")
+	}
+	b = h.put(40, ps)
+	h.drain(map[tiers.BatchID]int{b: 3}, 10*time.Second)
+	if hits, _ := h.get(48, ps); hits != 3 {
+		t.Fatalf("%d of 3 hits after recovery", hits)
+	}
+}
+
+// TestIndexKilledLosesNoAcknowledgedBatch: a badger index plugin is
+// SIGKILLed while a writer streams batches; after the restart every batch
+// whose Put returned nil is there, byte for byte.
+func TestIndexKilledLosesNoAcknowledgedBatch(t *testing.T) {
+	path, sum := pluginBinary(t, faultPkg)
+	dir := t.TempDir()
+	x, err := OpenIndex(context.Background(), indexes.Env{Logger: testLogger(t, nil), Dir: dir}, PluginSpec{
+		Name: "fault-index", Path: path, SHA256: sum, Options: fastOptions(),
+		Config: map[string]any{"sync": true},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	const seed = 6
+	rng := rand.New(rand.NewPCG(seed, seed))
+	var acked []indexes.Entry
+	failed := 0
+	pid := x.pid()
+	ctx := context.Background()
+	for i := range 40 {
+		batch := make([]indexes.Entry, 50)
+		for j := range batch {
+			var h pagehash.Hash
+			for k := range h {
+				h[k] = byte(rng.Uint32())
+			}
+			batch[j] = indexes.Entry{Key: indexes.Key{Hash: h}, Record: indexes.Record{Slot: rng.Uint64(), Epoch: 1, LastAccess: uint64(i)}}
+		}
+		if i == 15 {
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}
+		switch err := x.Put(ctx, batch); {
+		case err == nil:
+			acked = append(acked, batch...)
+		case errors.Is(err, ErrDown):
+			failed++
+		default:
+			t.Fatalf("seed %d: put %d: %v, want nil or ErrDown", seed, i, err)
+		}
+	}
+	if failed == 0 {
+		t.Logf("no put failed: the restart was faster than the writer")
+	}
+	waitFor(t, "index restart", 20*time.Second, x.up)
+	keys := make([]indexes.Key, len(acked))
+	for i, e := range acked {
+		keys[i] = e.Key
+	}
+	recs := make([]indexes.Record, len(keys))
+	found := make([]bool, len(keys))
+	if err := x.Get(ctx, keys, recs, found); err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range acked {
+		if !found[i] || recs[i] != e.Record {
+			t.Fatalf("seed %d: acknowledged entry %s lost after the kill: found=%v record %+v want %+v", seed, e.Key, found[i], recs[i], e.Record)
+		}
+	}
+	if counter(x.m.failures.WithLabelValues(reasonCrash)) < 1 || counter(x.m.restarts) < 1 {
+		t.Fatalf("crash %v restarts %v, want both >= 1", counter(x.m.failures.WithLabelValues(reasonCrash)), counter(x.m.restarts))
+	}
+}
+
+// TestRefusals: each way a plugin is refused at open says which and why.
+func TestRefusals(t *testing.T) {
+	fault, faultSum := pluginBinary(t, faultPkg)
+	mem, memSum := pluginBinary(t, "plugins/examples/memstore")
+	wrong := strings.Repeat("ab", 32)
+	cases := []struct {
+		name    string
+		env     map[string]string
+		spec    PluginSpec
+		index   bool
+		want    error
+		mention []string
+	}{
+		{name: "checksum", spec: PluginSpec{Path: mem, SHA256: wrong}, want: ErrChecksum, mention: []string{wrong, memSum}},
+		{name: "stdout before handshake", env: map[string]string{"KVTIER_FAULT_STDOUT_ALWAYS": "1"},
+			spec: PluginSpec{Path: fault, SHA256: faultSum}, want: ErrHandshake, mention: []string{"hello from stdout", "stdout"}},
+		{name: "no slab mapping", env: map[string]string{"KVTIER_FAULT_NO_SLAB": "1"},
+			spec: PluginSpec{Path: fault, SHA256: faultSum}, want: ErrNoSlabMapping, mention: []string{"never over gRPC"}},
+		{name: "store plugin opened as index", spec: PluginSpec{Path: mem, SHA256: memSum}, index: true, want: ErrHandshake, mention: []string{"kvtier.index.v1"}},
+		{name: "missing binary", spec: PluginSpec{Path: mem + ".gone", SHA256: memSum}, mention: []string{"no such file"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			tc.spec.Name = "refused"
+			tc.spec.Options = fastOptions()
+			var err error
+			if tc.index {
+				var x *Index
+				x, err = OpenIndex(context.Background(), indexes.Env{Logger: testLogger(t, nil), Dir: t.TempDir()}, tc.spec)
+				if err == nil {
+					x.Close()
+				}
+			} else {
+				var s *Store
+				s, err = OpenStore(context.Background(), storeEnv(t, newSlab(t, 64*slot), nil), tc.spec)
+				if err == nil {
+					s.Close()
+				}
+			}
+			if err == nil {
+				t.Fatal("opened; want a refusal")
+			}
+			if tc.want != nil && !errors.Is(err, tc.want) {
+				t.Fatalf("err = %v, want %v", err, tc.want)
+			}
+			for _, m := range tc.mention {
+				if !strings.Contains(err.Error(), m) {
+					t.Fatalf("err = %q does not mention %q", err, m)
+				}
+			}
+		})
+	}
+}
+
+// TestNoCommonVersion: a host that offers only version 2 is refused by an
+// SDK plugin that speaks 1, and the error names both lists.
+func TestNoCommonVersion(t *testing.T) {
+	mem, sum := pluginBinary(t, "plugins/examples/memstore")
+	opts := fastOptions()
+	opts.hostVersions = []int{2}
+	_, err := OpenStore(context.Background(), storeEnv(t, newSlab(t, 64*slot), nil), PluginSpec{Name: "old", Path: mem, SHA256: sum, Options: opts})
+	if !errors.Is(err, ErrNoCommonVersion) {
+		t.Fatalf("err = %v, want ErrNoCommonVersion", err)
+	}
+	for _, m := range []string{"host speaks [2]", "plugin speaks [1]"} {
+		if !strings.Contains(err.Error(), m) {
+			t.Fatalf("err = %q does not say %q", err, m)
+		}
+	}
+}
+
+// TestPluginLogsBridged: the plugin's JSON log lines reach the host's slog
+// with their level, fields and the plugin's name.
+func TestPluginLogsBridged(t *testing.T) {
+	mem, sum := pluginBinary(t, "plugins/examples/memstore")
+	var logs logBuffer
+	st, err := OpenStore(context.Background(), storeEnv(t, newSlab(t, 64*slot), &logs), PluginSpec{Name: "bridged", Path: mem, SHA256: sum, Options: fastOptions()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out := logs.String()
+	var line string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, `msg="store plugin open"`) {
+			line = l
+		}
+	}
+	if line == "" {
+		t.Fatalf("the plugin's open log line did not reach the host log:\n%s", out)
+	}
+	for _, want := range []string{"level=INFO", "plugin=bridged", "impl=memstore", "backing=shm"} {
+		if !strings.Contains(line, want) {
+			t.Fatalf("bridged line %q lacks %q", line, want)
+		}
+	}
+}
+
+var _ = fmt.Sprint
