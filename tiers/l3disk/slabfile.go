@@ -83,6 +83,9 @@ type openMode struct {
 	create bool
 	// depth is the number of preallocation writes in flight.
 	depth int
+	// anyGeometry accepts an existing file of any geometry (offline
+	// inspection reads what is there).
+	anyGeometry bool
 }
 
 // openSlabFile opens (creating and preallocating if needed) the slab file
@@ -112,7 +115,7 @@ func openSlabFile(fs diskfs.FS, path string, want superblock, m openMode) (sf *s
 	}
 	got, rerr := sf.readSuperblock()
 	switch {
-	case rerr == nil && sameGeometry(got, want):
+	case rerr == nil && (m.anyGeometry || sameGeometry(got, want)):
 		sf.sb = got
 		size, err := f.Size()
 		if err != nil {
