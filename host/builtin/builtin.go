@@ -17,6 +17,7 @@ import (
 	"github.com/kvtier/kvtier/policy/sieve"
 	"github.com/kvtier/kvtier/policy/slru"
 	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/l2hugetlb"
 	"github.com/kvtier/kvtier/tiers/l3disk"
 	"github.com/kvtier/kvtier/tiers/memstore"
 )
@@ -27,6 +28,7 @@ func Tiers() (*tiers.Registry, error) {
 	for _, register := range []func(*tiers.Registry) error{
 		// One line per built-in tier package: pkg.Register,
 		memstore.Register,
+		l2hugetlb.Register,
 		l3disk.Register,
 	} {
 		if err := register(r); err != nil {

@@ -1,0 +1,32 @@
+package l2hugetlb
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kvtier/kvtier/registry"
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// Name is the module's name in a stack config (use: l2hugetlb).
+const Name = "l2hugetlb"
+
+// Register adds the l2hugetlb slab to r (role kvtier.tier.slab.v1).
+func Register(r *tiers.Registry) error {
+	return r.Slabs.Register(registry.Registration[tiers.Factory[tiers.Slab]]{
+		Type: tiers.SlabV1,
+		Name: Name,
+		Doc:  "shared L2 slab files on hugetlbfs (2 MiB pages), with an explicit shm fallback",
+		NewConfig: func() any {
+			c := DefaultConfig()
+			return &c
+		},
+		Factory: func(ctx context.Context, env tiers.Env, cfg any) (tiers.Slab, error) {
+			c, ok := cfg.(*Config)
+			if !ok || c == nil {
+				return nil, fmt.Errorf("l2hugetlb: config is %T, want *l2hugetlb.Config: %w", cfg, tiers.ErrInvalid)
+			}
+			return Open(ctx, env, *c)
+		},
+	})
+}
