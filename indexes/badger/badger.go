@@ -46,6 +46,9 @@ const Name = "badger"
 // indexes.ErrInUse rather than Badger's unwrapped lock message.
 const lockFileName = "kvtier-index.lock"
 
+// maxScratch is the largest write buffer an Index keeps between batches.
+const maxScratch = 4 << 20
+
 // entrySize is the bytes of one encoded key and record in a batch buffer.
 const entrySize = indexes.KeySize + indexes.RecordSize
 
@@ -54,6 +57,7 @@ type Index struct {
 	db   *badgerdb.DB
 	lock *os.File
 	log  *slog.Logger
+	m    *metrics
 	dir  string
 
 	// closeMu is held shared by every call and exclusively by Close, so
@@ -63,6 +67,10 @@ type Index struct {
 	// writeMu serializes write transactions; it is why conflict detection
 	// can be off (see the package comment).
 	writeMu sync.Mutex
+	// scratch holds the encoded keys and values of the write transaction
+	// in progress; guarded by writeMu. Badger references them until the
+	// commit returns, having copied them into its memtable by then.
+	scratch []byte
 }
 
 var _ indexes.Index = (*Index)(nil)
@@ -116,6 +124,10 @@ func Open(ctx context.Context, env indexes.Env, cfg Config) (*Index, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("open badger index %s: %w", dir, err)
 	}
+	m, err := newMetrics(env.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("open badger index %s: %w", dir, err)
+	}
 	lock, err := lockDir(dir)
 	if err != nil {
 		return nil, err
@@ -131,7 +143,7 @@ func Open(ctx context.Context, env indexes.Env, cfg Config) (*Index, error) {
 		return nil, fmt.Errorf("open badger index %s: %w", dir, err)
 	}
 	env.Logger.Debug("badger index open", "dir", dir, "config", cfg.String())
-	return &Index{db: db, lock: lock, log: env.Logger, dir: dir}, nil
+	return &Index{db: db, lock: lock, log: env.Logger, m: m, dir: dir}, nil
 }
 
 // BadgerOptions returns the Badger options Open uses for a database in
@@ -185,12 +197,25 @@ func (ix *Index) enter(ctx context.Context, op string) (release func(), err erro
 }
 
 // update runs fn in one write transaction under writeMu and commits it.
-func (ix *Index) update(op string, n int, fn func(txn *badgerdb.Txn) error) error {
+// fn gets a zeroed scratch buffer of size bytes that lives until the
+// commit returns.
+func (ix *Index) update(op string, n, size int, fn func(txn *badgerdb.Txn, buf []byte) error) error {
 	ix.writeMu.Lock()
 	defer ix.writeMu.Unlock()
+	var buf []byte
+	switch {
+	case size > maxScratch:
+		buf = make([]byte, size) // a rare huge batch is not kept
+	case cap(ix.scratch) < size:
+		ix.scratch = make([]byte, size)
+		buf = ix.scratch
+	default:
+		buf = ix.scratch[:size]
+		clear(buf)
+	}
 	txn := ix.db.NewTransaction(true)
 	defer txn.Discard()
-	if err := fn(txn); err != nil {
+	if err := fn(txn, buf); err != nil {
 		return ix.wrapTxnErr(op, n, err)
 	}
 	if err := txn.Commit(); err != nil {
@@ -208,7 +233,8 @@ func (ix *Index) wrapTxnErr(op string, n int, err error) error {
 }
 
 // Put inserts or replaces the entries in one transaction.
-func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) error {
+func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) (err error) {
+	defer ix.m.done(opPut, len(entries), &err)
 	release, err := ix.enter(ctx, "put")
 	if err != nil {
 		return err
@@ -218,9 +244,8 @@ func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) error {
 		return nil
 	}
 	// NB: Badger keeps the key and value slices until commit, so each
-	// entry gets its own region of one buffer.
-	buf := make([]byte, len(entries)*entrySize)
-	return ix.update("put", len(entries), func(txn *badgerdb.Txn) error {
+	// entry gets its own region of the scratch buffer.
+	return ix.update("put", len(entries), len(entries)*entrySize, func(txn *badgerdb.Txn, buf []byte) error {
 		for i, e := range entries {
 			b := buf[i*entrySize : (i+1)*entrySize]
 			k, v := (*[indexes.KeySize]byte)(b[:indexes.KeySize]), (*[indexes.RecordSize]byte)(b[indexes.KeySize:])
@@ -237,7 +262,8 @@ func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) error {
 // Get looks keys up in one read transaction. A record that fails to decode
 // is reported absent and named in an error wrapping indexes.ErrCorrupt,
 // returned after every key has been answered.
-func (ix *Index) Get(ctx context.Context, keys []indexes.Key, dst []indexes.Record, found []bool) error {
+func (ix *Index) Get(ctx context.Context, keys []indexes.Key, dst []indexes.Record, found []bool) (err error) {
+	defer ix.m.done(opGet, len(keys), &err)
 	if len(dst) != len(keys) || len(found) != len(keys) {
 		return fmt.Errorf("badger index %s: get %d keys into %d records and %d found flags", ix.dir, len(keys), len(dst), len(found))
 	}
@@ -279,11 +305,13 @@ func (ix *Index) Get(ctx context.Context, keys []indexes.Key, dst []indexes.Reco
 	if err != nil {
 		return fmt.Errorf("badger index %s: get batch of %d: %w", ix.dir, len(keys), err)
 	}
+	ix.m.corrupt.Add(float64(corrupt.n))
 	return corrupt.err(ix.dir, "get")
 }
 
 // Delete removes keys in one transaction; absent keys are ignored.
-func (ix *Index) Delete(ctx context.Context, keys []indexes.Key) error {
+func (ix *Index) Delete(ctx context.Context, keys []indexes.Key) (err error) {
+	defer ix.m.done(opDelete, len(keys), &err)
 	release, err := ix.enter(ctx, "delete")
 	if err != nil {
 		return err
@@ -292,8 +320,7 @@ func (ix *Index) Delete(ctx context.Context, keys []indexes.Key) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	buf := make([]byte, len(keys)*indexes.KeySize)
-	return ix.update("delete", len(keys), func(txn *badgerdb.Txn) error {
+	return ix.update("delete", len(keys), len(keys)*indexes.KeySize, func(txn *badgerdb.Txn, buf []byte) error {
 		for i, k := range keys {
 			kb := (*[indexes.KeySize]byte)(buf[i*indexes.KeySize:])
 			indexes.EncodeKey(kb, k)
@@ -308,7 +335,8 @@ func (ix *Index) Delete(ctx context.Context, keys []indexes.Key) error {
 // DeleteIf removes each entry's key when its stored record has the same
 // disk, slot and epoch, in one transaction. Entries are applied in order,
 // so a key named twice is deleted at most once.
-func (ix *Index) DeleteIf(ctx context.Context, entries []indexes.Entry, deleted []bool) error {
+func (ix *Index) DeleteIf(ctx context.Context, entries []indexes.Entry, deleted []bool) (err error) {
+	defer ix.m.done(opDeleteIf, len(entries), &err)
 	if len(deleted) != len(entries) {
 		return fmt.Errorf("badger index %s: delete-if %d entries with %d result flags", ix.dir, len(entries), len(deleted))
 	}
@@ -320,9 +348,8 @@ func (ix *Index) DeleteIf(ctx context.Context, entries []indexes.Entry, deleted 
 	if len(entries) == 0 {
 		return nil
 	}
-	buf := make([]byte, len(entries)*indexes.KeySize)
 	res := make([]bool, len(entries))
-	err = ix.update("delete-if", len(entries), func(txn *badgerdb.Txn) error {
+	err = ix.update("delete-if", len(entries), len(entries)*indexes.KeySize, func(txn *badgerdb.Txn, buf []byte) error {
 		for i, e := range entries {
 			kb := (*[indexes.KeySize]byte)(buf[i*indexes.KeySize:])
 			indexes.EncodeKey(kb, e.Key)
@@ -349,7 +376,8 @@ func (ix *Index) DeleteIf(ctx context.Context, entries []indexes.Entry, deleted 
 }
 
 // Touch sets LastAccess of the present keys to at, in one transaction.
-func (ix *Index) Touch(ctx context.Context, keys []indexes.Key, at uint64) error {
+func (ix *Index) Touch(ctx context.Context, keys []indexes.Key, at uint64) (err error) {
+	defer ix.m.done(opTouch, len(keys), &err)
 	release, err := ix.enter(ctx, "touch")
 	if err != nil {
 		return err
@@ -358,8 +386,7 @@ func (ix *Index) Touch(ctx context.Context, keys []indexes.Key, at uint64) error
 	if len(keys) == 0 {
 		return nil
 	}
-	buf := make([]byte, len(keys)*entrySize)
-	return ix.update("touch", len(keys), func(txn *badgerdb.Txn) error {
+	return ix.update("touch", len(keys), len(keys)*entrySize, func(txn *badgerdb.Txn, buf []byte) error {
 		for i, k := range keys {
 			b := buf[i*entrySize : (i+1)*entrySize]
 			kb, vb := (*[indexes.KeySize]byte)(b[:indexes.KeySize]), (*[indexes.RecordSize]byte)(b[indexes.KeySize:])
@@ -396,6 +423,7 @@ func (ix *Index) readRecord(txn *badgerdb.Txn, kb []byte, k indexes.Key) (indexe
 	if err := item.Value(func(v []byte) error {
 		r, err := indexes.DecodeRecordKeyed(kb, v)
 		if err != nil {
+			ix.m.corrupt.Inc()
 			ix.log.Warn("badger index: treating a corrupt record as absent", "dir", ix.dir, "err", err)
 			return nil
 		}
@@ -410,7 +438,9 @@ func (ix *Index) readRecord(txn *badgerdb.Txn, kb []byte, k indexes.Key) (indexe
 // Iterate calls fn for every entry in key order from one read transaction.
 // A record that fails to decode is skipped and named in an error wrapping
 // indexes.ErrCorrupt, returned after the iteration completes.
-func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) error {
+func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) (err error) {
+	yielded := 0
+	defer func() { ix.m.done(opIterate, yielded, &err) }()
 	release, err := ix.enter(ctx, "iterate")
 	if err != nil {
 		return err
@@ -451,6 +481,7 @@ func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) erro
 			if !ok {
 				continue
 			}
+			yielded++
 			if err := fn(indexes.Entry{Key: k, Record: rec}); err != nil {
 				return err
 			}
@@ -460,13 +491,15 @@ func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) erro
 	if err != nil {
 		return fmt.Errorf("badger index %s: iterate: %w", ix.dir, err)
 	}
+	ix.m.corrupt.Add(float64(corrupt.n))
 	return corrupt.err(ix.dir, "iterate")
 }
 
 // Stats counts the entries with a key-only scan (Badger keeps no count), so
 // it costs time linear in the number of entries; Bytes is the size of the
 // directory's files. CapacityBytes is 0: Badger has no fixed limit.
-func (ix *Index) Stats(ctx context.Context) (indexes.Stats, error) {
+func (ix *Index) Stats(ctx context.Context) (_ indexes.Stats, err error) {
+	defer ix.m.done(opStats, 0, &err)
 	release, err := ix.enter(ctx, "stats")
 	if err != nil {
 		return indexes.Stats{}, err

@@ -13,6 +13,7 @@ import (
 
 	badgerdb "github.com/dgraph-io/badger/v4"
 	"github.com/goccy/go-yaml"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/indexes/indextest"
@@ -236,6 +237,11 @@ func TestCorruptRecord(t *testing.T) {
 	}
 	if err := ix.Touch(ctx, []indexes.Key{bad}, 9); err != nil {
 		t.Fatalf("touch of a corrupt record: %v", err)
+	}
+	// Get, Iterate, DeleteIf and Touch each met the corrupt record once.
+	var m dto.Metric
+	if err := ix.m.corrupt.Write(&m); err != nil || m.GetCounter().GetValue() != 4 {
+		t.Fatalf("corrupt-record counter = %v (%v), want 4", m.GetCounter().GetValue(), err)
 	}
 	if err := ix.Delete(ctx, []indexes.Key{bad}); err != nil {
 		t.Fatal(err)

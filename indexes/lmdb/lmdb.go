@@ -55,6 +55,7 @@ type Index struct {
 	dbi      mdb.DBI
 	procLock *os.File
 	log      *slog.Logger
+	m        *metrics
 	dir      string
 	mapSize  int64
 
@@ -122,6 +123,10 @@ func Open(ctx context.Context, env indexes.Env, cfg Config) (*Index, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("open lmdb index %s: %w", dir, err)
 	}
+	m, err := newMetrics(env.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("open lmdb index %s: %w", dir, err)
+	}
 	procLock, err := lockProcessSlot(dir)
 	if err != nil {
 		return nil, err
@@ -131,7 +136,7 @@ func Open(ctx context.Context, env indexes.Env, cfg Config) (*Index, error) {
 		_ = procLock.Close()
 		return nil, err
 	}
-	ix.procLock = procLock
+	ix.procLock, ix.m = procLock, m
 	return ix, nil
 }
 
@@ -319,7 +324,8 @@ func isErrno(err error, e mdb.Errno) bool {
 }
 
 // Put inserts or replaces the entries in one write transaction.
-func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) error {
+func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) (err error) {
+	defer ix.m.done(opPut, len(entries), &err)
 	release, err := ix.enter(ctx, "put")
 	if err != nil {
 		return err
@@ -345,7 +351,8 @@ func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) error {
 // Get looks keys up in one read transaction. A record that fails to decode
 // is reported absent and named in an error wrapping indexes.ErrCorrupt,
 // returned after every key has been answered.
-func (ix *Index) Get(ctx context.Context, keys []indexes.Key, dst []indexes.Record, found []bool) error {
+func (ix *Index) Get(ctx context.Context, keys []indexes.Key, dst []indexes.Record, found []bool) (err error) {
+	defer ix.m.done(opGet, len(keys), &err)
 	if len(dst) != len(keys) || len(found) != len(keys) {
 		return fmt.Errorf("lmdb index %s: get %d keys into %d records and %d found flags", ix.dir, len(keys), len(dst), len(found))
 	}
@@ -382,11 +389,13 @@ func (ix *Index) Get(ctx context.Context, keys []indexes.Key, dst []indexes.Reco
 	if err != nil {
 		return err
 	}
+	ix.m.corrupt.Add(float64(corrupt.n))
 	return corrupt.err(ix.dir, "get")
 }
 
 // Delete removes keys in one write transaction; absent keys are ignored.
-func (ix *Index) Delete(ctx context.Context, keys []indexes.Key) error {
+func (ix *Index) Delete(ctx context.Context, keys []indexes.Key) (err error) {
+	defer ix.m.done(opDelete, len(keys), &err)
 	release, err := ix.enter(ctx, "delete")
 	if err != nil {
 		return err
@@ -410,7 +419,8 @@ func (ix *Index) Delete(ctx context.Context, keys []indexes.Key) error {
 // DeleteIf removes each entry's key when its stored record has the same
 // disk, slot and epoch, in one write transaction. Entries are applied in
 // order, so a key named twice is deleted at most once.
-func (ix *Index) DeleteIf(ctx context.Context, entries []indexes.Entry, deleted []bool) error {
+func (ix *Index) DeleteIf(ctx context.Context, entries []indexes.Entry, deleted []bool) (err error) {
+	defer ix.m.done(opDeleteIf, len(entries), &err)
 	if len(deleted) != len(entries) {
 		return fmt.Errorf("lmdb index %s: delete-if %d entries with %d result flags", ix.dir, len(entries), len(deleted))
 	}
@@ -451,7 +461,8 @@ func (ix *Index) DeleteIf(ctx context.Context, entries []indexes.Entry, deleted 
 
 // Touch sets LastAccess of the present keys to at, in one write
 // transaction.
-func (ix *Index) Touch(ctx context.Context, keys []indexes.Key, at uint64) error {
+func (ix *Index) Touch(ctx context.Context, keys []indexes.Key, at uint64) (err error) {
+	defer ix.m.done(opTouch, len(keys), &err)
 	release, err := ix.enter(ctx, "touch")
 	if err != nil {
 		return err
@@ -494,6 +505,7 @@ func (ix *Index) readRecord(txn *mdb.Txn, kb []byte, k indexes.Key) (indexes.Rec
 	}
 	rec, err := indexes.DecodeRecordKeyed(kb[:], v)
 	if err != nil {
+		ix.m.corrupt.Inc()
 		ix.log.Warn("lmdb index: treating a corrupt record as absent", "dir", ix.dir, "err", err)
 		return indexes.Record{}, false, nil
 	}
@@ -505,7 +517,9 @@ func (ix *Index) readRecord(txn *mdb.Txn, kb []byte, k indexes.Key) (indexes.Rec
 // indexes.ErrCorrupt, returned after the iteration completes. The read
 // transaction holds a reader slot and pins the pages of its snapshot for as
 // long as fn takes.
-func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) error {
+func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) (err error) {
+	yielded := 0
+	defer func() { ix.m.done(opIterate, yielded, &err) }()
 	release, err := ix.enter(ctx, "iterate")
 	if err != nil {
 		return err
@@ -543,6 +557,7 @@ func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) erro
 				corrupt.add(err)
 				continue
 			}
+			yielded++
 			if err := fn(indexes.Entry{Key: k, Record: rec}); err != nil {
 				fnErr = err
 				return err
@@ -557,13 +572,15 @@ func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) erro
 	if err != nil {
 		return err
 	}
+	ix.m.corrupt.Add(float64(corrupt.n))
 	return corrupt.err(ix.dir, "iterate")
 }
 
 // Stats returns the entry count (kept by LMDB, O(1)), the bytes of map in
 // use (pages up to the last used one; freed pages are reused, never
 // returned) and the map size.
-func (ix *Index) Stats(ctx context.Context) (indexes.Stats, error) {
+func (ix *Index) Stats(ctx context.Context) (_ indexes.Stats, err error) {
+	defer ix.m.done(opStats, 0, &err)
 	release, err := ix.enter(ctx, "stats")
 	if err != nil {
 		return indexes.Stats{}, err

@@ -18,6 +18,8 @@ import (
 
 	mdb "github.com/PowerDNS/lmdb-go/lmdb"
 	"github.com/goccy/go-yaml"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/indexes/indextest"
@@ -479,4 +481,80 @@ func expectAbsent(t testing.TB, ix *Index, entries []indexes.Entry) {
 			t.Fatalf("entry %d %s of the refused batch is present", i, e.Key)
 		}
 	}
+}
+
+func TestMetrics(t *testing.T) {
+	ctx := context.Background()
+	reg := prometheus.NewRegistry()
+	env := quietEnv()
+	env.Registerer = reg
+	cfg := DefaultConfig()
+	cfg.Dir, cfg.MapSizeBytes = t.TempDir(), 256<<10
+	ix, err := Open(ctx, env, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ix.Close()
+	rng := rand.New(rand.NewPCG(8, 8))
+	for {
+		err := ix.Put(ctx, entriesFor(rng, 100))
+		if errors.Is(err, indexes.ErrFull) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	entries := entriesFor(rng, 3)
+	if err := ix.Get(ctx, keysOf(entries), make([]indexes.Record, 3), make([]bool, 3)); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		c    prometheus.Counter
+		want float64
+	}{
+		{"full", ix.m.full, 1},
+		{"put errors", ix.m.errs[opPut], 1},
+		{"get calls", ix.m.calls[opGet], 1},
+		{"get entries", ix.m.entries[opGet], 3},
+		{"corrupt", ix.m.corrupt, 0},
+	}
+	for _, tt := range tests {
+		if got := counterValue(t, tt.c); got != tt.want {
+			t.Errorf("%s = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	puts := counterValue(t, ix.m.calls[opPut])
+	if puts < 4 {
+		t.Errorf("put calls = %v, want the batches before the map filled", puts)
+	}
+	// The counters are the registered ones, and a second index on the
+	// same registerer reuses them.
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	series := 0
+	for _, f := range families {
+		if f.GetName() == "kvtier_index_calls_total" {
+			series = len(f.GetMetric())
+		}
+	}
+	if series != numOps {
+		t.Errorf("gathered %d call series, want %d", series, numOps)
+	}
+	m2, err := newMetrics(reg)
+	if err != nil || m2.calls[opPut] != ix.m.calls[opPut] {
+		t.Errorf("second registration: %v, shared counter %v", err, m2.calls[opPut] == ix.m.calls[opPut])
+	}
+}
+
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }
