@@ -32,6 +32,7 @@ var (
 const (
 	crashEnvDir  = "KVTIER_L3_CRASH_DIR"
 	crashEnvSeed = "KVTIER_L3_CRASH_SEED"
+	crashEnvIx   = "KVTIER_L3_CRASH_INDEX"
 	crashSlots   = 48
 	crashPool    = 160 // distinct page hashes the child draws from
 )
@@ -66,6 +67,12 @@ func TestCrash(t *testing.T) {
 	if os.Getenv(crashEnvDir) != "" {
 		t.Skip("in the crash child")
 	}
+	for _, ix := range testIndexes() {
+		t.Run(ix.name, func(t *testing.T) { testCrash(t, ix) })
+	}
+}
+
+func testCrash(t *testing.T, ix indexOpener) {
 	seed := *crashSeed
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
@@ -75,7 +82,7 @@ func TestCrash(t *testing.T) {
 	dir := t.TempDir()
 	r := &rig{
 		t: t, dir: filepath.Join(dir, "disk"), ixDir: filepath.Join(dir, "index"),
-		ixOpen: testIndexes()[0], geom: testGeometry, fs: osFS(),
+		ixOpen: ix, geom: testGeometry, fs: osFS(),
 	}
 	r.cfg = testConfig(r.dir, crashSlots)
 	r.slab = tiertest.NewHeapSlab(2 * crashPool * r.pageSlot())
@@ -83,7 +90,7 @@ func TestCrash(t *testing.T) {
 	for it := range *crashIters {
 		childSeed := rng.Uint64()
 		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
-		cmd.Env = append(os.Environ(), crashEnvDir+"="+dir, crashEnvSeed+"="+strconv.FormatUint(childSeed, 10))
+		cmd.Env = append(os.Environ(), crashEnvDir+"="+dir, crashEnvSeed+"="+strconv.FormatUint(childSeed, 10), crashEnvIx+"="+ix.name)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		stdout, err := cmd.StdoutPipe()
@@ -200,7 +207,7 @@ func TestCrashChild(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 3))
 	r := &rig{
 		t: t, dir: filepath.Join(dir, "disk"), ixDir: filepath.Join(dir, "index"),
-		ixOpen: testIndexes()[0], geom: testGeometry,
+		ixOpen: indexByName(t, os.Getenv(crashEnvIx)), geom: testGeometry,
 	}
 	r.cfg = testConfig(r.dir, crashSlots)
 	r.cfg.GCBatch = 1 + rng.IntN(8)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/indexes/badger"
+	"github.com/kvtier/kvtier/indexes/lmdb"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l3disk/diskfs"
@@ -51,14 +52,33 @@ func openBadger(t testing.TB, dir string) indexes.Index {
 	return ix
 }
 
-// testIndexes lists the real indexes available to the store's tests.
-func testIndexes() []indexOpener {
-	return append([]indexOpener{{"badger", openBadger}}, extraIndexes...)
+func openLMDB(t testing.TB, dir string) indexes.Index {
+	t.Helper()
+	cfg := lmdb.DefaultConfig()
+	cfg.Dir = dir
+	cfg.MapSizeBytes = 64 << 20
+	cfg.Sync = lmdb.SyncNone // survives SIGKILL; power loss is not under test
+	ix, err := lmdb.Open(context.Background(), indexes.Env{Logger: testLogger(t), Dir: dir}, cfg)
+	if err != nil {
+		t.Fatalf("open lmdb index in %s: %v", dir, err)
+	}
+	return ix
 }
 
-// extraIndexes is appended to by index test files built when their
-// package exists.
-var extraIndexes []indexOpener
+// testIndexes lists the real indexes the store's tests run over.
+func testIndexes() []indexOpener {
+	return []indexOpener{{"badger", openBadger}, {"lmdb", openLMDB}}
+}
+
+func indexByName(t testing.TB, name string) indexOpener {
+	for _, ix := range testIndexes() {
+		if ix.name == name {
+			return ix
+		}
+	}
+	t.Fatalf("no test index %q", name)
+	return indexOpener{}
+}
 
 func testLogger(t testing.TB) *slog.Logger {
 	if testing.Verbose() {

@@ -542,8 +542,24 @@ func (s *Store) writerLoop() {
 		case <-s.ctlSig:
 			s.handleCtl()
 		}
+		if invariantsOn {
+			s.checkPools()
+		}
 	}
 	s.handleCtl()
+}
+
+// checkPools panics with the violation if a slot pool's invariants are
+// broken (invariant builds only: it is O(slots) per writer step).
+func (s *Store) checkPools() {
+	for k, p := range s.pools {
+		if err := p.check(); err != nil {
+			panic(fmt.Sprintf("l3disk: slot pool of kind %d: %v", k, err))
+		}
+		if got := s.st.usedSlots[k].Load(); got != int64(p.used()) {
+			panic(fmt.Sprintf("l3disk: kind %d used-slots counter %d, pool says %d", k, got, p.used()))
+		}
+	}
 }
 
 func (s *Store) releaseStaging(job *writeJob) {
