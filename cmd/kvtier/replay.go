@@ -2,10 +2,256 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
+
+	"github.com/kvtier/kvtier/host/builtin"
+	"github.com/kvtier/kvtier/host/config"
+	"github.com/kvtier/kvtier/host/replay"
+	"github.com/kvtier/kvtier/policy"
+	"github.com/kvtier/kvtier/workload"
 )
 
-func runReplay(_ context.Context, _ []string, _, _ io.Writer) error {
-	return fmt.Errorf("replay: not built yet")
+const replayUsage = `usage: kvtier replay [TRACE] [flags]
+
+Replays a Mooncake-format trace (or, without TRACE, the built-in generated
+workload) through the radix tree in metadata mode and prints, per capacity
+and policy, the token hit rate, hit and input tokens, evictions, node count
+and why blocks missed, with the Belady and infinite-capacity bounds as rows.
+One trace block is one 512-token page; capacity in blocks = floor(tokens/512).
+
+flags:
+`
+
+func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, replayUsage)
+		fs.PrintDefaults()
+	}
+	configPath := fs.String("config", "", "stack config YAML (default: the embedded default stack)")
+	policyName := fs.String("policy", "", "eviction policy (default: the config's policy)")
+	vs := fs.String("vs", "", "comma-separated policies replayed side by side with --policy")
+	capacity := fs.String("capacity", "", "comma-separated capacities in tokens: 3000000, 3M, 1.5M, 512Ki, inf (default 1M,3M,10M,inf)")
+	asJSON := fs.Bool("json", false, "print one JSON object per line, one per (policy, capacity)")
+	sweep := fs.Bool("sweep", false, "replay a log-spaced sweep of capacities (working set / 256 up to the working set) and write a hit-rate plot")
+	points := fs.Int("sweep-points", 12, "with --sweep: number of capacities")
+	plotPrefix := fs.String("plot", filepath.Join("plots", "replay-sweep"), "with --sweep: write the plot to PREFIX.png and PREFIX.svg")
+	parallel := fs.Int("parallel", 0, "replays run at once, one tree replica each (default: GOMAXPROCS)")
+
+	// Flags may come before or after TRACE.
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if err == flag.ErrHelp {
+				return err
+			}
+			return fmt.Errorf("replay: %w: %w", err, errUsage)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	if len(positional) > 1 {
+		return fmt.Errorf("replay: want at most one TRACE, got %q: %w", positional, errUsage)
+	}
+	if *capacity != "" && *sweep {
+		return fmt.Errorf("replay: --capacity and --sweep exclude each other: %w", errUsage)
+	}
+
+	policies, err := builtin.Policies()
+	if err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
+	stack, err := loadStack(*configPath, policies)
+	if err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
+	if pt := stack.Payload.PageTokens; pt != workload.BlockTokens {
+		return fmt.Errorf("replay: config page_tokens is %d, but replay maps one %d-token trace block to one page: set model.page_tokens: %d", pt, workload.BlockTokens, workload.BlockTokens)
+	}
+	specs, err := policySpecs(stack, *policyName, *vs)
+	if err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
+
+	tr, err := loadTrace(positional)
+	if err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+
+	capacities := replay.DefaultCapacities
+	switch {
+	case *sweep:
+		capacities = replay.SweepCapacities(tr, *points)
+	case *capacity != "":
+		if capacities, err = replay.ParseCapacities(*capacity); err != nil {
+			return fmt.Errorf("replay: --capacity: %w: %w", err, errUsage)
+		}
+	}
+	plan := replay.Plan{
+		Policies:   specs,
+		Capacities: capacities,
+		Belady:     true,
+		Infinite:   true,
+		Parallel:   *parallel,
+		Breakdown:  true,
+	}
+	var bar *progressbar.ProgressBar
+	if f, ok := stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		bar = progressbar.NewOptions64(int64(plan.Jobs()*tr.Requests()),
+			progressbar.OptionSetWriter(stderr),
+			progressbar.OptionSetDescription(fmt.Sprintf("replay %d runs", plan.Jobs())),
+			progressbar.OptionShowCount(),
+			progressbar.OptionThrottle(100*time.Millisecond),
+			progressbar.OptionClearOnFinish())
+		plan.Progress = func(n int) { _ = bar.Add(n) }
+	}
+	results, err := replay.RunPlan(tr, policies, plan)
+	if bar != nil {
+		_ = bar.Finish()
+	}
+	if err != nil {
+		return fmt.Errorf("replay %s: %w", tr.Name, err)
+	}
+	if *sweep {
+		if dir := filepath.Dir(*plotPrefix); dir != "." {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return fmt.Errorf("replay: plot directory: %w", err)
+			}
+		}
+		title := fmt.Sprintf("token hit rate vs capacity: %s", filepath.Base(tr.Name))
+		files, err := replay.WritePlot(results, title, *plotPrefix)
+		if err != nil {
+			return fmt.Errorf("replay: %w", err)
+		}
+		fmt.Fprintf(stderr, "wrote %s\n", strings.Join(files, ", "))
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		for _, r := range results {
+			if err := enc.Encode(r); err != nil {
+				return fmt.Errorf("replay: write json: %w", err)
+			}
+		}
+		return nil
+	}
+	return writeReplayTable(stdout, tr, results)
+}
+
+// loadStack returns the stack at path, or the embedded default.
+func loadStack(path string, policies *policy.Registry) (*config.Stack, error) {
+	tiersReg, err := builtin.Tiers()
+	if err != nil {
+		return nil, err
+	}
+	indexReg, err := builtin.Indexes()
+	if err != nil {
+		return nil, err
+	}
+	mods := config.Modules{Tiers: tiersReg, Indexes: indexReg, Policies: policies}
+	if path == "" {
+		return config.Default(mods)
+	}
+	return config.LoadFile(path, mods)
+}
+
+// policySpecs returns the primary policy (--policy, else the config's,
+// with the config's params when it is the config's policy) followed by
+// the --vs policies, without repeats.
+func policySpecs(stack *config.Stack, primary, vs string) ([]replay.Spec, error) {
+	if primary == "" {
+		primary = stack.Policy.Evictor
+	}
+	var specs []replay.Spec
+	seen := map[string]bool{}
+	add := func(name string) error {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			return fmt.Errorf("--vs: empty policy name in %q", vs)
+		}
+		if name == replay.Infinite {
+			return fmt.Errorf("policy %q is the infinite bound, always printed", name)
+		}
+		if seen[name] {
+			return nil
+		}
+		seen[name] = true
+		s := replay.Spec{Name: name}
+		if name == stack.Policy.Evictor {
+			s.Params = stack.Policy.Params
+		}
+		specs = append(specs, s)
+		return nil
+	}
+	if err := add(primary); err != nil {
+		return nil, err
+	}
+	if vs != "" {
+		for _, n := range strings.Split(vs, ",") {
+			if err := add(n); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return specs, nil
+}
+
+// loadTrace reads and compiles the trace file, or generates the built-in
+// workload when no file is given.
+func loadTrace(positional []string) (*replay.Trace, error) {
+	if len(positional) == 0 {
+		reqs, name, err := builtinWorkload()
+		if err != nil {
+			return nil, err
+		}
+		return replay.Compile(name, reqs)
+	}
+	reqs, err := workload.ReadFile(positional[0])
+	if err != nil {
+		return nil, err
+	}
+	return replay.Compile(positional[0], reqs)
+}
+
+// builtinWorkload is the generated default workload.
+func builtinWorkload() ([]workload.Request, string, error) {
+	return nil, "", fmt.Errorf("no TRACE given and this build has no workload generator yet: pass a Mooncake JSONL trace")
+}
+
+func writeReplayTable(w io.Writer, tr *replay.Trace, results []replay.Result) error {
+	fmt.Fprintf(w, "trace %s: %d requests, %d blocks (%d unique), %d input tokens\n\n",
+		tr.Name, tr.Requests(), tr.Blocks(), tr.UniqueBlocks(), tr.InputTokens())
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "POLICY\tCAPACITY\tBLOCKS\tHIT RATE\tHIT TOKENS\tINPUT TOKENS\tEVICTIONS\tNODES\tMISS: NEVER SEEN\tEVICTED\tEVICTED TAIL\tNOT ADMITTED\t")
+	for _, r := range results {
+		blocks := "-"
+		if r.CapacityBlocks > 0 {
+			blocks = fmt.Sprint(r.CapacityBlocks)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f%%\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n",
+			r.Policy, replay.FormatCapacity(r.CapacityTokens), blocks, 100*r.HitRate, r.HitTokens, r.InputTokens,
+			r.Evictions, r.Nodes, r.Misses.NeverSeen, r.Misses.Evicted, r.Misses.EvictedTail, r.Misses.NotAdmitted)
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("replay: write table: %w", err)
+	}
+	fmt.Fprintln(w, "\nevictions and misses are in blocks (512-token pages); belady and infinite are bounds")
+	return nil
 }

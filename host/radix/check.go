@@ -88,7 +88,7 @@ func (c *checker) node(n *Node) (int32, error) {
 		if want := n.parent.depth + len(n.parent.hashes); n.depth != want {
 			return 0, fmt.Errorf("radix invariant: node %d depth %d, parent %d ends at page %d", n.id, n.depth, n.parent.id, want)
 		}
-		if n.parent.child(n.hashes[0]) != n {
+		if n.parent.child(&n.hashes[0]) != n {
 			return 0, fmt.Errorf("radix invariant: parent %d does not find node %d by its first page %s", n.parent.id, n.id, n.hashes[0].Short())
 		}
 		if err := t.opts.checkResidency(n.residency); err != nil {
@@ -132,6 +132,11 @@ func (c *checker) node(n *Node) (int32, error) {
 		}
 	}
 	for _, k := range n.kidMap {
+		if err := visit(k); err != nil {
+			return 0, err
+		}
+	}
+	for _, k := range n.kidClash {
 		if err := visit(k); err != nil {
 			return 0, err
 		}

@@ -1,6 +1,7 @@
 package radix
 
 import (
+	"encoding/binary"
 	"slices"
 
 	"github.com/kvtier/kvtier/pagehash"
@@ -29,7 +30,11 @@ type Node struct {
 	// Children: a short slice, or a map once there are more than
 	// kidListMax (then kids is nil).
 	kids   []*Node
-	kidMap map[pagehash.Hash]*Node
+	kidMap map[uint64]*Node
+	// kidClash holds the children whose first page shares its first 8
+	// bytes with another child's (kidMap keeps one of them): never seen
+	// with SHA-256 keys, but the tree stays correct if it happens.
+	kidClash []*Node
 
 	hits       uint64
 	lastAccess uint64
@@ -82,7 +87,7 @@ func (n *Node) Residency() Residency { return n.residency }
 // Children returns the number of children.
 func (n *Node) Children() int {
 	if n.kidMap != nil {
-		return len(n.kidMap)
+		return len(n.kidMap) + len(n.kidClash)
 	}
 	return len(n.kids)
 }
@@ -93,12 +98,32 @@ func (n *Node) IsLeaf() bool { return n.Children() == 0 }
 // Removed reports whether the node has left the tree.
 func (n *Node) Removed() bool { return n.removed }
 
-func (n *Node) child(h pagehash.Hash) *Node {
+// hashEq compares two page hashes as four words: cheaper than the
+// generic 32-byte memequal on the hot match path.
+func hashEq(a, b *pagehash.Hash) bool {
+	return binary.LittleEndian.Uint64(a[0:8]) == binary.LittleEndian.Uint64(b[0:8]) &&
+		binary.LittleEndian.Uint64(a[8:16]) == binary.LittleEndian.Uint64(b[8:16]) &&
+		binary.LittleEndian.Uint64(a[16:24]) == binary.LittleEndian.Uint64(b[16:24]) &&
+		binary.LittleEndian.Uint64(a[24:32]) == binary.LittleEndian.Uint64(b[24:32])
+}
+
+// kidKey is the child map's key: the first 8 bytes of the first page hash.
+func kidKey(h *pagehash.Hash) uint64 { return binary.LittleEndian.Uint64(h[0:8]) }
+
+func (n *Node) child(h *pagehash.Hash) *Node {
 	if n.kidMap != nil {
-		return n.kidMap[h]
+		if c := n.kidMap[kidKey(h)]; c != nil && hashEq(&c.hashes[0], h) {
+			return c
+		}
+		for _, c := range n.kidClash {
+			if hashEq(&c.hashes[0], h) {
+				return c
+			}
+		}
+		return nil
 	}
 	for _, c := range n.kids {
-		if c.hashes[0] == h {
+		if hashEq(&c.hashes[0], h) {
 			return c
 		}
 	}
@@ -106,26 +131,43 @@ func (n *Node) child(h pagehash.Hash) *Node {
 }
 
 func (n *Node) addChild(c *Node) {
-	if n.kidMap != nil {
-		n.kidMap[c.hashes[0]] = c
-		return
+	if n.kidMap == nil {
+		if len(n.kids) < kidListMax {
+			n.kids = append(n.kids, c)
+			return
+		}
+		n.kidMap = make(map[uint64]*Node, 2*kidListMax)
+		for _, k := range n.kids {
+			n.mapChild(k)
+		}
+		n.kids = nil
 	}
-	if len(n.kids) < kidListMax {
-		n.kids = append(n.kids, c)
-		return
-	}
-	n.kidMap = make(map[pagehash.Hash]*Node, 2*kidListMax)
-	for _, k := range n.kids {
-		n.kidMap[k.hashes[0]] = k
-	}
-	n.kidMap[c.hashes[0]] = c
-	n.kids = nil
+	n.mapChild(c)
 }
 
-// replaceChild puts nw where old was; both start with the same page.
+func (n *Node) mapChild(c *Node) {
+	k := kidKey(&c.hashes[0])
+	if n.kidMap[k] != nil {
+		n.kidClash = append(n.kidClash, c)
+		return
+	}
+	n.kidMap[k] = c
+}
+
+// replaceChild puts nw where old was; nw starts with the page old
+// started with (old may already have been cut).
 func (n *Node) replaceChild(old, nw *Node) {
 	if n.kidMap != nil {
-		n.kidMap[nw.hashes[0]] = nw
+		if k := kidKey(&nw.hashes[0]); n.kidMap[k] == old {
+			n.kidMap[k] = nw
+			return
+		}
+		for i, c := range n.kidClash {
+			if c == old {
+				n.kidClash[i] = nw
+				return
+			}
+		}
 		return
 	}
 	for i, c := range n.kids {
@@ -138,7 +180,25 @@ func (n *Node) replaceChild(old, nw *Node) {
 
 func (n *Node) removeChild(c *Node) {
 	if n.kidMap != nil {
-		delete(n.kidMap, c.hashes[0])
+		k := kidKey(&c.hashes[0])
+		if n.kidMap[k] == c {
+			delete(n.kidMap, k)
+			// Promote a clashing child with the same key, if any.
+			for i, o := range n.kidClash {
+				if kidKey(&o.hashes[0]) == k {
+					n.kidMap[k] = o
+					n.kidClash = slices.Delete(n.kidClash, i, i+1)
+					break
+				}
+			}
+			return
+		}
+		for i, o := range n.kidClash {
+			if o == c {
+				n.kidClash = slices.Delete(n.kidClash, i, i+1)
+				return
+			}
+		}
 		return
 	}
 	for i, k := range n.kids {
@@ -156,10 +216,11 @@ func (n *Node) removeChild(c *Node) {
 func (n *Node) sortedChildren() []*Node {
 	var out []*Node
 	if n.kidMap != nil {
-		out = make([]*Node, 0, len(n.kidMap))
+		out = make([]*Node, 0, n.Children())
 		for _, c := range n.kidMap {
 			out = append(out, c)
 		}
+		out = append(out, n.kidClash...)
 	} else {
 		out = slices.Clone(n.kids)
 	}

@@ -21,7 +21,8 @@ type keyPool struct {
 
 func newKeyPool(rng *rand.Rand) *keyPool {
 	p := &keyPool{rng: rng}
-	for b := range 6 {
+	// NB: more bases than kidListMax, so the root's children go to a map.
+	for b := range 14 {
 		n := 4 + rng.IntN(20)
 		hs := make([]pagehash.Hash, n)
 		prev := pagehash.Root
@@ -259,5 +260,45 @@ func TestDigestSeesDivergence(t *testing.T) {
 	}
 	if a.tree.Digest() == b.tree.Digest() {
 		t.Fatal("digest did not change with the backup-pending marker")
+	}
+}
+
+// TestFirstWordClash: children whose first pages share their first 8
+// bytes (the child map's key) are still told apart, found, split and
+// removed correctly.
+func TestFirstWordClash(t *testing.T) {
+	r := newReplica(t)
+	mk := func(i int, tail byte) pagehash.Hash {
+		var h pagehash.Hash
+		h[0] = byte(i % 3) // only three distinct first words
+		h[8] = byte(i)
+		h[31] = tail
+		return h
+	}
+	var keys [][]pagehash.Hash
+	for i := range 20 {
+		keys = append(keys, []pagehash.Hash{mk(i, 0), mk(i, 1), mk(i, 2)})
+		r.tree.InsertHashes(keys[i])
+	}
+	if err := r.tree.Check(); err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		if _, pages := r.tree.MatchHashes(k[:2], nil); pages != 2 {
+			t.Fatalf("key %d: matched %d pages, want 2", i, pages)
+		}
+	}
+	if r.tree.Root().Children() != 20 || r.tree.Nodes() != 40 {
+		t.Fatalf("root has %d children, tree %d nodes; want 20 and 40", r.tree.Root().Children(), r.tree.Nodes())
+	}
+	if err := r.tree.Check(); err != nil {
+		t.Fatal(err)
+	}
+	_, freed, err := r.tree.EvictPages(60, nil)
+	if err != nil || freed != 60 || r.tree.Nodes() != 0 {
+		t.Fatalf("evict all: freed %d, err %v, %d nodes left", freed, err, r.tree.Nodes())
+	}
+	if err := r.tree.Check(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -218,6 +218,26 @@ func (t *Tree) InsertHashes(hs []pagehash.Hash) (last *Node, added int) {
 	return last, added
 }
 
+// InsertHashesBorrowed is InsertHashes without the copy: the new leaf
+// keeps a sub-slice of hs, so the caller must never modify hs afterwards
+// (replay passes its compiled, read-only trace keys). The tree itself
+// never appends to or writes into a node's hashes.
+func (t *Tree) InsertHashesBorrowed(hs []pagehash.Hash) (last *Node, added int) {
+	t.clock++
+	t.ops++
+	path, matched, _ := t.walkHashes(hs, nil)
+	last = t.root
+	if len(path) > 0 {
+		last = path[len(path)-1]
+	}
+	if matched < len(hs) {
+		last = t.addLeaf(last, hs[matched:len(hs):len(hs)], nil)
+		added = len(hs) - matched
+	}
+	t.checkSampled()
+	return last, added
+}
+
 // InsertTokens is InsertHashes for a key given as tokens; the hashes of
 // the new pages are computed here, once, chained after the walked prefix.
 // A trailing partial page is not inserted.
@@ -281,7 +301,7 @@ func (t *Tree) addPages(r Residency, pages int) {
 func (t *Tree) walkHashes(hs []pagehash.Hash, path []*Node) ([]*Node, int, pagehash.Hash) {
 	node, i := t.root, 0
 	for i < len(hs) {
-		c := node.child(hs[i])
+		c := node.child(&hs[i])
 		if c == nil {
 			break
 		}
@@ -313,7 +333,8 @@ func (t *Tree) walkTokens(tokens []uint32, path []*Node) ([]*Node, int, pagehash
 	node, i, prev := t.root, 0, pagehash.Root
 	for i < np {
 		page := tokens[i*pt : (i+1)*pt]
-		c := node.child(pagehash.Next(prev, page))
+		h := pagehash.Next(prev, page)
+		c := node.child(&h)
 		if c == nil || (c.tokens != nil && !slices.Equal(c.tokens[:pt], page)) {
 			break
 		}

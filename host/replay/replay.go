@@ -194,7 +194,7 @@ func (r *runner) request(i int) error {
 			r.fate[denseOf(&keys[j])] = f
 		}
 	}
-	tree.InsertHashes(keys[:insert])
+	tree.InsertHashesBorrowed(keys[:insert])
 	if err := tree.Unlock(last); err != nil {
 		return fmt.Errorf("replay %s: request %d: %w", r.tr.Name, i+1, err)
 	}

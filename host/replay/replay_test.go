@@ -17,9 +17,19 @@ import (
 // skipping the test with a message when it is absent.
 func sharedTrace(t testing.TB, name string) *Trace {
 	t.Helper()
+	tr, ok := tryShared(t, name)
+	if !ok {
+		t.Skipf("trace %s not available under ../shared/traces: skipping", name)
+	}
+	return tr
+}
+
+// tryShared reads ../shared/traces/name if it is there.
+func tryShared(t testing.TB, name string) (*Trace, bool) {
+	t.Helper()
 	path := filepath.Join(moduleRoot(t), "..", "shared", "traces", name)
 	if _, err := os.Stat(path); err != nil {
-		t.Skipf("trace %s not available (%v): skipping", path, err)
+		return nil, false
 	}
 	reqs, err := workload.ReadFile(path)
 	if err != nil {
@@ -29,7 +39,7 @@ func sharedTrace(t testing.TB, name string) *Trace {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return tr
+	return tr, true
 }
 
 func moduleRoot(t testing.TB) string {

@@ -1,0 +1,70 @@
+package replay
+
+import (
+	"testing"
+)
+
+// benchTrace is the shared Mooncake trace, or the test's generated trace
+// (said in the log) when it is absent.
+func benchTrace(b *testing.B) *Trace {
+	b.Helper()
+	tr, ok := tryShared(b, "mooncake_synthetic_trace.jsonl")
+	if !ok {
+		b.Log("shared trace absent: benchmarking the generated test trace")
+		return generated(b)
+	}
+	return tr
+}
+
+// BenchmarkHostReplay times one replay of the trace through the host path
+// (radix + lru + clock) at 3M tokens; block-ops/s is the figure. Run with
+// -cpu 1 for the one-core number.
+func BenchmarkHostReplay(b *testing.B) {
+	tr := benchTrace(b)
+	reg := registry(b)
+	for _, name := range []string{"lru", "slru", "s3fifo", "sieve"} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				ev, err := NewEvictor(reg, tr, Spec{Name: name})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := HostReplay(tr, ev, 3_000_000); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N*tr.Blocks())/b.Elapsed().Seconds(), "block-ops/s")
+		})
+	}
+}
+
+// BenchmarkNaiveLRU times the naive map+list LRU over the same blocks: the
+// limit the host path is compared with.
+func BenchmarkNaiveLRU(b *testing.B) {
+	tr := benchTrace(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		NaiveLRUReplay(tr, 3_000_000)
+	}
+	b.ReportMetric(float64(b.N*tr.Blocks())/b.Elapsed().Seconds(), "block-ops/s")
+}
+
+// TestBenchReports runs Bench briefly: both sides ran and the ratio is
+// their quotient (a smoke test; the figures come from the benchmarks).
+func TestBenchReports(t *testing.T) {
+	tr := generated(t)
+	r, err := Bench(tr, registry(t), BenchConfig{Rounds: 1, MinRound: 1, OneCore: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.HostOpsPerSec <= 0 || r.NaiveOpsPerSec <= 0 || r.BlockOps != tr.Blocks() {
+		t.Fatalf("bench result %+v", r)
+	}
+	if r.Ratio() != r.HostOpsPerSec/r.NaiveOpsPerSec {
+		t.Errorf("ratio %v", r.Ratio())
+	}
+	if r.HostHitRate <= 0 || r.NaiveHitRate <= 0 {
+		t.Errorf("a side hit nothing: %+v", r)
+	}
+}
