@@ -323,11 +323,6 @@ func (x *Index) Touch(ctx context.Context, keys []indexes.Key, at uint64) error 
 	return err
 }
 
-// errStop marks fn's error inside the stream loop.
-type errStop struct{ err error }
-
-func (e errStop) Error() string { return e.err.Error() }
-
 // Iterate streams the plugin's entries to fn in key order. The call
 // deadline applies to each batch of the stream, not to the whole walk.
 func (x *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) error {

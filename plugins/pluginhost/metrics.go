@@ -2,7 +2,6 @@ package pluginhost
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -121,12 +120,4 @@ func errString(err error) string {
 		return ""
 	}
 	return err.Error()
-}
-
-// joinErr is errors.Join that keeps a nil first error out of the message.
-func joinErr(a, b error) error {
-	if a == nil {
-		return b
-	}
-	return errors.Join(a, b)
 }

@@ -79,7 +79,9 @@ func (h *harness) pages(n int) []testPage {
 	return out
 }
 
-func (h *harness) span(i int) tiers.Span { return tiers.Span{Slab: 0, Offset: int64(i) * slot, Length: slot} }
+func (h *harness) span(i int) tiers.Span {
+	return tiers.Span{Slab: 0, Offset: int64(i) * slot, Length: slot}
+}
 
 // put writes pages into slots base.. and puts them as one batch.
 func (h *harness) put(base int, ps []testPage) tiers.BatchID {
@@ -364,6 +366,9 @@ func TestKilledDuringBatchesAndRestartFailsOnStdout(t *testing.T) {
 		}
 	}
 	h.drain(want, 20*time.Second)
+	if last := ids[len(ids)-1]; h.durable(last) {
+		t.Fatalf("batch %d, put after the kill with no plugin to restart, acknowledged durable", last)
+	}
 	waitFor(t, "the breaker to open", 20*time.Second, func() bool { return counter(h.store.m.breakerOpen) == 1 })
 	if h.store.up() {
 		t.Fatal("a plugin that prints to stdout before the handshake came up")

@@ -1,0 +1,135 @@
+package pluginbench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// buildPlugin builds the memstore example plugin into dir.
+func buildPlugin(tb testing.TB, dir string) string {
+	tb.Helper()
+	root, err := sourceRoot()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out := filepath.Join(dir, "kvtier-plugin-memstore")
+	cmd := exec.Command("go", "build", "-o", out, "./plugins/examples/memstore")
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("build plugin: %v\n%s", err, b)
+	}
+	return out
+}
+
+func slabDir(tb testing.TB) string {
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		return "/dev/shm"
+	}
+	return tb.TempDir()
+}
+
+// BenchmarkStore puts and gets 2.75 MiB pages through the memstore plugin
+// and the in-process memstore, in 1-page and 128-page batches. One
+// iteration is one batch; MB/s is page bytes moved. Put waits for every
+// durable ack.
+func BenchmarkStore(b *testing.B) {
+	ctx := context.Background()
+	const batch = 128
+	p, err := Open(ctx, Config{Plugin: buildPlugin(b, b.TempDir()), SlabDir: slabDir(b), BatchPages: batch})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	for _, side := range []struct {
+		name string
+		st   tiers.Store
+	}{{"inproc", p.InProc}, {"plugin", p.Plugin}} {
+		for _, n := range []int{1, batch} {
+			b.Run(fmt.Sprintf("put/%s/batch=%d", side.name, n), func(b *testing.B) {
+				b.SetBytes(int64(n) * PageBytes)
+				for b.Loop() {
+					if _, err := p.PutRound(ctx, side.st, p.Keys(n)); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			b.Run(fmt.Sprintf("get/%s/batch=%d", side.name, n), func(b *testing.B) {
+				keys := p.Keys(n)
+				if _, err := p.PutRound(ctx, side.st, keys); err != nil {
+					b.Fatal(err)
+				}
+				b.SetBytes(int64(n) * PageBytes)
+				for b.Loop() {
+					if _, err := p.GetRound(ctx, side.st, keys); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestRunReports runs the benchmark at its smallest and checks that every
+// figure is there and positive, with the in-process store as the limit.
+func TestRunReports(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a plugin and moves ~100 MiB")
+	}
+	results, err := Run(context.Background(), Config{Plugin: buildPlugin(t, t.TempDir()), SlabDir: slabDir(t), BatchPages: 8, Rounds: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{}
+	for _, op := range []string{"put", "get"} {
+		want["plugin/"+op+"-throughput-8p"] = true
+		for _, n := range []string{"1p", "8p"} {
+			for _, q := range []string{"p50", "p99"} {
+				want[fmt.Sprintf("plugin/%s-latency-%s-%s", op, n, q)] = true
+			}
+		}
+	}
+	for _, r := range results {
+		if !want[r.Bench] {
+			t.Errorf("unexpected figure %s", r.Bench)
+			continue
+		}
+		delete(want, r.Bench)
+		if r.Value <= 0 || r.Limit <= 0 || r.Ratio <= 0 || r.LimitName != "in-process memstore" {
+			t.Errorf("%s: value %v limit %v (%s) ratio %v, want all positive against the in-process store", r.Bench, r.Value, r.Limit, r.LimitName, r.Ratio)
+		}
+	}
+	for b := range want {
+		t.Errorf("missing figure %s", b)
+	}
+}
+
+func TestQuantile(t *testing.T) {
+	ds := []int{5, 1, 4, 2, 3, 10, 9, 8, 7, 6}
+	in := make([]int64, len(ds))
+	for i, d := range ds {
+		in[i] = int64(d)
+	}
+	cases := []struct {
+		q    float64
+		want int64
+	}{{0.5, 5}, {0.99, 10}, {0.1, 1}, {0, 1}, {1, 10}}
+	for _, c := range cases {
+		durs := make([]time.Duration, len(in))
+		for i, v := range in {
+			durs[i] = time.Duration(v)
+		}
+		if got := quantile(durs, c.q); int64(got) != c.want {
+			t.Errorf("quantile(%v) = %d, want %d", c.q, got, c.want)
+		}
+	}
+	if quantile(nil, 0.5) != 0 {
+		t.Error("quantile of nothing is not 0")
+	}
+}
