@@ -1,0 +1,182 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvtier/kvtier/host/config"
+)
+
+// writeTrace writes a small Mooncake-format trace of conversations that
+// extend earlier turns, so hits, evictions and trims all happen at a few
+// thousand tokens of capacity.
+func writeTrace(t *testing.T, dir string) string {
+	t.Helper()
+	var b strings.Builder
+	next := 100
+	for conv := range 12 {
+		ids := []int{conv % 3}
+		for turn := range 3 {
+			for range 2 + (conv+turn)%4 {
+				ids = append(ids, next)
+				next++
+			}
+			js, _ := json.Marshal(ids)
+			fmt.Fprintf(&b, `{"timestamp": %d, "input_length": %d, "output_length": 4, "hash_ids": %s}`+"\n",
+				10*(3*conv+turn), 512*len(ids)-100, js)
+		}
+	}
+	path := filepath.Join(dir, "trace.jsonl")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func runCLI(t *testing.T, args ...string) (string, string, error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), args, &out, &errOut)
+	return out.String(), errOut.String(), err
+}
+
+func TestReplayJSON(t *testing.T) {
+	dir := t.TempDir()
+	trace := writeTrace(t, dir)
+	// Flags after TRACE work too.
+	out, _, err := runCLI(t, "replay", trace, "--json", "--capacity", "4K,8Ki,inf", "--vs", "slru,lru")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	// Per finite capacity: lru (the default stack's policy), slru, belady;
+	// then infinite once.
+	wantPolicies := []string{"lru", "slru", "belady", "lru", "slru", "belady", "infinite"}
+	if len(lines) != len(wantPolicies) {
+		t.Fatalf("got %d JSON lines, want %d:\n%s", len(lines), len(wantPolicies), out)
+	}
+	for i, l := range lines {
+		var row map[string]any
+		if err := json.Unmarshal([]byte(l), &row); err != nil {
+			t.Fatalf("line %d: %v: %s", i+1, err, l)
+		}
+		for _, k := range []string{"policy", "capacity_tokens", "hit_rate", "hit_tokens", "input_tokens", "evictions", "nodes", "misses"} {
+			if _, ok := row[k]; !ok {
+				t.Errorf("line %d lacks key %q: %s", i+1, k, l)
+			}
+		}
+		if row["policy"] != wantPolicies[i] {
+			t.Errorf("line %d: policy %v, want %s", i+1, row["policy"], wantPolicies[i])
+		}
+		if hr := row["hit_rate"].(float64); hr < 0 || hr > 1 {
+			t.Errorf("line %d: hit_rate %v is not a fraction", i+1, hr)
+		}
+	}
+	var first, last map[string]any
+	json.Unmarshal([]byte(lines[0]), &first)
+	json.Unmarshal([]byte(lines[len(lines)-1]), &last)
+	if first["capacity_tokens"].(float64) != 4000 || last["capacity_tokens"].(float64) != 0 {
+		t.Errorf("capacities %v and %v, want 4000 and 0", first["capacity_tokens"], last["capacity_tokens"])
+	}
+	if first["evictions"].(float64) == 0 || last["evictions"].(float64) != 0 {
+		t.Errorf("evictions: %v at 4K (want some), %v at inf (want 0)", first["evictions"], last["evictions"])
+	}
+}
+
+func TestReplayTable(t *testing.T) {
+	dir := t.TempDir()
+	out, _, err := runCLI(t, "replay", "--policy", "sieve", "--capacity", "6K", writeTrace(t, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"36 requests", "POLICY", "HIT RATE", "NEVER SEEN", "EVICTED TAIL", "sieve", "belady", "infinite", "6K"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestReplaySweepWritesPlot(t *testing.T) {
+	dir := t.TempDir()
+	prefix := filepath.Join(dir, "plots", "sweep")
+	out, errOut, err := runCLI(t, "replay", writeTrace(t, dir), "--sweep", "--sweep-points", "5", "--vs", "s3fifo", "--plot", prefix, "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ext := range []string{".png", ".svg"} {
+		st, err := os.Stat(prefix + ext)
+		if err != nil || st.Size() < 1000 {
+			t.Errorf("plot %s: %v (size %v)", prefix+ext, err, st)
+		}
+	}
+	if !strings.Contains(errOut, "wrote "+prefix+".png") {
+		t.Errorf("stderr does not name the plot: %q", errOut)
+	}
+	if n := strings.Count(out, "\n"); n < 3*3+1 {
+		t.Errorf("sweep printed %d rows, want at least 10", n)
+	}
+}
+
+func TestReplayErrors(t *testing.T) {
+	dir := t.TempDir()
+	trace := writeTrace(t, dir)
+	bad := filepath.Join(dir, "bad.jsonl")
+	os.WriteFile(bad, []byte(`{"timestamp": 0, "input_length": 512, "output_length": 1, "hash_ids": [1]}`+"\n"+
+		`{"timestamp": 1, "input_length": 512, "output_length": 1, "hash_ids": [1, "x"]}`+"\n"), 0o644)
+	smallPages := filepath.Join(dir, "pages.yaml")
+	os.WriteFile(smallPages, bytes.Replace(config.DefaultYAML(), []byte("page_tokens: 512"), []byte("page_tokens: 256"), 1), 0o644)
+	for _, c := range []struct {
+		name  string
+		args  []string
+		want  string
+		usage bool
+	}{
+		{"malformed trace names the line", []string{bad}, bad + ":2:", false},
+		{"missing trace", []string{filepath.Join(dir, "none.jsonl")}, "none.jsonl", false},
+		{"unknown policy", []string{trace, "--policy", "nope"}, `policy "nope"`, false},
+		{"bad capacity", []string{trace, "--capacity", "3X"}, `item 1 "3X"`, true},
+		{"two traces", []string{trace, trace}, "at most one TRACE", true},
+		{"sweep and capacity", []string{trace, "--sweep", "--capacity", "1M"}, "exclude each other", true},
+		{"infinite is not a policy", []string{trace, "--vs", "infinite"}, "infinite bound", false},
+		{"page size must be the block size", []string{trace, "--config", smallPages}, "page_tokens is 256", false},
+		{"bad flag", []string{"--nope"}, "flag provided but not defined", true},
+	} {
+		_, _, err := runCLI(t, append([]string{"replay"}, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one containing %q", c.name, err, c.want)
+			continue
+		}
+		if errors.Is(err, errUsage) != c.usage {
+			t.Errorf("%s: usage error %t, want %t (%v)", c.name, errors.Is(err, errUsage), c.usage, err)
+		}
+	}
+}
+
+func TestBenchRadixJSON(t *testing.T) {
+	dir := t.TempDir()
+	out, _, err := runCLI(t, "bench", "radix", "--trace", writeTrace(t, dir), "--capacity", "4K", "--rounds", "1", "--min-round", "1ms", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("got %d lines, want 2:\n%s", len(lines), out)
+	}
+	var vs map[string]any
+	if err := json.Unmarshal([]byte(lines[1]), &vs); err != nil {
+		t.Fatal(err)
+	}
+	if vs["bench"] != "radix/vs-naive-lru" || vs["unit"] != "block-ops/s" || vs["limit"].(float64) <= 0 || vs["ratio"].(float64) <= 0 {
+		t.Errorf("comparison row %v", vs)
+	}
+	if _, _, err := runCLI(t, "bench", "radix", "--capacity", "inf"); err == nil || !errors.Is(err, errUsage) {
+		t.Errorf("bench radix --capacity inf: %v, want a usage error", err)
+	}
+}
