@@ -2,14 +2,42 @@ package indexbench
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/indexes/badger"
 	"github.com/kvtier/kvtier/indexes/lmdb"
+	"github.com/kvtier/kvtier/internal/benchreport"
 )
+
+var (
+	report     = flag.Bool("report", false, "run TestReport: the full Index-v1-vs-raw comparison, printed as a bench table")
+	reportJSON = flag.Bool("report.json", false, "print TestReport's results as JSON lines")
+	reportSync = flag.Bool("report.sync", false, "run TestReport with sync on for both sides")
+)
+
+// TestReport runs the comparison at its default size and prints the
+// results, the figures docs/perf.md quotes. It is opt-in (-report): it
+// takes tens of seconds and measures speed, which a unit test never
+// asserts.
+func TestReport(t *testing.T) {
+	if !*report {
+		t.Skip("opt-in: go test ./indexes/indexbench -run TestReport -report")
+	}
+	o := DefaultOptions()
+	o.Dir, o.Sync = t.TempDir(), *reportSync
+	res, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := benchreport.Write(os.Stdout, res, *reportJSON); err != nil {
+		t.Fatal(err)
+	}
+}
 
 // TestRunSmall checks the shape of a tiny run: one put and one get result
 // per index, each with its raw-library limit and ratio. It asserts no
