@@ -33,8 +33,28 @@ func TestDefaultWithBuiltins(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the embedded default stack does not load with the built-in modules:\n%v", err)
 	}
-	if s.Policy.Evictor != config.DefaultEvictor {
-		t.Errorf("default evictor %q, want %q", s.Policy.Evictor, config.DefaultEvictor)
+	if s.Policy.Evictor != config.DefaultEvictor || s.Payload.PageTokens != config.DefaultPageTokens ||
+		len(s.Payload.Kinds) != 1 || s.Payload.Kinds[0].PageBytes != int64(config.DefaultPayloadBytes) {
+		t.Errorf("default stack %+v", s)
+	}
+	var roles []string
+	for _, tier := range s.Tiers {
+		roles = append(roles, string(tier.Role)+":"+tier.Use)
+	}
+	if got, want := strings.Join(roles, " "), "slab:l2hugetlb store:l3disk"; got != want {
+		t.Errorf("default tiers %q, want %q", got, want)
+	}
+	if ix := s.Tiers[1].Index; ix == nil || ix.Use != "lmdb" {
+		t.Errorf("default l3 index %+v, want lmdb", ix)
+	}
+	// The built-in modules' configs print and load back to the same text.
+	out := s.String()
+	s2, err := config.Load([]byte(out), "default.out.yaml", builtinModules(t))
+	if err != nil {
+		t.Fatalf("the printed default stack does not load:\n%s\n%v", out, err)
+	}
+	if out2 := s2.String(); out2 != out {
+		t.Fatalf("printing the default stack is not a fixed point:\n%s\n---\n%s", out, out2)
 	}
 }
 

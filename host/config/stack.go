@@ -177,17 +177,22 @@ type Endpoint struct {
 	Listen string
 }
 
-// Defaults of the optional settings.
+// Defaults of the optional settings, applied when a config omits them.
 const (
 	DefaultEvictor        = "lru"
 	DefaultPlanner        = PlannerHeap
 	DefaultWritePolicy    = WriteThrough
 	DefaultMetricsListen  = "127.0.0.1:9400"
 	DefaultAPIListen      = "127.0.0.1:9401"
-	DefaultPageTokens     = 512
-	DefaultPayloadName    = "kv"
-	DefaultPayloadBytes   = 2816 * KiB // 2.75MiB, an MLA page of 512 tokens per rank
 	defaultRanksWorldSize = 1
+)
+
+// The model geometry of the embedded default stack (default.yaml). A config
+// must state its own: page_tokens and payloads are required.
+const (
+	DefaultPageTokens   = 512
+	DefaultPayloadName  = "kv"
+	DefaultPayloadBytes = 2816 * KiB // 2.75MiB, an MLA page of 512 tokens on one rank
 )
 
 // GeometryValidator is an optional interface of a module config: a module

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvtier/kvtier/host/config"
+)
+
+func TestConfigCommand(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	if err := os.WriteFile(good, config.DefaultYAML(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("version: 1\nmodel:\n  page_tokens: 512\n  payloads:\n    - {name: kv, page_bytes: 0}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		args    []string
+		out     string // substring of stdout
+		errText string // substring of the error; empty: success
+		usage   bool   // error wraps errUsage
+	}{
+		{name: "validate good", args: []string{"validate", good}, out: "ok: 2 tiers, policy lru\n"},
+		{name: "validate bad", args: []string{"validate", bad}, errText: bad + ":5:30: $.model.payloads[0].page_bytes: must be positive"},
+		{name: "validate missing file", args: []string{"validate", filepath.Join(dir, "nope.yaml")}, errText: "nope.yaml"},
+		{name: "validate no file", args: []string{"validate"}, errText: "want one FILE", usage: true},
+		{name: "default", args: []string{"default"}, out: "version: 1\n"},
+		{name: "show default", args: []string{"show"}, out: "write_policy: write_through\n"},
+		{name: "show file", args: []string{"show", good}, out: "page_bytes: 2.75MiB\n"},
+		{name: "modules", args: []string{"modules"}, out: "kvtier.policy.evictor.v1"},
+		{name: "no command", args: nil, errText: "name a command", usage: true},
+		{name: "unknown command", args: []string{"lint"}, errText: `unknown command "lint"`, usage: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			err := runConfig(context.Background(), tc.args, &stdout, &stderr)
+			if tc.errText == "" {
+				if err != nil {
+					t.Fatalf("error: %v", err)
+				}
+				if !strings.Contains(stdout.String(), tc.out) {
+					t.Fatalf("stdout %q does not contain %q", stdout.String(), tc.out)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.errText) {
+				t.Fatalf("got error %v, want one containing %q", err, tc.errText)
+			}
+			if errors.Is(err, errUsage) != tc.usage {
+				t.Errorf("errors.Is(err, errUsage) = %v, want %v", !tc.usage, tc.usage)
+			}
+		})
+	}
+}
+
+// TestConfigDefaultRoundTrip checks that `kvtier config default` output
+// validates, and that `show` output validates to the same stack.
+func TestConfigShowRoundTrip(t *testing.T) {
+	var shown bytes.Buffer
+	if err := runConfig(context.Background(), []string{"show"}, &shown, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "shown.yaml")
+	if err := os.WriteFile(path, shown.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var again bytes.Buffer
+	if err := runConfig(context.Background(), []string{"show", path}, &again, &bytes.Buffer{}); err != nil {
+		t.Fatalf("show of show output: %v", err)
+	}
+	if again.String() != shown.String() {
+		t.Fatalf("show is not a fixed point:\n%s\n---\n%s", shown.String(), again.String())
+	}
+}
