@@ -42,6 +42,7 @@ type Store struct {
 
 	staging  chan *diskfs.AlignedBuffer
 	readBufs chan *diskfs.AlignedBuffer
+	readSem  chan struct{} // reads in flight, at most Depth
 	allBufs  []*diskfs.AlignedBuffer
 
 	nextBatch atomic.Uint64
@@ -259,10 +260,13 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 		s.log.Warn("l3 o_direct refused by the file system; using buffered I/O with fdatasync", "dir", dir)
 	}
 
-	// Buffers: 2×depth staging (gather overlaps writes), depth for reads.
+	// Buffers: 2×depth staging (gather overlaps writes) and 2×depth read
+	// buffers (verification and the copy out overlap the next Depth
+	// reads in flight).
 	s.staging = make(chan *diskfs.AlignedBuffer, 2*cfg.Depth)
-	s.readBufs = make(chan *diskfs.AlignedBuffer, cfg.Depth)
-	for i := range 3 * cfg.Depth {
+	s.readBufs = make(chan *diskfs.AlignedBuffer, 2*cfg.Depth)
+	s.readSem = make(chan struct{}, cfg.Depth)
+	for i := range 4 * cfg.Depth {
 		b, err := diskfs.NewAlignedBuffer(int(maxSlot))
 		if err != nil {
 			return nil, fmt.Errorf("l3disk open: staging: %w", err)
@@ -992,7 +996,10 @@ func (s *Store) Get(ctx context.Context, batch []tiers.GetRequest, results []err
 			defer wg.Done()
 			defer func() { s.readBufs <- buf }()
 			f := s.files[k]
-			if err := f.readSlot(int64(rec.Slot), buf.Bytes()); err != nil {
+			s.readSem <- struct{}{}
+			err := f.readSlot(int64(rec.Slot), buf.Bytes())
+			<-s.readSem
+			if err != nil {
 				s.st.readErrors.Add(1)
 				s.st.corrupt.Add(1)
 				if s.limiter.allow("read") {

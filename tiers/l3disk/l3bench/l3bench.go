@@ -57,6 +57,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Seed makes the page contents.
 	Seed uint64
+	// Rounds is how many times both the store and fio run, interleaved;
+	// the best round of each counts (the machine may be shared).
+	Rounds int
 }
 
 // DefaultOptions returns 256 pages of 2.75 MiB in batches of 32, depth 8,
@@ -64,7 +67,7 @@ type Options struct {
 func DefaultOptions() Options {
 	return Options{
 		Dir: os.TempDir(), PageBytes: 2883584, Pages: 256, Batch: 32, Depth: 8,
-		ODirect: l3disk.ODirectAuto, Index: "lmdb", Seed: 1,
+		ODirect: l3disk.ODirectAuto, Index: "lmdb", Seed: 1, Rounds: 5,
 	}
 }
 
@@ -75,7 +78,7 @@ const mib = 1 << 20
 
 // Run measures spill and reload and returns them with their fio limits.
 func Run(ctx context.Context, o Options) (res []benchreport.Result, err error) {
-	if o.PageBytes <= 0 || o.Pages <= 0 || o.Batch <= 0 || o.Depth <= 0 {
+	if o.PageBytes <= 0 || o.Pages <= 0 || o.Batch <= 0 || o.Depth <= 0 || o.Rounds <= 0 {
 		return nil, fmt.Errorf("l3 bench: page bytes, pages, batch and depth must be positive: %+v", o)
 	}
 	if o.Logger == nil {
@@ -87,26 +90,32 @@ func Run(ctx context.Context, o Options) (res []benchreport.Result, err error) {
 	}
 	defer func() { err = errors.Join(err, os.RemoveAll(tmp)) }()
 
-	spill, reload, direct, err := runStore(ctx, o, tmp)
+	fio, fioErr := findFio(o.Fio)
+	var fw, fr float64
+	fioRound := func() error {
+		if fioErr != nil {
+			return nil
+		}
+		w, rd, err := runFio(ctx, fio, filepath.Join(tmp, "fio.dat"), l3disk.SlotBytes(o.PageBytes), int64(o.Pages), o.Depth)
+		fw, fr = max(fw, w), max(fr, rd)
+		return err
+	}
+	spill, reload, direct, err := runStore(ctx, o, filepath.Join(tmp, "store"), fioRound)
 	if err != nil {
 		return nil, err
 	}
 	slot := l3disk.SlotBytes(o.PageBytes)
-	note := fmt.Sprintf("%d pages of %.2f MiB (slot %d B), batch %d, depth %d, index %s, %s",
-		o.Pages, float64(o.PageBytes)/mib, slot, o.Batch, o.Depth, o.Index, map[bool]string{true: "O_DIRECT", false: "buffered+fdatasync (O_DIRECT refused)"}[direct])
+	note := fmt.Sprintf("%d pages of %.2f MiB (slot %d B), batch %d, depth %d, index %s, %s, best of %d rounds",
+		o.Pages, float64(o.PageBytes)/mib, slot, o.Batch, o.Depth, o.Index,
+		map[bool]string{true: "O_DIRECT", false: "buffered+fdatasync (O_DIRECT refused)"}[direct], o.Rounds)
 	rs := benchreport.Result{Bench: "l3/spill", Value: spill, Unit: "MiB/s", Target: Target,
 		Note: note + "; Put to last durable ack (data, fdatasync, index commit)"}
 	rr := benchreport.Result{Bench: "l3/reload", Value: reload, Unit: "MiB/s", Target: Target,
 		Note: note + "; Get calls only, byte verification outside the timer"}
-	fio, fioErr := findFio(o.Fio)
 	if fioErr != nil {
 		rs.Note += "; no limit measured (" + fioErr.Error() + ")"
 		rr.Note += "; no limit measured (" + fioErr.Error() + ")"
 		return []benchreport.Result{rs, rr}, nil
-	}
-	fw, fr, err := runFio(ctx, fio, tmp, slot, int64(o.Pages), o.Depth)
-	if err != nil {
-		return nil, err
 	}
 	rs = rs.WithLimit(fmt.Sprintf("fio write direct=1 bs=%d iodepth=%d libaio", slot, o.Depth), fw)
 	rr = rr.WithLimit(fmt.Sprintf("fio read direct=1 bs=%d iodepth=%d libaio", slot, o.Depth), fr)
@@ -121,10 +130,11 @@ func pageContent(b []byte, pattern []byte, i int) {
 	binary.LittleEndian.PutUint64(b[len(b)-8:], ^uint64(i))
 }
 
-func pageKey(seed uint64, i int) tiers.Key {
+func pageKey(seed uint64, round, i int) tiers.Key {
 	var h pagehash.Hash
 	binary.LittleEndian.PutUint64(h[:], seed)
 	binary.LittleEndian.PutUint64(h[8:], uint64(i))
+	binary.LittleEndian.PutUint64(h[16:], uint64(round))
 	h[31] = 0xB3
 	return tiers.Key{Hash: h}
 }
@@ -142,9 +152,10 @@ func openIndex(ctx context.Context, o Options, dir string) (indexes.Index, error
 	return nil, fmt.Errorf("l3 bench: index %q: want lmdb or badger", o.Index)
 }
 
-// runStore spills and reloads o.Pages pages and returns both rates in
-// MiB/s of payload.
-func runStore(ctx context.Context, o Options, tmp string) (spill, reload float64, direct bool, err error) {
+// runStore spills and reloads o.Pages pages o.Rounds times through one
+// store, deleting them between rounds, calls between(), and returns the
+// best rates in MiB/s of payload.
+func runStore(ctx context.Context, o Options, tmp string, between func() error) (spill, reload float64, direct bool, err error) {
 	ix, err := openIndex(ctx, o, filepath.Join(tmp, "index"))
 	if err != nil {
 		return 0, 0, false, fmt.Errorf("l3 bench: %w", err)
@@ -184,106 +195,125 @@ func runStore(ctx context.Context, o Options, tmp string) (spill, reload float64
 		return tiers.Span{Offset: (int64(region*o.Batch) + int64(i)) * o.PageBytes, Length: o.PageBytes}
 	}
 
-	// Spill.
-	pendingGather := [2]int{}
-	durable, failed := 0, 0
-	var firstErr error
-	drain := func() {
-		for _, a := range st.DrainAcks(nil) {
-			region := int(a.Batch-1) % 2
-			switch a.Stage {
-			case tiers.AckGathered:
-				pendingGather[region]--
-			case tiers.AckDurable:
-				durable++
-			case tiers.AckFailed:
-				failed++
-				if firstErr == nil {
-					firstErr = a.Err
+	total := float64(o.Pages) * float64(o.PageBytes) / mib
+	for round := range o.Rounds {
+		// Spill.
+		pendingGather := [2]int{}
+		regionOf := map[tiers.BatchID]int{}
+		durable, failed := 0, 0
+		var firstErr error
+		drain := func() {
+			for _, a := range st.DrainAcks(nil) {
+				region := regionOf[a.Batch]
+				switch a.Stage {
+				case tiers.AckGathered:
+					pendingGather[region]--
+				case tiers.AckDurable:
+					durable++
+				case tiers.AckFailed:
+					failed++
+					if firstErr == nil {
+						firstErr = a.Err
+					}
 				}
 			}
 		}
-	}
-	wait := func(cond func() bool) error {
-		deadline := time.Now().Add(5 * time.Minute)
-		for !cond() {
-			select {
-			case <-st.AckReady():
-			case <-time.After(time.Millisecond):
-			case <-ctx.Done():
-				return ctx.Err()
+		wait := func(cond func() bool) error {
+			deadline := time.Now().Add(5 * time.Minute)
+			for !cond() {
+				select {
+				case <-st.AckReady():
+				case <-time.After(time.Millisecond):
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				drain()
+				if time.Now().After(deadline) {
+					return fmt.Errorf("l3 bench: acks stalled")
+				}
 			}
-			drain()
-			if time.Now().After(deadline) {
-				return fmt.Errorf("l3 bench: acks stalled")
-			}
+			return nil
 		}
-		return nil
-	}
-	t0 := time.Now()
-	batchNo := 0
-	for base := 0; base < o.Pages; base += o.Batch {
-		region := batchNo % 2
-		if err := wait(func() bool { return pendingGather[region] <= 0 }); err != nil {
+		t0 := time.Now()
+		batchNo := 0
+		for base := 0; base < o.Pages; base += o.Batch {
+			region := batchNo % 2
+			if err := wait(func() bool { return pendingGather[region] <= 0 }); err != nil {
+				return 0, 0, direct, err
+			}
+			n := min(o.Batch, o.Pages-base)
+			reqs := make([]tiers.PutRequest, n)
+			for i := range n {
+				sp := span(region, i)
+				b, err := slab.Bytes(sp)
+				if err != nil {
+					return 0, 0, direct, err
+				}
+				pageContent(b, pattern, base+i)
+				reqs[i] = tiers.PutRequest{Key: pageKey(o.Seed, round, base+i), Src: sp}
+			}
+			// NB: count the items before Put: its acks may arrive before
+			// Put returns, and regionOf is only read by drain on this
+			// goroutine afterwards.
+			pendingGather[region] += n
+			id, err := st.Put(ctx, reqs)
+			if err != nil {
+				return 0, 0, direct, fmt.Errorf("l3 bench: put: %w", err)
+			}
+			regionOf[id] = region
+			batchNo++
+		}
+		if err := wait(func() bool { return durable+failed == o.Pages }); err != nil {
 			return 0, 0, direct, err
 		}
-		n := min(o.Batch, o.Pages-base)
-		reqs := make([]tiers.PutRequest, n)
-		for i := range n {
-			sp := span(region, i)
-			b, err := slab.Bytes(sp)
-			if err != nil {
-				return 0, 0, direct, err
-			}
-			pageContent(b, pattern, base+i)
-			reqs[i] = tiers.PutRequest{Key: pageKey(o.Seed, base+i), Src: sp}
+		spillDur := time.Since(t0)
+		if failed > 0 {
+			return 0, 0, direct, fmt.Errorf("l3 bench: %d of %d puts failed, first: %w", failed, o.Pages, firstErr)
 		}
-		// NB: batch ids start at 1 and alternate regions with batchNo.
-		pendingGather[region] += n
-		if _, err := st.Put(ctx, reqs); err != nil {
-			return 0, 0, direct, fmt.Errorf("l3 bench: put: %w", err)
-		}
-		batchNo++
-	}
-	if err := wait(func() bool { return durable+failed == o.Pages }); err != nil {
-		return 0, 0, direct, err
-	}
-	spillDur := time.Since(t0)
-	if failed > 0 {
-		return 0, 0, direct, fmt.Errorf("l3 bench: %d of %d puts failed, first: %w", failed, o.Pages, firstErr)
-	}
 
-	// Reload, verifying every byte outside the timer.
-	want := make([]byte, o.PageBytes)
-	var reloadDur time.Duration
-	for base := 0; base < o.Pages; base += o.Batch {
-		n := min(o.Batch, o.Pages-base)
-		reqs := make([]tiers.GetRequest, n)
-		for i := range n {
-			reqs[i] = tiers.GetRequest{Key: pageKey(o.Seed, base+i), Dst: span(0, i)}
+		// Reload, verifying every byte outside the timer.
+		want := make([]byte, o.PageBytes)
+		var reloadDur time.Duration
+		for base := 0; base < o.Pages; base += o.Batch {
+			n := min(o.Batch, o.Pages-base)
+			reqs := make([]tiers.GetRequest, n)
+			for i := range n {
+				reqs[i] = tiers.GetRequest{Key: pageKey(o.Seed, round, base+i), Dst: span(0, i)}
+			}
+			results := make([]error, n)
+			t := time.Now()
+			if err := st.Get(ctx, reqs, results); err != nil {
+				return 0, 0, direct, fmt.Errorf("l3 bench: get: %w", err)
+			}
+			reloadDur += time.Since(t)
+			for i := range n {
+				if results[i] != nil {
+					return 0, 0, direct, fmt.Errorf("l3 bench: reload of page %d: %w", base+i, results[i])
+				}
+				got, err := slab.Bytes(reqs[i].Dst)
+				if err != nil {
+					return 0, 0, direct, err
+				}
+				pageContent(want, pattern, base+i)
+				if !bytes.Equal(got, want) {
+					return 0, 0, direct, fmt.Errorf("l3 bench: page %d reloaded with wrong bytes", base+i)
+				}
+			}
 		}
-		results := make([]error, n)
-		t := time.Now()
-		if err := st.Get(ctx, reqs, results); err != nil {
-			return 0, 0, direct, fmt.Errorf("l3 bench: get: %w", err)
+		spill = max(spill, total/spillDur.Seconds())
+		reload = max(reload, total/reloadDur.Seconds())
+		keys := make([]tiers.Key, o.Pages)
+		for i := range keys {
+			keys[i] = pageKey(o.Seed, round, i)
 		}
-		reloadDur += time.Since(t)
-		for i := range n {
-			if results[i] != nil {
-				return 0, 0, direct, fmt.Errorf("l3 bench: reload of page %d: %w", base+i, results[i])
-			}
-			got, err := slab.Bytes(reqs[i].Dst)
-			if err != nil {
-				return 0, 0, direct, err
-			}
-			pageContent(want, pattern, base+i)
-			if !bytes.Equal(got, want) {
-				return 0, 0, direct, fmt.Errorf("l3 bench: page %d reloaded with wrong bytes", base+i)
-			}
+		if err := st.Delete(ctx, keys); err != nil {
+			return 0, 0, direct, fmt.Errorf("l3 bench: delete round %d: %w", round, err)
+		}
+		if err := between(); err != nil {
+			return 0, 0, direct, err
 		}
 	}
-	total := float64(o.Pages) * float64(o.PageBytes) / mib
-	return total / spillDur.Seconds(), total / reloadDur.Seconds(), direct, nil
+	return spill, reload, direct, nil
 }
 
 func fillPattern(b []byte, seed uint64) {
@@ -313,9 +343,7 @@ func findFio(bin string) (string, error) {
 // runFio measures sequential O_DIRECT writes (overwriting a laid-out
 // file, as the store overwrites its preallocated slab) and reads of n
 // blocks of bs at iodepth, and returns both in MiB/s.
-func runFio(ctx context.Context, fio, dir string, bs, n int64, depth int) (write, read float64, err error) {
-	file := filepath.Join(dir, "fio.dat")
-	defer func() { _ = os.Remove(file) }()
+func runFio(ctx context.Context, fio, file string, bs, n int64, depth int) (write, read float64, err error) {
 	args := func(rw string) []string {
 		return []string{
 			"--name=kvtier-l3-" + rw, "--filename=" + file, "--size=" + strconv.FormatInt(bs*n, 10),
@@ -353,8 +381,12 @@ func parseFio(out []byte, rw string) (float64, error) {
 	}
 	var doc struct {
 		Jobs []struct {
-			Read  struct{ BwBytes float64 `json:"bw_bytes"` } `json:"read"`
-			Write struct{ BwBytes float64 `json:"bw_bytes"` } `json:"write"`
+			Read struct {
+				BwBytes float64 `json:"bw_bytes"`
+			} `json:"read"`
+			Write struct {
+				BwBytes float64 `json:"bw_bytes"`
+			} `json:"write"`
 		} `json:"jobs"`
 	}
 	if err := json.Unmarshal(out, &doc); err != nil {
