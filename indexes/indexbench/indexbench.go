@@ -8,8 +8,8 @@
 // before the clock starts, while the Index side encodes keys, builds and
 // checks record CRCs inside the timed region. The two sides take turns on
 // the same data a few batches at a time, each going first in turn, so that
-// a noisy neighbour hurts both alike; each side's throughput is its
-// entries over its summed time.
+// a noisy neighbour hurts both alike; each side's throughput is the
+// inverse of its median time per entry over those chunks.
 //
 // This package must never be imported by production code paths; it opens
 // throwaway databases under a directory it is given.
@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"time"
 
 	mdb "github.com/PowerDNS/lmdb-go/lmdb"
@@ -75,7 +76,7 @@ func (o Options) note() string {
 	if o.Sync {
 		sync = "sync on"
 	}
-	return fmt.Sprintf("batch %d, %d entries x %d rounds, %s, sides interleaved every %d batches, raw side pre-encoded", o.Batch, o.Entries, o.Rounds, sync, chunkBatches)
+	return fmt.Sprintf("batch %d, %d entries x %d rounds, %s, sides interleaved every %d batches, median chunk, raw side pre-encoded", o.Batch, o.Entries, o.Rounds, sync, chunkBatches)
 }
 
 // Run measures both indexes and returns put and get results for each.
@@ -147,35 +148,38 @@ const chunkBatches = 8
 
 // compare runs the put rounds, then as many get rounds, on the two sides
 // interleaved chunk by chunk (each chunk a few batches, the side going
-// first alternating), and returns each side's throughput in entries/s over
-// all its chunks: index put, raw put, index get, raw get. Fine-grained
-// pairing makes a burst of load from a neighbour land on both sides alike.
+// first alternating), and returns each side's throughput in entries/s:
+// index put, raw put, index get, raw get. A side's throughput is the
+// inverse of its median time per entry over its chunks: fine-grained
+// pairing makes load from a neighbour land on both sides alike, and the
+// median ignores the chunks a burst of such load hit.
 func compare(ctx context.Context, o Options, index, raw Side) (ip, rp, ig, rg float64, err error) {
 	w := newWorkload(o)
 	sides := []Side{index, raw}
-	var putTime, getTime [2]time.Duration
+	var putTimes, getTimes [2][]float64 // seconds per entry, one per chunk
 	chunk := o.Batch * chunkBatches
 	pair := 0
-	run := func(total *[2]time.Duration, n int, op func(side Side, i, j int) error) error {
+	run := func(times *[2][]float64, n int, op func(side Side, i, j int) error) error {
 		for c := 0; c < n; c += chunk {
+			end := min(c+chunk, n)
 			for _, s := range order(pair) {
 				if err := ctx.Err(); err != nil {
 					return err
 				}
 				start := time.Now()
-				for i := c; i < min(c+chunk, n); i += o.Batch {
-					if err := op(sides[s], i, min(i+o.Batch, n)); err != nil {
+				for i := c; i < end; i += o.Batch {
+					if err := op(sides[s], i, min(i+o.Batch, end)); err != nil {
 						return err
 					}
 				}
-				total[s] += time.Since(start)
+				times[s] = append(times[s], time.Since(start).Seconds()/float64(end-c))
 			}
 			pair++
 		}
 		return nil
 	}
 	for r := range o.Rounds {
-		err := run(&putTime, o.Entries, func(side Side, i, j int) error {
+		err := run(&putTimes, o.Entries, func(side Side, i, j int) error {
 			return side.Put(w.rounds[r][i:j], w.keys[r][i:j], w.vals[r][i:j])
 		})
 		if err != nil {
@@ -197,16 +201,24 @@ func compare(ctx context.Context, o Options, index, raw Side) (ip, rp, ig, rg fl
 			enc[i] = encBuf[i*indexes.KeySize : (i+1)*indexes.KeySize]
 			copy(enc[i], w.keys[rr][n])
 		}
-		err := run(&getTime, o.Entries, func(side Side, i, j int) error {
+		err := run(&getTimes, o.Entries, func(side Side, i, j int) error {
 			return side.Get(keys[i:j], enc[i:j])
 		})
 		if err != nil {
 			return 0, 0, 0, 0, fmt.Errorf("round %d get: %w", r, err)
 		}
 	}
-	total := float64(o.Entries * o.Rounds)
-	return total / putTime[0].Seconds(), total / putTime[1].Seconds(),
-		total / getTime[0].Seconds(), total / getTime[1].Seconds(), nil
+	return 1 / median(putTimes[0]), 1 / median(putTimes[1]),
+		1 / median(getTimes[0]), 1 / median(getTimes[1]), nil
+}
+
+func median(v []float64) float64 {
+	v = slices.Clone(v)
+	slices.Sort(v)
+	if n := len(v); n%2 == 0 {
+		return (v[n/2-1] + v[n/2]) / 2
+	}
+	return v[len(v)/2]
 }
 
 // order returns which side runs first in pair p: they take turns, so that
