@@ -1,0 +1,284 @@
+package pluginhost
+
+import (
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	hclog "github.com/hashicorp/go-hclog"
+
+	"github.com/kvtier/kvtier/plugins"
+	"github.com/kvtier/kvtier/plugins/internal/wire"
+	"github.com/kvtier/kvtier/plugins/proto/storev1"
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// ackStore is a Store with no process: generation 1 serves, and batch 7 of
+// three items is pending.
+func ackStore() (*Store, *storeGen) {
+	g := &storeGen{id: 1}
+	s := &Store{
+		spec:     PluginSpec{Name: "unit"},
+		ackReady: make(chan struct{}, 1),
+		batches:  map[tiers.BatchID]*hostBatch{7: {gen: 1, state: make([]uint8, 3), left: 3}},
+		gen:      g,
+	}
+	return s, g
+}
+
+func ack(batch uint64, i uint32, stage storev1.AckStage, code storev1.ResultCode) *storev1.Ack {
+	return &storev1.Ack{Batch: batch, Index: i, Stage: stage, Code: code}
+}
+
+const (
+	gathered = storev1.AckStage_ACK_STAGE_GATHERED
+	durable  = storev1.AckStage_ACK_STAGE_DURABLE
+	failed   = storev1.AckStage_ACK_STAGE_FAILED
+	ok       = storev1.ResultCode_RESULT_CODE_OK
+)
+
+func TestApplyAcks(t *testing.T) {
+	cases := []struct {
+		name      string
+		acks      []*storev1.Ack
+		malformed bool
+		queued    int
+	}{
+		{"gathered then durable", []*storev1.Ack{ack(7, 0, gathered, ok), ack(7, 0, durable, ok)}, false, 2},
+		{"all durable", []*storev1.Ack{ack(7, 0, durable, ok), ack(7, 1, durable, ok), ack(7, 2, durable, ok)}, false, 3},
+		{"failed full", []*storev1.Ack{ack(7, 1, failed, storev1.ResultCode_RESULT_CODE_FULL)}, false, 1},
+		{"unknown batch", []*storev1.Ack{ack(8, 0, durable, ok)}, true, 0},
+		{"index out of range", []*storev1.Ack{ack(7, 3, durable, ok)}, true, 0},
+		{"unset stage", []*storev1.Ack{ack(7, 0, storev1.AckStage_ACK_STAGE_UNSPECIFIED, ok)}, true, 0},
+		{"second terminal", []*storev1.Ack{ack(7, 0, durable, ok), ack(7, 0, failed, storev1.ResultCode_RESULT_CODE_FAILED)}, true, 1},
+		{"second gathered", []*storev1.Ack{ack(7, 0, gathered, ok), ack(7, 0, gathered, ok)}, true, 1},
+		{"gathered after terminal", []*storev1.Ack{ack(7, 0, durable, ok), ack(7, 0, gathered, ok)}, true, 1},
+		{"durable with error code", []*storev1.Ack{ack(7, 0, durable, storev1.ResultCode_RESULT_CODE_FULL)}, true, 0},
+		{"failed with ok code", []*storev1.Ack{ack(7, 0, failed, ok)}, true, 0},
+		{"failed with unset code", []*storev1.Ack{ack(7, 0, failed, storev1.ResultCode_RESULT_CODE_UNSPECIFIED)}, true, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s, g := ackStore()
+			err := s.applyAcks(g, tc.acks)
+			if (err != nil) != tc.malformed {
+				t.Fatalf("err = %v, malformed want %v", err, tc.malformed)
+			}
+			if err != nil && !errors.Is(err, wire.ErrMalformed) {
+				t.Fatalf("err = %v, want ErrMalformed", err)
+			}
+			if got := len(s.DrainAcks(nil)); got != tc.queued {
+				t.Fatalf("%d acks queued, want %d", got, tc.queued)
+			}
+		})
+	}
+}
+
+func TestFailPendingEndsEveryItemOnce(t *testing.T) {
+	s, g := ackStore()
+	if err := s.applyAcks(g, []*storev1.Ack{ack(7, 0, durable, ok), ack(7, 1, gathered, ok)}); err != nil {
+		t.Fatal(err)
+	}
+	down := errors.New("down")
+	if n := s.failPending(1, down); n != 2 {
+		t.Fatalf("failed %d items, want 2 (items 1 and 2)", n)
+	}
+	acks := s.DrainAcks(nil)
+	term := map[int]int{}
+	for _, a := range acks {
+		if a.Stage != tiers.AckGathered {
+			term[a.Index]++
+		}
+	}
+	for i := range 3 {
+		if term[i] != 1 {
+			t.Fatalf("item %d has %d terminal acks: %+v", i, term[i], acks)
+		}
+	}
+	// The replaced generation's late acks are ignored, not malformed.
+	s.gen = &storeGen{id: 2}
+	if err := s.applyAcks(g, []*storev1.Ack{ack(7, 2, durable, ok)}); err != nil || len(s.DrainAcks(nil)) != 0 {
+		t.Fatalf("late ack of a replaced process: %v", err)
+	}
+}
+
+// FuzzApplyAcks feeds arbitrary ack batches to the host: it must never
+// panic, and however malformed the input, no item ever gets two terminal
+// acks once the plugin is failed.
+func FuzzApplyAcks(f *testing.F) {
+	for _, acks := range [][]*storev1.Ack{
+		{ack(7, 0, gathered, ok), ack(7, 0, durable, ok)},
+		{ack(7, 2, failed, storev1.ResultCode_RESULT_CODE_BROKEN)},
+		{ack(7, 0, durable, ok), ack(7, 0, durable, ok)},
+	} {
+		b, _ := proto.Marshal(&storev1.AckBatch{Acks: acks})
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var msg storev1.AckBatch
+		if proto.Unmarshal(b, &msg) != nil {
+			return
+		}
+		s, g := ackStore()
+		if err := s.applyAcks(g, msg.GetAcks()); err != nil {
+			s.failPending(g.id, errors.New("down"))
+		} else {
+			s.failPending(-1, errors.New("closed"))
+		}
+		term := map[int]int{}
+		for _, a := range s.DrainAcks(nil) {
+			if a.Batch != 7 {
+				t.Fatalf("ack for batch %d", a.Batch)
+			}
+			if a.Stage != tiers.AckGathered {
+				term[a.Index]++
+			}
+		}
+		for i := range 3 {
+			if term[i] != 1 {
+				t.Fatalf("item %d: %d terminal acks", i, term[i])
+			}
+		}
+	})
+}
+
+func TestDecodeGet(t *testing.T) {
+	s := &Store{spec: PluginSpec{Name: "unit"}}
+	res := func(codes ...storev1.ResultCode) *storev1.GetReply {
+		r := &storev1.GetReply{}
+		for _, c := range codes {
+			r.Results = append(r.Results, &storev1.ItemResult{Code: c})
+		}
+		return r
+	}
+	miss := storev1.ResultCode_RESULT_CODE_MISS
+	cases := []struct {
+		name  string
+		reply *storev1.GetReply
+		n     int
+		bad   bool
+		hits  int
+	}{
+		{"hits and misses", res(ok, miss, ok), 3, false, 2},
+		{"short", res(ok, ok), 3, true, 0},
+		{"long", res(ok, ok, ok, ok), 3, true, 0},
+		{"unset code", res(ok, storev1.ResultCode_RESULT_CODE_UNSPECIFIED, ok), 3, true, 0},
+		{"full is still a miss", res(storev1.ResultCode_RESULT_CODE_FULL), 1, false, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			results := make([]error, tc.n)
+			sentinel := errors.New("untouched")
+			for i := range results {
+				results[i] = sentinel
+			}
+			err := s.decodeGet(tc.reply, results)
+			if (err != nil) != tc.bad {
+				t.Fatalf("err = %v, bad want %v", err, tc.bad)
+			}
+			hits := 0
+			for _, r := range results {
+				switch {
+				case r == nil:
+					hits++
+				case tc.bad && r != sentinel:
+					t.Fatalf("a malformed reply changed results: %v", r)
+				case !tc.bad && !errors.Is(r, tiers.ErrMiss):
+					t.Fatalf("non-hit %v does not wrap ErrMiss", r)
+				}
+			}
+			if hits != tc.hits {
+				t.Fatalf("%d hits, want %d", hits, tc.hits)
+			}
+		})
+	}
+}
+
+func TestOptions(t *testing.T) {
+	d := Options{}.withDefaults()
+	if d.String() != DefaultOptions().String() {
+		t.Fatalf("zero options with defaults = %v, want %v", d, DefaultOptions())
+	}
+	if err := d.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	bad := []func(*Options){
+		func(o *Options) { o.CallTimeout = -1 },
+		func(o *Options) { o.MaxRestartBackoff = o.RestartBackoff / 2 },
+		func(o *Options) { o.BreakerFailures = -1 },
+	}
+	for i, mut := range bad {
+		o := d
+		mut(&o)
+		if err := o.Validate(); err == nil {
+			t.Errorf("case %d: %v validated", i, o)
+		}
+	}
+	o := Options{RestartBackoff: 100 * time.Millisecond, MaxRestartBackoff: time.Second}
+	for n, want := range []time.Duration{100, 200, 400, 800, 1000, 1000} {
+		if got := o.backoff(n); got != want*time.Millisecond {
+			t.Errorf("backoff(%d) = %v, want %vms", n, got, want)
+		}
+	}
+	if s := d.String(); !strings.Contains(s, "call_timeout=10s") || !strings.Contains(s, "breaker_failures=5") {
+		t.Errorf("String() = %q", s)
+	}
+	spec := PluginSpec{Name: "x", Path: "/bin/x", SHA256: strings.Repeat("0", 64)}
+	if err := spec.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, sum := range []string{"", "abc", strings.Repeat("g", 64)} {
+		spec.SHA256 = sum
+		if err := spec.Validate(); err == nil {
+			t.Errorf("sha256 %q validated", sum)
+		}
+	}
+}
+
+func TestRateLog(t *testing.T) {
+	var buf logBuffer
+	rl := newRateLog(slog.New(slog.NewTextHandler(&buf, nil)), time.Hour)
+	for range 5 {
+		rl.log(slog.LevelWarn, "a", "condition a")
+	}
+	rl.log(slog.LevelWarn, "b", "condition b")
+	out := buf.String()
+	if strings.Count(out, "condition a") != 1 || strings.Count(out, "condition b") != 1 {
+		t.Fatalf("rate-limited log wrote:\n%s", out)
+	}
+	rl.last["a"] = time.Now().Add(-2 * time.Hour)
+	rl.log(slog.LevelWarn, "a", "condition a")
+	if !strings.Contains(buf.String(), "suppressed=4") {
+		t.Fatalf("the next line does not count the 4 held back:\n%s", buf.String())
+	}
+}
+
+func TestStartErrorMessages(t *testing.T) {
+	spec := PluginSpec{Name: "p", Path: "/bin/p"}
+	notes := &bridgeNotes{}
+	cases := []struct {
+		goPlugin string
+		want     error
+		mention  string
+	}{
+		{"Unrecognized remote plugin message: hello\n\nThis usually means...", ErrHandshake, `"hello" to stdout`},
+		{"incompatible API version with plugin. Plugin version: 3, Client versions: [1]", ErrNoCommonVersion, "plugin speaks [3]"},
+		{"timeout while waiting for plugin to start", ErrHandshake, "no handshake within"},
+		{"plugin exited before we could connect", ErrHandshake, "exited before the handshake"},
+	}
+	for _, c := range cases {
+		err := startError(spec, errors.New(c.goPlugin), notes)
+		if !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.mention) {
+			t.Errorf("%q -> %v; want %v mentioning %q", c.goPlugin, err, c.want, c.mention)
+		}
+	}
+	notes.note(hclog.Error, plugins.NoCommonVersionMessage, []any{"host_versions", "2", "plugin_versions", "1"})
+	err := startError(spec, errors.New("plugin exited before we could connect"), notes)
+	if !errors.Is(err, ErrNoCommonVersion) || !strings.Contains(err.Error(), "host speaks [2], plugin speaks [1]") {
+		t.Errorf("versions line -> %v", err)
+	}
+}
