@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 )
 
 // sharedTrace returns the path of the published synthetic trace, skipping
@@ -248,4 +249,45 @@ func BenchmarkReadSharedTraceEncodingJSON(b *testing.B) {
 			b.Fatalf("decoded %d requests", n)
 		}
 	}
+}
+
+// BenchmarkReaderVsEncodingJSON times the reader and the encoding/json
+// reference alternately on the shared trace, so both see the same machine
+// load, and reports the reader's speed as a multiple of the reference's
+// (the figure in docs/perf.md).
+func BenchmarkReaderVsEncodingJSON(b *testing.B) {
+	raw, err := os.ReadFile(sharedTrace(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var ours, ref time.Duration
+	for b.Loop() {
+		start := time.Now()
+		reqs, err := NewReader(bytes.NewReader(raw), "t").ReadAll()
+		if err != nil || len(reqs) != 3993 {
+			b.Fatalf("reader: %d requests, %v", len(reqs), err)
+		}
+		mid := time.Now()
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		n := 0
+		for {
+			var r Request
+			if err := dec.Decode(&r); err == io.EOF {
+				break
+			} else if err != nil {
+				b.Fatal(err)
+			}
+			n++
+		}
+		end := time.Now()
+		if n != 3993 {
+			b.Fatalf("encoding/json: %d requests", n)
+		}
+		ours += mid.Sub(start)
+		ref += end.Sub(mid)
+	}
+	b.ReportMetric(float64(ours.Nanoseconds())/float64(b.N), "reader-ns/trace")
+	b.ReportMetric(float64(ref.Nanoseconds())/float64(b.N), "json-ns/trace")
+	b.ReportMetric(float64(len(raw))/1e6/ours.Seconds()*float64(b.N), "reader-MB/s")
+	b.ReportMetric(ref.Seconds()/ours.Seconds(), "x-json")
 }
