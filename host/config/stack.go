@@ -7,7 +7,9 @@
 //
 // Every problem in a config is an *Error naming the file, line, column and
 // YAML path ("$.tiers[1].config.size") with the source line shown. Unknown
-// fields are errors at every level, module configs included.
+// fields are errors at every level, module configs included. A field that
+// is null (`write_policy:` with no value) counts as omitted: it takes its
+// default, or is reported missing when required.
 //
 // This package only describes stacks. It must never open a tier, an index
 // or a plugin, touch the file system beyond reading the config, or keep
@@ -173,7 +175,8 @@ type Ranks struct {
 
 // Endpoint is a listening address.
 type Endpoint struct {
-	// Listen is "host:port", or empty to disable the endpoint.
+	// Listen is "host:port", or the empty string ("") to disable the
+	// endpoint; omitted or null takes the default.
 	Listen string
 }
 
