@@ -22,7 +22,6 @@ package placement
 import (
 	"errors"
 	"fmt"
-	"math/bits"
 	"strings"
 
 	"github.com/kvtier/kvtier/tiers"
@@ -110,12 +109,37 @@ type Stats struct {
 	Objects, Committed int
 }
 
+// object is stored by value in the allocator's map. Most objects hold one
+// range per kind; up to inlineRanges of them live inside the value, so a
+// lookup touches no other memory (the map and a pointer per object cost a
+// cache miss each, which dominated reserve+release with many live objects).
 type object struct {
 	id        ObjectID
 	pages     int64
 	kinds     Kinds
 	committed bool
-	ranges    []Range
+	n         uint8 // inline ranges in use when spill is nil
+	inline    [inlineRanges]Range
+	spill     []Range
+}
+
+const inlineRanges = 2
+
+// rangeList returns the object's ranges (aliasing o).
+func (o *object) rangeList() []Range {
+	if o.spill != nil {
+		return o.spill
+	}
+	return o.inline[:o.n]
+}
+
+// setRanges stores a copy of rs.
+func (o *object) setRanges(rs []Range) {
+	if len(rs) <= inlineRanges {
+		o.spill, o.n = nil, uint8(copy(o.inline[:], rs))
+		return
+	}
+	o.spill, o.n = append([]Range(nil), rs...), 0
 }
 
 // Allocator is the deterministic first-fit page allocator of one slab
@@ -126,8 +150,9 @@ type Allocator struct {
 	all       Kinds
 	total     []int64
 	free      []*freeList
-	objects   map[ObjectID]*object
-	spare     []*object
+	objects   map[ObjectID]object
+	rangeBuf  []Range
+	splitBuf  []Range
 	committed int
 	layoutSum []byte // canonical encoding of the layout, hashed by Digest
 	scratch   []ObjectID
@@ -143,7 +168,7 @@ func New(layout Layout) (*Allocator, error) {
 		layout:  layout,
 		total:   make([]int64, len(layout.Kinds)),
 		free:    make([]*freeList, len(layout.Kinds)),
-		objects: make(map[ObjectID]*object),
+		objects: make(map[ObjectID]object),
 	}
 	for k, kl := range layout.Kinds {
 		a.all |= 1 << k
@@ -183,29 +208,9 @@ func (a *Allocator) Reset() {
 			first += r.Pages
 		}
 	}
-	for id, o := range a.objects {
-		a.recycle(o)
-		delete(a.objects, id)
-	}
+	clear(a.objects)
 	a.committed = 0
 	a.checkInvariants("reset")
-}
-
-func (a *Allocator) recycle(o *object) {
-	o.ranges = o.ranges[:0]
-	a.spare = append(a.spare, o)
-}
-
-func (a *Allocator) newObject(id ObjectID, pages int64, kinds Kinds) *object {
-	var o *object
-	if n := len(a.spare); n > 0 {
-		o = a.spare[n-1]
-		a.spare = a.spare[:n-1]
-	} else {
-		o = &object{}
-	}
-	o.id, o.pages, o.kinds, o.committed = id, pages, kinds, false
-	return o
 }
 
 func (a *Allocator) checkArgs(op string, id ObjectID, pages int64, kinds Kinds) error {
@@ -242,12 +247,15 @@ func (a *Allocator) Reserve(id ObjectID, pages int64, kinds Kinds) error {
 
 // place reserves an object the caller has checked fits.
 func (a *Allocator) place(id ObjectID, pages int64, kinds Kinds) {
-	o := a.newObject(id, pages, kinds)
+	rs := a.rangeBuf[:0]
 	for k := range a.free {
 		if kinds&(1<<k) != 0 {
-			o.ranges = a.free[k].take(pages, uint8(k), o.ranges)
+			rs = a.free[k].take(pages, uint8(k), rs)
 		}
 	}
+	a.rangeBuf = rs
+	o := object{id: id, pages: pages, kinds: kinds}
+	o.setRanges(rs)
 	a.objects[id] = o
 }
 
@@ -261,6 +269,7 @@ func (a *Allocator) Commit(id ObjectID) error {
 	}
 	if !o.committed {
 		o.committed = true
+		a.objects[id] = o
 		a.committed++
 	}
 	a.checkInvariants("commit")
@@ -275,13 +284,13 @@ func (a *Allocator) Release(id ObjectID) error {
 	if !ok {
 		return fmt.Errorf("release object %d: %w", id, ErrUnknownObject)
 	}
-	a.drop(o)
+	a.drop(&o)
 	a.checkInvariants("release")
 	return nil
 }
 
 func (a *Allocator) drop(o *object) {
-	for _, r := range o.ranges {
+	for _, r := range o.rangeList() {
 		if !a.free[r.Kind].give(r.Start, r.Pages) {
 			// Every page of an object is off the free list; finding one on it
 			// means two objects share pages — a broken invariant.
@@ -292,7 +301,6 @@ func (a *Allocator) drop(o *object) {
 		a.committed--
 	}
 	delete(a.objects, o.id)
-	a.recycle(o)
 }
 
 // Split divides a committed object at page boundary at: the first at pages
@@ -316,29 +324,31 @@ func (a *Allocator) Split(id ObjectID, at int64, prefix ObjectID) error {
 	if _, ok := a.objects[prefix]; ok {
 		return fmt.Errorf("split object %d: prefix object %d: %w", id, prefix, ErrExists)
 	}
-	p := a.newObject(prefix, at, o.kinds)
-	p.committed = true
-	rest := make([]Range, 0, len(o.ranges)+bits.OnesCount64(uint64(o.kinds)))
+	p := object{id: prefix, pages: at, kinds: o.kinds, committed: true}
+	head, rest := a.rangeBuf[:0], a.splitBuf[:0]
 	var kind uint8
 	var seen int64
-	for i, r := range o.ranges {
+	for i, r := range o.rangeList() {
 		if i == 0 || r.Kind != kind {
 			kind, seen = r.Kind, 0
 		}
 		switch {
 		case seen+r.Pages <= at:
-			p.ranges = append(p.ranges, r)
+			head = append(head, r)
 		case seen >= at:
 			rest = append(rest, r)
 		default:
 			cut := at - seen
-			p.ranges = append(p.ranges, Range{Kind: r.Kind, Start: r.Start, Pages: cut})
+			head = append(head, Range{Kind: r.Kind, Start: r.Start, Pages: cut})
 			rest = append(rest, Range{Kind: r.Kind, Start: r.Start + cut, Pages: r.Pages - cut})
 		}
 		seen += r.Pages
 	}
-	o.ranges = append(o.ranges[:0], rest...)
+	p.setRanges(head)
+	o.setRanges(rest)
+	a.rangeBuf, a.splitBuf = head, rest
 	o.pages -= at
+	a.objects[id] = o
 	a.objects[prefix] = p
 	a.committed++
 	a.checkInvariants("split")
@@ -351,7 +361,7 @@ func (a *Allocator) Object(id ObjectID) (ObjectInfo, error) {
 	if !ok {
 		return ObjectInfo{}, fmt.Errorf("object %d: %w", id, ErrUnknownObject)
 	}
-	return ObjectInfo{ID: o.id, Pages: o.pages, Kinds: o.kinds, Committed: o.committed, Ranges: append([]Range(nil), o.ranges...)}, nil
+	return ObjectInfo{ID: o.id, Pages: o.pages, Kinds: o.kinds, Committed: o.committed, Ranges: append([]Range(nil), o.rangeList()...)}, nil
 }
 
 // Spans appends to dst the slab spans of an object's pages of one kind, in
@@ -365,7 +375,7 @@ func (a *Allocator) Spans(id ObjectID, kind tiers.PayloadKind, dst []tiers.Span)
 	if !o.kinds.Has(kind) {
 		return dst, fmt.Errorf("spans of object %d kind %d: object holds kinds %v: %w", id, kind, o.kinds, ErrInvalid)
 	}
-	for _, r := range o.ranges {
+	for _, r := range o.rangeList() {
 		if r.Kind != uint8(kind) {
 			continue
 		}

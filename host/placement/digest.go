@@ -25,27 +25,28 @@ func encodeLayout(b []byte, l Layout) []byte {
 	return b
 }
 
-// Digest returns the SHA-256 of the allocator's canonical state: the layout,
-// every kind's free ranges in address order, and every object in id order
-// with its pages, kinds, committed bit and ranges. It depends only on that
-// state, not on the operations that led to it, so two replicas that applied
-// the same operations agree, and a replica that missed or changed one
-// operation (almost surely) does not.
+// Digest returns the SHA-256 of the allocator's canonical state (see
+// AppendState). It depends only on that state, not on the operations that
+// led to it, so two replicas that applied the same operations agree, and a
+// replica that missed or changed one operation (almost surely) does not.
 func (a *Allocator) Digest() [sha256.Size]byte {
-	h := sha256.New()
-	b := append(a.buf[:0], a.layoutSum...)
-	flush := func() {
-		if len(b) >= 32<<10 {
-			h.Write(b)
-			b = b[:0]
-		}
-	}
+	b := a.AppendState(a.buf[:0])
+	a.buf = b[:0]
+	return sha256.Sum256(b)
+}
+
+// AppendState appends the canonical encoding of the state to b and returns
+// it: the layout, every kind's free ranges in address order, and every
+// object in id order with its pages, kinds, committed bit and ranges, in
+// little-endian fixed-width fields. Digest hashes exactly these bytes; a
+// host that finds digests differ can dump them to show the divergence.
+func (a *Allocator) AppendState(b []byte) []byte {
+	b = append(b, a.layoutSum...)
 	for _, f := range a.free {
 		b = binary.LittleEndian.AppendUint64(b, uint64(f.count))
 		f.walk(func(start, pages int64) bool {
 			b = binary.LittleEndian.AppendUint64(b, uint64(start))
 			b = binary.LittleEndian.AppendUint64(b, uint64(pages))
-			flush()
 			return true
 		})
 	}
@@ -65,17 +66,13 @@ func (a *Allocator) Digest() [sha256.Size]byte {
 		} else {
 			b = append(b, 0)
 		}
-		b = binary.LittleEndian.AppendUint32(b, uint32(len(o.ranges)))
-		for _, r := range o.ranges {
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(o.rangeList())))
+		for _, r := range o.rangeList() {
 			b = append(b, r.Kind)
 			b = binary.LittleEndian.AppendUint64(b, uint64(r.Start))
 			b = binary.LittleEndian.AppendUint64(b, uint64(r.Pages))
 		}
-		flush()
 	}
-	h.Write(b)
-	a.buf, a.scratch = b[:0], ids[:0]
-	var d [sha256.Size]byte
-	h.Sum(d[:0])
-	return d
+	a.scratch = ids[:0]
+	return b
 }

@@ -115,7 +115,8 @@ func (a *Allocator) EvictToFit(id ObjectID, pages int64, kinds Kinds, victims []
 		return 0, e
 	}
 	for _, v := range victims[:fitAt] {
-		a.drop(a.objects[v])
+		o := a.objects[v]
+		a.drop(&o)
 	}
 	a.place(id, pages, kinds)
 	a.checkInvariants("evict-to-fit")

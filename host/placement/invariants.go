@@ -73,7 +73,7 @@ func (a *Allocator) CheckInvariants() error {
 				continue
 			}
 			var n int64
-			for _, r := range o.ranges {
+			for _, r := range o.rangeList() {
 				if int(r.Kind) != k {
 					continue
 				}
@@ -123,8 +123,8 @@ func (a *Allocator) CheckInvariants() error {
 		if o.kinds == 0 || o.kinds&^a.all != 0 {
 			return fmt.Errorf("object %d holds kinds %v outside %v", id, o.kinds, a.all)
 		}
-		for i := 1; i < len(o.ranges); i++ {
-			if o.ranges[i].Kind < o.ranges[i-1].Kind {
+		for i := 1; i < len(o.rangeList()); i++ {
+			if o.rangeList()[i].Kind < o.rangeList()[i-1].Kind {
 				return fmt.Errorf("object %d ranges are not grouped by kind", id)
 			}
 		}
