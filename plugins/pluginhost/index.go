@@ -3,7 +3,6 @@ package pluginhost
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -60,9 +59,9 @@ func OpenIndex(ctx context.Context, env indexes.Env, spec PluginSpec) (*Index, e
 	if env.Logger == nil {
 		return nil, fmt.Errorf("plugin %s: index env: logger is nil", spec.Name)
 	}
-	config, err := json.Marshal(spec.Config)
+	config, err := spec.configJSON()
 	if err != nil {
-		return nil, fmt.Errorf("plugin %s: encode config as JSON: %w", spec.Name, err)
+		return nil, err
 	}
 	opts := spec.Options.withDefaults()
 	logger := env.Logger.With("plugin", spec.Name)

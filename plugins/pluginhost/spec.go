@@ -21,10 +21,15 @@ package pluginhost
 
 import (
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/goccy/go-yaml"
+
+	"github.com/kvtier/kvtier/host/config"
 )
 
 // Sentinel errors callers branch on with errors.Is.
@@ -58,12 +63,40 @@ type PluginSpec struct {
 	Path string
 	// SHA256 is the binary's pinned SHA-256, 64 hex digits.
 	SHA256 string
-	// Config is the plugin's own config block, passed to it as JSON; any
-	// value encoding/json can marshal (what a YAML decoder produces).
+	// Config is the plugin's own config block, passed to it as JSON: a
+	// []byte is YAML (as host/config keeps it) and is converted; any other
+	// value is marshalled with encoding/json; nil sends "null".
 	Config any
 	// Options tunes start, call deadlines and restarts; zero fields take
 	// defaults.
 	Options Options
+}
+
+// FromConfig returns the spec of a tier's or index's `plugin:` block as
+// host/config loaded it; name is the tier's or index's name in the stack.
+func FromConfig(name string, p config.PluginSpec, opts Options) PluginSpec {
+	spec := PluginSpec{Name: name, Path: p.Path, SHA256: p.SHA256, Options: opts}
+	if p.Config != nil {
+		spec.Config = p.Config
+	}
+	return spec
+}
+
+// configJSON encodes the spec's Config for the wire.
+func (s PluginSpec) configJSON() ([]byte, error) {
+	v := s.Config
+	if b, ok := v.([]byte); ok {
+		var decoded any
+		if err := yaml.Unmarshal(b, &decoded); err != nil {
+			return nil, fmt.Errorf("plugin %s: config is not YAML: %w", s.Name, err)
+		}
+		v = decoded
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("plugin %s: encode config as JSON: %w", s.Name, err)
+	}
+	return b, nil
 }
 
 // Validate checks the spec without touching the file system.

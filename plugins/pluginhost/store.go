@@ -2,7 +2,6 @@ package pluginhost
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -95,9 +94,9 @@ func OpenStore(ctx context.Context, env tiers.Env, spec PluginSpec) (*Store, err
 				spec.Name, f.ID, ErrNoSlabMapping)
 		}
 	}
-	config, err := json.Marshal(spec.Config)
+	config, err := spec.configJSON()
 	if err != nil {
-		return nil, fmt.Errorf("plugin %s: encode config as JSON: %w", spec.Name, err)
+		return nil, err
 	}
 	opts := spec.Options.withDefaults()
 	logger := env.Logger.With("plugin", spec.Name)

@@ -11,6 +11,7 @@ import (
 
 	hclog "github.com/hashicorp/go-hclog"
 
+	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/plugins"
 	"github.com/kvtier/kvtier/plugins/internal/wire"
 	"github.com/kvtier/kvtier/plugins/proto/storev1"
@@ -280,5 +281,30 @@ func TestStartErrorMessages(t *testing.T) {
 	err := startError(spec, errors.New("plugin exited before we could connect"), notes)
 	if !errors.Is(err, ErrNoCommonVersion) || !strings.Contains(err.Error(), "host speaks [2], plugin speaks [1]") {
 		t.Errorf("versions line -> %v", err)
+	}
+}
+
+func TestConfigJSON(t *testing.T) {
+	cases := []struct {
+		name string
+		cfg  any
+		want string
+		bad  bool
+	}{
+		{"nil", nil, "null", false},
+		{"map", map[string]any{"capacity": 5}, `{"capacity":5}`, false},
+		{"yaml bytes", []byte("capacity: 8GiB\nsync: true\nnested:\n  a: [1, 2]\n"), `{"capacity":"8GiB","nested":{"a":[1,2]},"sync":true}`, false},
+		{"bad yaml", []byte("a: [1,\n"), "", true},
+		{"unmarshalable", map[string]any{"f": func() {}}, "", true},
+	}
+	for _, c := range cases {
+		got, err := PluginSpec{Name: "x", Config: c.cfg}.configJSON()
+		if (err != nil) != c.bad || (!c.bad && string(got) != c.want) {
+			t.Errorf("%s: %s %v, want %s (bad %v)", c.name, got, err, c.want, c.bad)
+		}
+	}
+	spec := FromConfig("l4", config.PluginSpec{Path: "/p", SHA256: strings.Repeat("a", 64), Config: []byte("capacity: 1\n")}, Options{})
+	if got, err := spec.configJSON(); err != nil || string(got) != `{"capacity":1}` || spec.Name != "l4" || spec.Path != "/p" {
+		t.Errorf("FromConfig: %+v %s %v", spec, got, err)
 	}
 }
