@@ -230,9 +230,15 @@ func loadTrace(positional []string) (*replay.Trace, error) {
 	return replay.Compile(positional[0], reqs)
 }
 
-// builtinWorkload is the generated default workload.
+// builtinWorkload is the embedded default workload: the seeded generator
+// with its default config.
 func builtinWorkload() ([]workload.Request, string, error) {
-	return nil, "", fmt.Errorf("no TRACE given and this build has no workload generator yet: pass a Mooncake JSONL trace")
+	cfg := workload.DefaultGeneratorConfig()
+	reqs, err := workload.Generate(cfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("generate the built-in workload: %w", err)
+	}
+	return reqs, fmt.Sprintf("generated (seed %d, %d requests)", cfg.Seed, cfg.Requests), nil
 }
 
 func writeReplayTable(w io.Writer, tr *replay.Trace, results []replay.Result) error {

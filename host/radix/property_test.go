@@ -72,11 +72,11 @@ func newReplica(t *testing.T) *replica {
 // and asserts equal digests after every op, equal results, Match equal to
 // the longest present prefix of the model, and Check clean throughout.
 func TestReplicasAgree(t *testing.T) {
-	for seed := uint64(1); seed <= 60; seed++ {
+	for seed := uint64(1); seed <= 30; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 0x5eed))
 		pool := newKeyPool(rng)
 		a, b := newReplica(t), newReplica(t)
-		for step := range 400 {
+		for step := range 300 {
 			op := rng.IntN(10)
 			key := pool.key()
 			n1 := rng.IntN(12)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -137,13 +138,24 @@ func (s *scenario) run(cmd string) string {
 		}
 		s.lru = newTestLRU()
 		s.lru.record = true
-		s.tree, err = New(opts, s.lru)
+		var ev policy.Evictor = s.lru
+		if slices.Contains(f[1:], "tail-ranked") {
+			ev = tailRankedLRU{s.lru}
+		}
+		s.tree, err = New(opts, ev)
 		if err == nil {
 			res = "options: " + opts.String()
 		}
 	case "insert":
 		last, added := s.tree.InsertHashes(s.hashes(f[1:]))
 		res = fmt.Sprintf("last=%d added=%d", last.ID(), added)
+	case "extend":
+		var last *Node
+		var added int
+		last, added, err = s.tree.ExtendBorrowed(s.node(f[:2]), s.hashes(f[2:]))
+		if err == nil {
+			res = fmt.Sprintf("last=%d added=%d", last.ID(), added)
+		}
 	case "insert-tokens":
 		last, added := s.tree.InsertTokens(tokensOf(f[1:]))
 		res = fmt.Sprintf("last=%d added=%d", last.ID(), added)
@@ -297,3 +309,9 @@ func (s *scenario) dump() string {
 	walk(t.root, "  ")
 	return b.String()
 }
+
+// tailRankedLRU is the test LRU declaring radix.TailRanker, so EvictPages
+// frees its victims page by page.
+type tailRankedLRU struct{ *testLRU }
+
+func (tailRankedLRU) TailRanked() bool { return true }

@@ -168,7 +168,7 @@ func (t *Tree) refresh(n *Node) {
 // appended to dst[:0]; reuse dst across calls to avoid allocation.
 func (t *Tree) MatchHashes(hs []pagehash.Hash, dst []*Node) (path []*Node, pages int) {
 	t.clock++
-	path, pages, _ = t.walkHashes(hs, dst[:0])
+	path, pages, _ = t.walkHashes(t.root, hs, dst[:0])
 	t.hit(path)
 	return path, pages
 }
@@ -205,15 +205,7 @@ func (t *Tree) hit(path []*Node) {
 func (t *Tree) InsertHashes(hs []pagehash.Hash) (last *Node, added int) {
 	t.clock++
 	t.ops++
-	path, matched, _ := t.walkHashes(hs, nil)
-	last = t.root
-	if len(path) > 0 {
-		last = path[len(path)-1]
-	}
-	if matched < len(hs) {
-		last = t.addLeaf(last, slices.Clone(hs[matched:]), nil)
-		added = len(hs) - matched
-	}
+	last, added = t.extend(t.root, hs, true)
 	t.checkSampled()
 	return last, added
 }
@@ -225,16 +217,45 @@ func (t *Tree) InsertHashes(hs []pagehash.Hash) (last *Node, added int) {
 func (t *Tree) InsertHashesBorrowed(hs []pagehash.Hash) (last *Node, added int) {
 	t.clock++
 	t.ops++
-	path, matched, _ := t.walkHashes(hs, nil)
-	last = t.root
+	last, added = t.extend(t.root, hs, false)
+	t.checkSampled()
+	return last, added
+}
+
+// ExtendBorrowed inserts hs as the pages that follow n's last page, where
+// n is the root or a live node (typically the last node of a Match path):
+// it is InsertHashesBorrowed of n's whole key followed by hs, without
+// walking down from the root again. It bumps the clock once.
+func (t *Tree) ExtendBorrowed(n *Node, hs []pagehash.Hash) (last *Node, added int, err error) {
+	if n != t.root {
+		if err := t.live(n, "extend"); err != nil {
+			return nil, 0, err
+		}
+	}
+	t.clock++
+	t.ops++
+	last, added = t.extend(n, hs, false)
+	t.checkSampled()
+	return last, added, nil
+}
+
+// extend walks hs down from n and adds the rest as one new leaf.
+func (t *Tree) extend(n *Node, hs []pagehash.Hash, clone bool) (last *Node, added int) {
+	path, matched, _ := t.walkHashes(n, hs, nil)
+	last = n
 	if len(path) > 0 {
 		last = path[len(path)-1]
 	}
 	if matched < len(hs) {
-		last = t.addLeaf(last, hs[matched:len(hs):len(hs)], nil)
+		// NB: cap a borrowed slice at its length: a trim then never sees
+		// spare capacity that belongs to the caller.
+		key := hs[matched:len(hs):len(hs)]
+		if clone {
+			key = slices.Clone(key)
+		}
+		last = t.addLeaf(last, key, nil)
 		added = len(hs) - matched
 	}
-	t.checkSampled()
 	return last, added
 }
 
@@ -296,10 +317,10 @@ func (t *Tree) addPages(r Residency, pages int) {
 	}
 }
 
-// walkHashes follows hs down the tree, splitting the node where the
+// walkHashes follows hs down from node, splitting the node where the
 // match ends inside it. It appends the path to path.
-func (t *Tree) walkHashes(hs []pagehash.Hash, path []*Node) ([]*Node, int, pagehash.Hash) {
-	node, i := t.root, 0
+func (t *Tree) walkHashes(node *Node, hs []pagehash.Hash, path []*Node) ([]*Node, int, pagehash.Hash) {
+	i := 0
 	for i < len(hs) {
 		c := node.child(&hs[i])
 		if c == nil {
@@ -320,7 +341,10 @@ func (t *Tree) walkHashes(hs []pagehash.Hash, path []*Node) ([]*Node, int, pageh
 		node = c
 	}
 	if i == 0 {
-		return path, 0, pagehash.Root
+		if node == t.root {
+			return path, 0, pagehash.Root
+		}
+		return path, 0, node.hashes[len(node.hashes)-1]
 	}
 	return path, i, hs[i-1]
 }

@@ -2,6 +2,8 @@ package replay
 
 import (
 	"testing"
+
+	"github.com/kvtier/kvtier/workload"
 )
 
 // benchTrace is the shared Mooncake trace, or the test's generated trace
@@ -16,11 +18,41 @@ func benchTrace(b *testing.B) *Trace {
 	return tr
 }
 
+// defaultWorkload is the built-in generated workload (what `kvtier
+// replay` replays without a TRACE).
+func defaultWorkload(b *testing.B) *Trace {
+	b.Helper()
+	reqs, err := workload.Generate(workload.DefaultGeneratorConfig())
+	if err != nil {
+		b.Fatal(err)
+	}
+	tr, err := Compile("generated", reqs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return tr
+}
+
 // BenchmarkHostReplay times one replay of the trace through the host path
 // (radix + lru + clock) at 3M tokens; block-ops/s is the figure. Run with
 // -cpu 1 for the one-core number.
 func BenchmarkHostReplay(b *testing.B) {
-	tr := benchTrace(b)
+	benchHost(b, benchTrace(b))
+}
+
+// BenchmarkHostReplayGenerated is BenchmarkHostReplay on the built-in
+// generated workload.
+func BenchmarkHostReplayGenerated(b *testing.B) {
+	benchHost(b, defaultWorkload(b))
+}
+
+// BenchmarkNaiveLRUGenerated is BenchmarkNaiveLRU on the generated
+// workload.
+func BenchmarkNaiveLRUGenerated(b *testing.B) {
+	benchNaive(b, defaultWorkload(b))
+}
+
+func benchHost(b *testing.B, tr *Trace) {
 	reg := registry(b)
 	for _, name := range []string{"lru", "slru", "s3fifo", "sieve"} {
 		b.Run(name, func(b *testing.B) {
@@ -42,7 +74,10 @@ func BenchmarkHostReplay(b *testing.B) {
 // BenchmarkNaiveLRU times the naive map+list LRU over the same blocks: the
 // limit the host path is compared with.
 func BenchmarkNaiveLRU(b *testing.B) {
-	tr := benchTrace(b)
+	benchNaive(b, benchTrace(b))
+}
+
+func benchNaive(b *testing.B, tr *Trace) {
 	b.ReportAllocs()
 	for b.Loop() {
 		NaiveLRUReplay(tr, 3_000_000)

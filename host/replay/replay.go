@@ -194,7 +194,12 @@ func (r *runner) request(i int) error {
 			r.fate[denseOf(&keys[j])] = f
 		}
 	}
-	tree.InsertHashesBorrowed(keys[:insert])
+	// NB: the new pages hang below the matched path (only its locked
+	// nodes were kept by the evictions), so extend from its last node
+	// instead of walking the whole key again.
+	if _, _, err := tree.ExtendBorrowed(last, keys[hit:insert]); err != nil {
+		return fmt.Errorf("replay %s: request %d: %w", r.tr.Name, i+1, err)
+	}
 	if err := tree.Unlock(last); err != nil {
 		return fmt.Errorf("replay %s: request %d: %w", r.tr.Name, i+1, err)
 	}

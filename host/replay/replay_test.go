@@ -324,7 +324,7 @@ func TestAgreesWithBlockSimulator(t *testing.T) {
 	} else {
 		t.Logf("shared trace not available (%v): checking the generated trace only", err)
 	}
-	capacities := [][]int64{{20 * 512, 64 * 512, 1_000_000}, {1_000_000, 3_000_000}}
+	capacities := [][]int64{{20 * 512, 64 * 512, 1_000_000}, {3_000_000}}
 	for ti, tr := range traces {
 		for _, capTokens := range capacities[ti] {
 			for _, name := range []string{"lru", "belady"} {
