@@ -13,6 +13,7 @@ import (
 	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/policy/belady"
 	"github.com/kvtier/kvtier/policy/lru"
+	"github.com/kvtier/kvtier/policy/proven"
 	"github.com/kvtier/kvtier/policy/s3fifo"
 	"github.com/kvtier/kvtier/policy/sieve"
 	"github.com/kvtier/kvtier/policy/slru"
@@ -63,6 +64,7 @@ func Policies() (*policy.Registry, error) {
 		s3fifo.Register,
 		sieve.Register,
 		belady.Register,
+		proven.Register,
 	} {
 		if err := register(r); err != nil {
 			return nil, fmt.Errorf("built-in policies: %w", err)
