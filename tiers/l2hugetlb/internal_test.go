@@ -2,9 +2,12 @@ package l2hugetlb
 
 import (
 	"errors"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kvtier/kvtier/tiers"
 )
 
 func TestPlanSizes(t *testing.T) {
@@ -93,4 +96,27 @@ func TestStackTag(t *testing.T) {
 			t.Errorf("stackTag(%q) = %q, want %q", tt.id, got, tt.want)
 		}
 	}
+}
+
+// FuzzCheckGeometry feeds Attach's geometry check arbitrary paths, sizes and
+// page sizes: it must never panic, and what it accepts must be what Attach
+// relies on (a NAME-<i>.slab path, a positive multiple of the page size).
+func FuzzCheckGeometry(f *testing.F) {
+	f.Add("/dev/hugepages/kvtier-l2-0.slab", int64(2<<20), int64(2<<20), uint32(0), "hugetlbfs", "stack")
+	f.Add("/dev/shm/a-b-0.slab", int64(8192), int64(4096), uint32(0), "shm", "s")
+	f.Add("-0.slab", int64(0), int64(-1), uint32(1), "heap", "")
+	f.Add("/x/y-1.slab", int64(4096), int64(4096), uint32(0), "shm", "s")
+	f.Fuzz(func(t *testing.T, path string, size, pageSize int64, id uint32, backing, stack string) {
+		g := tiers.SlabGeometry{
+			Slabs:    []tiers.SlabFile{{ID: tiers.SlabID(id), Path: path, Size: size}},
+			PageSize: pageSize, Backing: backing, StackID: stack,
+		}
+		if err := checkGeometry(g); err != nil {
+			return
+		}
+		m := slabFileRE.FindStringSubmatch(filepath.Base(path))
+		if m == nil || m[2] != "0" || id != 0 || size <= 0 || pageSize <= 0 || size%pageSize != 0 || stack == "" {
+			t.Fatalf("accepted a bad geometry: %+v", g)
+		}
+	})
 }

@@ -145,17 +145,19 @@ func Open(ctx context.Context, env tiers.Env, cfg Config) (*Slab, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open l2 slab (rank %d): %w", env.Rank, err)
 	}
-	if err := s.registerMetrics(env.Registerer); err != nil {
+	if err := s.registerMetrics(env.Registerer, env.Rank); err != nil {
 		return nil, errors.Join(fmt.Errorf("open l2 slab: %w", err), s.Close())
 	}
 	return s, nil
 }
 
-func (s *Slab) registerMetrics(r prometheus.Registerer) error {
+func (s *Slab) registerMetrics(r prometheus.Registerer, rank int) error {
 	if r == nil {
 		return nil
 	}
-	labels := prometheus.Labels{"backing": s.geom.Backing, "stack": s.geom.StackID}
+	// The rank label keeps ranks that share a registry (several ranks in one
+	// process, as in tests) from colliding.
+	labels := prometheus.Labels{"backing": s.geom.Backing, "stack": s.geom.StackID, "rank": strconv.Itoa(rank)}
 	bytes := prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvtier_l2_slab_bytes", Help: "Bytes of the mapped L2 slab files.", ConstLabels: labels})
 	files := prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvtier_l2_slab_files", Help: "Number of mapped L2 slab files.", ConstLabels: labels})
 	var total int64

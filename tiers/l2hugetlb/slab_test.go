@@ -291,12 +291,16 @@ func TestJoinRank(t *testing.T) {
 	for _, bc := range backings(t, 2) {
 		t.Run(bc.name, func(t *testing.T) {
 			cfg := bc.cfg(config.Size(bc.pageSize), l2hugetlb.DefaultMaxSlab)
-			r0, err := l2hugetlb.Open(context.Background(), testEnv("stack-j", 0), cfg)
+			// Both ranks share one metrics registry, as ranks in one process do.
+			reg := prometheus.NewRegistry()
+			env0, env1 := testEnv("stack-j", 0), testEnv("stack-j", 1)
+			env0.Registerer, env1.Registerer = reg, reg
+			r0, err := l2hugetlb.Open(context.Background(), env0, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer r0.Close()
-			r1, err := l2hugetlb.Open(context.Background(), testEnv("stack-j", 1), cfg)
+			r1, err := l2hugetlb.Open(context.Background(), env1, cfg)
 			if err != nil {
 				t.Fatalf("rank 1 Open: %v", err)
 			}
