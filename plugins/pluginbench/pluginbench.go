@@ -250,6 +250,14 @@ func Run(ctx context.Context, cfg Config) ([]benchreport.Result, error) {
 			Bench: fmt.Sprintf("plugin/%s-throughput-%dp", op, cfg.BatchPages), Value: pl, Unit: "GB/s",
 			Target: 0.9, Note: fmt.Sprintf(note, cfg.Rounds) + "; median round",
 		}.WithLimit("in-process memstore", in))
+		// The best round of each side: on a shared, loaded machine the
+		// least-disturbed round is the closer view of what each path costs.
+		bin := bytes / quantile(big.in, 0).Seconds() / 1e9
+		bpl := bytes / quantile(big.pl, 0).Seconds() / 1e9
+		out = append(out, benchreport.Result{
+			Bench: fmt.Sprintf("plugin/%s-throughput-%dp-best", op, cfg.BatchPages), Value: bpl, Unit: "GB/s",
+			Target: 0.9, Note: fmt.Sprintf(note, cfg.Rounds) + "; best round of each side",
+		}.WithLimit("in-process memstore", bin))
 		small, err := measure(1, 10*cfg.Rounds, op == "get")
 		if err != nil {
 			return nil, err

@@ -89,6 +89,7 @@ func TestRunReports(t *testing.T) {
 	want := map[string]bool{}
 	for _, op := range []string{"put", "get"} {
 		want["plugin/"+op+"-throughput-8p"] = true
+		want["plugin/"+op+"-throughput-8p-best"] = true
 		for _, n := range []string{"1p", "8p"} {
 			for _, q := range []string{"p50", "p99"} {
 				want[fmt.Sprintf("plugin/%s-latency-%s-%s", op, n, q)] = true

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"time"
 
 	hclog "github.com/hashicorp/go-hclog"
 
@@ -32,6 +33,32 @@ type bridgeNotes struct {
 	last           []string // the plugin's last warn/error messages
 	hostVersions   string
 	pluginVersions string
+
+	// A plugin that floods stderr is cut to maxLinesPerSecond lines a
+	// second; the first line of the next second says how many were dropped.
+	window  time.Time
+	lines   int
+	dropped int
+}
+
+// maxLinesPerSecond bounds the plugin lines re-logged per second.
+const maxLinesPerSecond = 200
+
+// admit reports whether a plugin line may be logged now, and how many lines
+// were dropped before it (to report once).
+func (n *bridgeNotes) admit(now time.Time) (ok bool, dropped int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if now.Sub(n.window) >= time.Second {
+		n.window, n.lines = now, 0
+		dropped, n.dropped = n.dropped, 0
+	}
+	if n.lines >= maxLinesPerSecond {
+		n.dropped++
+		return false, 0
+	}
+	n.lines++
+	return true, dropped
 }
 
 const keepLastLines = 4
@@ -98,13 +125,20 @@ func slogLevel(l hclog.Level) slog.Level {
 
 // Log implements hclog.Logger.
 func (b *slogBridge) Log(level hclog.Level, msg string, args ...any) {
+	lvl := slogLevel(level)
+	ctx := context.Background()
 	if b.name != "" {
 		// Only lines from the plugin process go through a named logger
 		// (go-plugin names it after the binary).
 		b.notes.note(level, msg, args)
+		ok, dropped := b.notes.admit(time.Now())
+		if !ok {
+			return
+		}
+		if dropped > 0 {
+			b.l.Warn("plugin log lines dropped (rate limit)", "dropped", dropped, "limit_per_second", maxLinesPerSecond)
+		}
 	}
-	lvl := slogLevel(level)
-	ctx := context.Background()
 	if !b.l.Enabled(ctx, lvl) {
 		return
 	}

@@ -308,3 +308,24 @@ func TestConfigJSON(t *testing.T) {
 		t.Errorf("FromConfig: %+v %s %v", spec, got, err)
 	}
 }
+
+func TestBridgeRateLimitsPluginLines(t *testing.T) {
+	var buf logBuffer
+	b := newSlogBridge(slog.New(slog.NewTextHandler(&buf, nil)))
+	named := b.Named("kvtier-plugin-x")
+	for i := range maxLinesPerSecond + 50 {
+		named.Info("line", "i", i)
+	}
+	b.Info("host line is not limited")
+	out := buf.String()
+	if got := strings.Count(out, "msg=line"); got != maxLinesPerSecond {
+		t.Fatalf("%d plugin lines logged in one second, want %d", got, maxLinesPerSecond)
+	}
+	b.notes.mu.Lock()
+	b.notes.window = b.notes.window.Add(-2 * time.Second)
+	b.notes.mu.Unlock()
+	named.Info("after")
+	if !strings.Contains(buf.String(), "dropped=50") || !strings.Contains(buf.String(), "host line is not limited") {
+		t.Fatalf("drop count or host line missing:\n%s", buf.String())
+	}
+}
