@@ -28,7 +28,7 @@ func runBenchL3(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.IntVar(&o.Pages, "pages", o.Pages, "pages spilled and reloaded per round")
 	fs.IntVar(&o.Batch, "batch", o.Batch, "pages per Put or Get call")
 	fs.IntVar(&o.Depth, "depth", o.Depth, "reads and writes in flight (and fio's iodepth)")
-	fs.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds of store and fio, interleaved; the best of each counts")
+	fs.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds of store and fio, interleaved; the median of each side counts")
 	fs.StringVar(&o.Index, "index", o.Index, "the store's index: lmdb or badger")
 	fs.StringVar(&o.ODirect, "o-direct", o.ODirect, "the store's o_direct mode: auto, on or off")
 	fs.StringVar(&o.Fio, "fio", "", "fio `binary` (default: fio from PATH; - to skip the fio limits)")

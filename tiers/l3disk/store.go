@@ -295,7 +295,10 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 
 	s.gathered = make(chan *writeJob, cfg.Depth)
 	s.ioJobs = make(chan *writeJob)
-	s.written = make(chan *writeJob, 3*cfg.Depth)
+	// NB: written is deep enough that a slow fdatasync or index commit
+	// never blocks the I/O workers: writes keep the device busy while
+	// the syncer makes the previous group durable, and groups grow.
+	s.written = make(chan *writeJob, maxSyncGroup)
 	s.commits = make(chan []*writeJob, 4)
 	s.gatherWG.Add(1)
 	go s.gatherLoop()
@@ -834,11 +837,15 @@ func (s *Store) ioLoop() {
 	}
 }
 
+// maxSyncGroup bounds the writes made durable by one fdatasync and one
+// index commit.
+const maxSyncGroup = 1024
+
 // syncLoop makes groups of written slots durable, then indexes them:
 // data -> fdatasync -> index commit.
 func (s *Store) syncLoop() {
 	defer s.syncWG.Done()
-	group := make([]*writeJob, 0, 64)
+	group := make([]*writeJob, 0, maxSyncGroup)
 	for {
 		job, ok := <-s.written
 		if !ok {

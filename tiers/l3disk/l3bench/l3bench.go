@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -58,7 +59,8 @@ type Options struct {
 	// Seed makes the page contents.
 	Seed uint64
 	// Rounds is how many times both the store and fio run, interleaved;
-	// the best round of each counts (the machine may be shared).
+	// the median of each side counts (a shared machine makes single
+	// rounds noisy, and a best-of would reward one side's lucky burst).
 	Rounds int
 }
 
@@ -91,21 +93,23 @@ func Run(ctx context.Context, o Options) (res []benchreport.Result, err error) {
 	defer func() { err = errors.Join(err, os.RemoveAll(tmp)) }()
 
 	fio, fioErr := findFio(o.Fio)
-	var fw, fr float64
+	var fws, frs []float64
 	fioRound := func() error {
 		if fioErr != nil {
 			return nil
 		}
 		w, rd, err := runFio(ctx, fio, filepath.Join(tmp, "fio.dat"), l3disk.SlotBytes(o.PageBytes), int64(o.Pages), o.Depth)
-		fw, fr = max(fw, w), max(fr, rd)
+		fws, frs = append(fws, w), append(frs, rd)
 		return err
 	}
-	spill, reload, direct, err := runStore(ctx, o, filepath.Join(tmp, "store"), fioRound)
+	spills, reloads, direct, err := runStore(ctx, o, filepath.Join(tmp, "store"), fioRound)
 	if err != nil {
 		return nil, err
 	}
+	spill, reload := median(spills), median(reloads)
+	fw, fr := median(fws), median(frs)
 	slot := l3disk.SlotBytes(o.PageBytes)
-	note := fmt.Sprintf("%d pages of %.2f MiB (slot %d B), batch %d, depth %d, index %s, %s, best of %d rounds",
+	note := fmt.Sprintf("%d pages of %.2f MiB (slot %d B), batch %d, depth %d, index %s, %s, median of %d rounds interleaved with fio",
 		o.Pages, float64(o.PageBytes)/mib, slot, o.Batch, o.Depth, o.Index,
 		map[bool]string{true: "O_DIRECT", false: "buffered+fdatasync (O_DIRECT refused)"}[direct], o.Rounds)
 	rs := benchreport.Result{Bench: "l3/spill", Value: spill, Unit: "MiB/s", Target: Target,
@@ -153,12 +157,12 @@ func openIndex(ctx context.Context, o Options, dir string) (indexes.Index, error
 }
 
 // runStore spills and reloads o.Pages pages o.Rounds times through one
-// store, deleting them between rounds, calls between(), and returns the
-// best rates in MiB/s of payload.
-func runStore(ctx context.Context, o Options, tmp string, between func() error) (spill, reload float64, direct bool, err error) {
+// store, deleting them between rounds and calling between() after each,
+// and returns each round's rates in MiB/s of payload.
+func runStore(ctx context.Context, o Options, tmp string, between func() error) (spill, reload []float64, direct bool, err error) {
 	ix, err := openIndex(ctx, o, filepath.Join(tmp, "index"))
 	if err != nil {
-		return 0, 0, false, fmt.Errorf("l3 bench: %w", err)
+		return nil, nil, false, fmt.Errorf("l3 bench: %w", err)
 	}
 	defer func() { err = errors.Join(err, ix.Close()) }()
 	geom := tiers.PayloadGeometry{PageTokens: 512, Kinds: []tiers.PayloadSpec{{Name: "kv", PageBytes: o.PageBytes}}}
@@ -172,7 +176,7 @@ func runStore(ctx context.Context, o Options, tmp string, between func() error) 
 	scfg.Stale = l2hugetlb.StaleRemove
 	slab, err := l2hugetlb.Open(ctx, env, scfg)
 	if err != nil {
-		return 0, 0, false, fmt.Errorf("l3 bench: slab: %w", err)
+		return nil, nil, false, fmt.Errorf("l3 bench: slab: %w", err)
 	}
 	defer func() { err = errors.Join(err, slab.Close()) }()
 	env.Slab, env.Index = slab, ix
@@ -184,7 +188,7 @@ func runStore(ctx context.Context, o Options, tmp string, between func() error) 
 	cfg.Depth, cfg.ODirect, cfg.PLPProbes = o.Depth, o.ODirect, 0
 	st, err := l3disk.Open(ctx, env, cfg)
 	if err != nil {
-		return 0, 0, false, fmt.Errorf("l3 bench: %w", err)
+		return nil, nil, false, fmt.Errorf("l3 bench: %w", err)
 	}
 	defer func() { err = errors.Join(err, st.Close()) }()
 	direct = st.Direct()
@@ -239,7 +243,7 @@ func runStore(ctx context.Context, o Options, tmp string, between func() error) 
 		for base := 0; base < o.Pages; base += o.Batch {
 			region := batchNo % 2
 			if err := wait(func() bool { return pendingGather[region] <= 0 }); err != nil {
-				return 0, 0, direct, err
+				return nil, nil, direct, err
 			}
 			n := min(o.Batch, o.Pages-base)
 			reqs := make([]tiers.PutRequest, n)
@@ -247,7 +251,7 @@ func runStore(ctx context.Context, o Options, tmp string, between func() error) 
 				sp := span(region, i)
 				b, err := slab.Bytes(sp)
 				if err != nil {
-					return 0, 0, direct, err
+					return nil, nil, direct, err
 				}
 				pageContent(b, pattern, base+i)
 				reqs[i] = tiers.PutRequest{Key: pageKey(o.Seed, round, base+i), Src: sp}
@@ -258,17 +262,17 @@ func runStore(ctx context.Context, o Options, tmp string, between func() error) 
 			pendingGather[region] += n
 			id, err := st.Put(ctx, reqs)
 			if err != nil {
-				return 0, 0, direct, fmt.Errorf("l3 bench: put: %w", err)
+				return nil, nil, direct, fmt.Errorf("l3 bench: put: %w", err)
 			}
 			regionOf[id] = region
 			batchNo++
 		}
 		if err := wait(func() bool { return durable+failed == o.Pages }); err != nil {
-			return 0, 0, direct, err
+			return nil, nil, direct, err
 		}
 		spillDur := time.Since(t0)
 		if failed > 0 {
-			return 0, 0, direct, fmt.Errorf("l3 bench: %d of %d puts failed, first: %w", failed, o.Pages, firstErr)
+			return nil, nil, direct, fmt.Errorf("l3 bench: %d of %d puts failed, first: %w", failed, o.Pages, firstErr)
 		}
 
 		// Reload, verifying every byte outside the timer.
@@ -283,37 +287,51 @@ func runStore(ctx context.Context, o Options, tmp string, between func() error) 
 			results := make([]error, n)
 			t := time.Now()
 			if err := st.Get(ctx, reqs, results); err != nil {
-				return 0, 0, direct, fmt.Errorf("l3 bench: get: %w", err)
+				return nil, nil, direct, fmt.Errorf("l3 bench: get: %w", err)
 			}
 			reloadDur += time.Since(t)
 			for i := range n {
 				if results[i] != nil {
-					return 0, 0, direct, fmt.Errorf("l3 bench: reload of page %d: %w", base+i, results[i])
+					return nil, nil, direct, fmt.Errorf("l3 bench: reload of page %d: %w", base+i, results[i])
 				}
 				got, err := slab.Bytes(reqs[i].Dst)
 				if err != nil {
-					return 0, 0, direct, err
+					return nil, nil, direct, err
 				}
 				pageContent(want, pattern, base+i)
 				if !bytes.Equal(got, want) {
-					return 0, 0, direct, fmt.Errorf("l3 bench: page %d reloaded with wrong bytes", base+i)
+					return nil, nil, direct, fmt.Errorf("l3 bench: page %d reloaded with wrong bytes", base+i)
 				}
 			}
 		}
-		spill = max(spill, total/spillDur.Seconds())
-		reload = max(reload, total/reloadDur.Seconds())
+		spill = append(spill, total/spillDur.Seconds())
+		reload = append(reload, total/reloadDur.Seconds())
 		keys := make([]tiers.Key, o.Pages)
 		for i := range keys {
 			keys[i] = pageKey(o.Seed, round, i)
 		}
 		if err := st.Delete(ctx, keys); err != nil {
-			return 0, 0, direct, fmt.Errorf("l3 bench: delete round %d: %w", round, err)
+			return nil, nil, direct, fmt.Errorf("l3 bench: delete round %d: %w", round, err)
 		}
 		if err := between(); err != nil {
-			return 0, 0, direct, err
+			return nil, nil, direct, err
 		}
 	}
 	return spill, reload, direct, nil
+}
+
+// median returns the median of xs (the mean of the middle two for an
+// even count), 0 for none.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func fillPattern(b []byte, seed uint64) {
