@@ -29,6 +29,11 @@ workload) through the radix tree in metadata mode and prints, per capacity
 and policy, the token hit rate, hit and input tokens, evictions, node count
 and why blocks missed, with the Belady and infinite-capacity bounds as rows.
 One trace block is one 512-token page; capacity in blocks = floor(tokens/512).
+Per request: prefix hit = the longest run of leading blocks present; hit
+tokens = min(512 x hit blocks, input_length); then the whole input is
+inserted with the request's own blocks locked, evicting leaves (trimmed from
+the tail when only part is needed). A request longer than the capacity
+inserts only the leading blocks that fit; the rest count as NOT ADMITTED.
 
 flags:
 `

@@ -426,3 +426,17 @@ func (t *Tree) split(c *Node, k int) *Node {
 	t.ev.Update(t.info(c))
 	return p
 }
+
+// ResidentPages returns how many leading pages of path (a Match path) tier
+// (1-based) holds: the pages of the path's nodes up to the first node the
+// tier does not hold. A host loads back or reloads the rest.
+func ResidentPages(path []*Node, tier int) int {
+	pages := 0
+	for _, n := range path {
+		if !n.residency.Has(tier) {
+			break
+		}
+		pages += len(n.hashes)
+	}
+	return pages
+}
