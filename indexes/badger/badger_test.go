@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	badgerdb "github.com/dgraph-io/badger/v4"
 	"github.com/goccy/go-yaml"
@@ -255,3 +256,27 @@ func TestCorruptRecord(t *testing.T) {
 }
 
 func newRand() *rand.Rand { return rand.New(rand.NewPCG(7, 7)) }
+
+// FuzzConfigString checks that String is a YAML encoding Validate and the
+// strict decoder accept back unchanged, for any directory name that is
+// valid UTF-8 (YAML text is UTF-8; a path that is not cannot be written in
+// a config file at all).
+func FuzzConfigString(f *testing.F) {
+	f.Add("", true, int64(64<<20), int64(16<<20))
+	f.Add("/var/lib/kvtier/badger", false, int64(1<<20), int64(0))
+	f.Add("a\"b\\c\n\t: #x", true, int64(1<<30), int64(64<<30))
+	f.Add("\u00e9\u2028\x7f", false, int64(3<<20), int64(12345))
+	f.Fuzz(func(t *testing.T, dir string, sync bool, memtable, cache int64) {
+		c := Config{Dir: dir, Sync: sync, MemTableBytes: memtable, BlockCacheBytes: cache}
+		if !utf8.ValidString(dir) || c.Validate() != nil {
+			return
+		}
+		var back Config
+		if err := yaml.UnmarshalWithOptions([]byte(c.String()), &back, yaml.DisallowUnknownField()); err != nil {
+			t.Fatalf("decode %q: %v", c.String(), err)
+		}
+		if back != c {
+			t.Fatalf("round trip of %q = %+v, want %+v", c.String(), back, c)
+		}
+	})
+}

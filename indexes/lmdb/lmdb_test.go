@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	mdb "github.com/PowerDNS/lmdb-go/lmdb"
 	"github.com/goccy/go-yaml"
@@ -557,4 +558,28 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// FuzzConfigString checks that String is a YAML encoding Validate and the
+// strict decoder accept back unchanged, for any directory name that is
+// valid UTF-8 (YAML text is UTF-8; a path that is not cannot be written in
+// a config file at all).
+func FuzzConfigString(f *testing.F) {
+	f.Add("", int64(1<<30), 1024, SyncFull)
+	f.Add("/var/lib/kvtier/index", int64(64<<10), 8, SyncNone)
+	f.Add("a\"b\\c\n\t: #x", int64(1<<40), 65536, SyncNoMeta)
+	f.Add("\u00e9\u2028\x7f", int64(1<<20), 100, SyncFull)
+	f.Fuzz(func(t *testing.T, dir string, mapSize int64, readers int, sync string) {
+		c := Config{Dir: dir, MapSizeBytes: mapSize, MaxReaders: readers, Sync: sync}
+		if !utf8.ValidString(dir) || !utf8.ValidString(sync) || c.Validate() != nil {
+			return
+		}
+		var back Config
+		if err := yaml.UnmarshalWithOptions([]byte(c.String()), &back, yaml.DisallowUnknownField()); err != nil {
+			t.Fatalf("decode %q: %v", c.String(), err)
+		}
+		if back != c {
+			t.Fatalf("round trip of %q = %+v, want %+v", c.String(), back, c)
+		}
+	})
 }
