@@ -38,7 +38,8 @@ const PageBytes = 2816 << 10
 type Config struct {
 	// Plugin is the path of the memstore example plugin binary.
 	Plugin string
-	// SlabDir is where the shared slab file is created (a tmpfs).
+	// SlabDir is the tmpfs where the shared slab files go when the
+	// hugetlbfs mount (/dev/hugepages) is missing or full.
 	SlabDir string
 	// BatchPages is the large batch size (default 128).
 	BatchPages int
@@ -67,7 +68,7 @@ func (c *Config) defaults() {
 // Pair is a store opened twice: in process and behind the plugin, over one
 // slab.
 type Pair struct {
-	Slab     *slabfile.Slab
+	Slab     tiers.Slab
 	InProc   tiers.Store
 	Plugin   tiers.Store
 	payload  tiers.PayloadGeometry
@@ -83,7 +84,7 @@ func Open(ctx context.Context, cfg Config) (*Pair, error) {
 	if err != nil {
 		return nil, err
 	}
-	slab, err := slabfile.Create(cfg.SlabDir, "bench-plugin", 2<<20, int64(cfg.BatchPages)*PageBytes)
+	slab, err := slabfile.Open(ctx, cfg.Logger, cfg.SlabDir, "bench-plugin", int64(cfg.BatchPages)*PageBytes, true)
 	if err != nil {
 		return nil, fmt.Errorf("bench plugin: %w", err)
 	}

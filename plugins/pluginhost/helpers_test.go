@@ -97,13 +97,13 @@ func testPayload() tiers.PayloadGeometry {
 }
 
 // newSlab makes a file-backed slab a plugin process can map.
-func newSlab(t *testing.T, size int64) *slabfile.Slab {
+func newSlab(t *testing.T, size int64) tiers.Slab {
 	t.Helper()
 	dir := "/dev/shm"
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 		dir = t.TempDir()
 	}
-	s, err := slabfile.Create(dir, "test-stack", 4096, size)
+	s, err := slabfile.Open(context.Background(), nil, dir, "test-stack", size, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,5 +197,3 @@ func (x *Index) pid() int {
 	}
 	return x.gen.proc.pid
 }
-
-var _ = context.Background

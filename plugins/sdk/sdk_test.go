@@ -63,7 +63,7 @@ func memstorePlugin() Plugin {
 	}}
 }
 
-func openRequest(slab *slabfile.Slab) *storev1.OpenRequest {
+func openRequest(slab tiers.Slab) *storev1.OpenRequest {
 	return &storev1.OpenRequest{
 		Name: "t", StackId: "s", Rank: 0, WorldSize: 1,
 		Payload:    wire.Payload(tiers.PayloadGeometry{PageTokens: 4, Kinds: []tiers.PayloadSpec{{Name: "kv", PageBytes: pageBytes}}}),
@@ -82,7 +82,7 @@ func key(i int) *storev1.Key {
 // puts under host batch ids, acks translated back to them, gets through the
 // shared slab, and Close delivering the last acks before the stream ends.
 func TestStoreServer(t *testing.T) {
-	slab, err := slabfile.Create(t.TempDir(), "s", 4096, 64*pageBytes)
+	slab, err := slabfile.Open(context.Background(), nil, t.TempDir(), "s", 64*pageBytes, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,12 +197,12 @@ func TestStoreServer(t *testing.T) {
 func TestStoreServerSlabUnmappable(t *testing.T) {
 	srv := newStoreServer(memstorePlugin(), slog.New(slog.DiscardHandler))
 	c := storev1.NewStoreClient(serve(t, func(s *grpc.Server) { storev1.RegisterStoreServer(s, srv) }))
-	slab, err := slabfile.Create(t.TempDir(), "s", 4096, 8*pageBytes)
+	slab, err := slabfile.Open(context.Background(), nil, t.TempDir(), "s", 8*pageBytes, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	req := openRequest(slab)
-	slab.Close() // removes the file
+	slab.Close() // removes the files and the lock
 	reply, err := c.Open(context.Background(), req)
 	if err != nil || reply.GetSlabMapped() {
 		t.Fatalf("open over a missing slab file: %v %v, want slab_mapped=false", reply, err)

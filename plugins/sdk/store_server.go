@@ -12,10 +12,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvtier/kvtier/pagehash"
-	"github.com/kvtier/kvtier/plugins/internal/slabfile"
 	"github.com/kvtier/kvtier/plugins/internal/wire"
 	"github.com/kvtier/kvtier/plugins/proto/storev1"
 	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/l2hugetlb"
 )
 
 // closeAckWait bounds how long Close waits for the ack stream to deliver
@@ -30,7 +30,7 @@ type storeServer struct {
 
 	mu       sync.Mutex
 	store    tiers.Store
-	slab     *slabfile.Slab
+	slab     tiers.Slab
 	kinds    int
 	closed   bool
 	closing  chan struct{} // closed by Close: the ack stream sends what is left and ends
@@ -83,7 +83,9 @@ func (s *storeServer) Open(ctx context.Context, req *storev1.OpenRequest) (*stor
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "store plugin open: %v", err)
 	}
-	slab, err := slabfile.Attach(geom)
+	// The host's slab is an l2hugetlb slab: attach by path, holding its
+	// stack lock shared so a new host never reuses files we have mapped.
+	slab, err := l2hugetlb.Attach(ctx, s.logger, geom)
 	if err != nil {
 		// The host refuses a store that cannot map the slab; say so
 		// rather than fail the call, so its message is the clear one.
