@@ -128,7 +128,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			progressbar.OptionClearOnFinish())
 		plan.Progress = func(n int) { _ = bar.Add(n) }
 	}
-	results, err := replay.RunPlan(tr, policies, plan)
+	results, err := replay.RunPlan(ctx, tr, policies, plan)
 	if bar != nil {
 		_ = bar.Finish()
 	}

@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"runtime"
@@ -106,8 +107,9 @@ func (tailRanked) TailRanked() bool { return true }
 
 // RunPlan runs every replay of p on tr, in parallel, each on its own tree
 // replica and evictor, and returns the results in the plan's order. The
-// results do not depend on Parallel.
-func RunPlan(tr *Trace, reg *policy.Registry, p Plan) ([]Result, error) {
+// results do not depend on Parallel. Cancelling ctx stops every replay
+// within a few hundred requests and returns ctx's error.
+func RunPlan(ctx context.Context, tr *Trace, reg *policy.Registry, p Plan) ([]Result, error) {
 	jobs := p.jobs()
 	evs := make([]policy.Evictor, len(jobs))
 	for i, j := range jobs {
@@ -130,7 +132,7 @@ func RunPlan(tr *Trace, reg *policy.Registry, p Plan) ([]Result, error) {
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				results[i], errs[i] = runOne(tr, evs[i], jobs[i].capacity, p.Breakdown, p.Progress)
+				results[i], errs[i] = runOne(ctx, tr, evs[i], jobs[i].capacity, p.Breakdown, p.Progress)
 			}
 		}()
 	}
@@ -139,13 +141,16 @@ func RunPlan(tr *Trace, reg *policy.Registry, p Plan) ([]Result, error) {
 	}
 	close(next)
 	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return results, fmt.Errorf("replay %s: %w", tr.Name, err)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return results, err
 	}
 	return results, nil
 }
 
-func runOne(tr *Trace, ev policy.Evictor, capacity int64, breakdown bool, progress func(int)) (Result, error) {
+func runOne(ctx context.Context, tr *Trace, ev policy.Evictor, capacity int64, breakdown bool, progress func(int)) (Result, error) {
 	r, err := newRunner(tr, ev, capacity, breakdown)
 	if err != nil {
 		return Result{}, err
@@ -155,8 +160,13 @@ func runOne(tr *Trace, ev policy.Evictor, capacity int64, breakdown bool, progre
 		if err := r.request(i); err != nil {
 			return r.finish(), fmt.Errorf("policy %s at %d tokens: %w", ev.Name(), capacity, err)
 		}
-		if progress != nil && (i+1)%every == 0 {
-			progress(every)
+		if (i+1)%every == 0 {
+			if ctx.Err() != nil {
+				return r.finish(), ctx.Err()
+			}
+			if progress != nil {
+				progress(every)
+			}
 		}
 	}
 	if progress != nil {

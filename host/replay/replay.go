@@ -21,6 +21,7 @@
 package replay
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/kvtier/kvtier/host/radix"
@@ -105,7 +106,7 @@ const (
 // nil, is called now and then with the number of requests replayed since
 // its last call.
 func Run(tr *Trace, ev policy.Evictor, capacityTokens int64, progress func(int)) (Result, error) {
-	return runOne(tr, ev, capacityTokens, true, progress)
+	return runOne(context.Background(), tr, ev, capacityTokens, true, progress)
 }
 
 // runner is one replay in progress.

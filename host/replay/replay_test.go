@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"context"
 	"errors"
 	"math"
 	"os"
@@ -76,7 +77,7 @@ func registry(t testing.TB) *policy.Registry {
 func TestMooncakeAnchor(t *testing.T) {
 	tr := sharedTrace(t, "mooncake_synthetic_trace.jsonl")
 	reg := registry(t)
-	res, err := RunPlan(tr, reg, Plan{
+	res, err := RunPlan(context.Background(), tr, reg, Plan{
 		Policies:   []Spec{{Name: "lru"}},
 		Capacities: []int64{3_000_000},
 		Belady:     true,
@@ -149,12 +150,12 @@ func TestParallelIsDeterministic(t *testing.T) {
 		Breakdown:  true,
 	}
 	plan.Parallel = 1
-	a, err := RunPlan(tr, reg, plan)
+	a, err := RunPlan(context.Background(), tr, reg, plan)
 	if err != nil {
 		t.Fatal(err)
 	}
 	plan.Parallel = 4
-	b, err := RunPlan(tr, reg, plan)
+	b, err := RunPlan(context.Background(), tr, reg, plan)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,5 +355,15 @@ func TestAgreesWithBlockSimulator(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestRunPlanCancelled: a cancelled context stops the plan with its error.
+func TestRunPlanCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := RunPlan(ctx, generated(t), registry(t), Plan{Policies: []Spec{{Name: "lru"}}, Capacities: []int64{4096}, Infinite: true})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %v, want context.Canceled", err)
 	}
 }
