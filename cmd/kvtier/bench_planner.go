@@ -5,7 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"runtime"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/kvtier/kvtier/internal/benchreport"
@@ -21,7 +23,8 @@ func runBenchPlanner(ctx context.Context, args []string, stdout, stderr io.Write
 	fs := flag.NewFlagSet("bench planner", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print one JSON object per line")
-	minTime := fs.Duration("min-time", 300*time.Millisecond, "time spent measuring each planner per scenario")
+	minTime := fs.Duration("min-time", 500*time.Millisecond, "time spent measuring each planner per scenario, over all rounds")
+	rounds := fs.Int("rounds", 5, "alternating timed rounds per planner (the median counts)")
 	candidates := fs.Int("candidates", 2000, "evictable leaves per scenario")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("bench planner: %w: %w", err, errUsage)
@@ -29,8 +32,8 @@ func runBenchPlanner(ctx context.Context, args []string, stdout, stderr io.Write
 	if fs.NArg() != 0 {
 		return fmt.Errorf("bench planner: unexpected arguments %v: %w", fs.Args(), errUsage)
 	}
-	if *candidates <= 0 || *minTime <= 0 {
-		return fmt.Errorf("bench planner: --candidates and --min-time must be positive: %w", errUsage)
+	if *candidates <= 0 || *minTime <= 0 || *rounds <= 0 {
+		return fmt.Errorf("bench planner: --candidates, --min-time and --rounds must be positive: %w", errUsage)
 	}
 	var results []benchreport.Result
 	for _, sc := range planner.BenchScenarios() {
@@ -48,50 +51,74 @@ func runBenchPlanner(ctx context.Context, args []string, stdout, stderr io.Write
 		if !slices.Equal(gp.Victims, hp.Victims) || !slices.Equal(gp.Remaining, hp.Remaining) {
 			return fmt.Errorf("bench planner %s: heap and greedy plans differ (a bug: the property test should have caught it)", sc.Label())
 		}
-		gt, err := timePlan(ctx, greedy, in, *minTime)
+		ts, err := timePlans(ctx, []policy.Planner{greedy, heap}, in, *minTime/time.Duration(*rounds), *rounds)
 		if err != nil {
 			return err
 		}
-		ht, err := timePlan(ctx, heap, in, *minTime)
-		if err != nil {
-			return err
-		}
-		gms, hms := seconds(gt)*1e3, seconds(ht)*1e3
+		gms, hms := ts[0].Seconds()*1e3, ts[1].Seconds()*1e3
 		note := fmt.Sprintf("%d nodes, %d victims", len(in.Nodes), len(hp.Victims))
 		results = append(results,
 			benchreport.Result{Bench: "planner/greedy/" + sc.Label(), Value: gms, Unit: "ms", Note: note + "; reference"},
 			benchreport.Result{
 				Bench: "planner/heap/" + sc.Label(), Value: hms, Unit: "ms",
 				Limit: gms, LimitName: "greedy", Ratio: gms / hms, Target: 30,
-				Note: note + "; ratio = greedy/heap (speedup); target heap <= 2 ms single-owner, >= 30x",
+				Note: note + "; CPU ms per call, median of alternating rounds, one P; ratio = greedy/heap (speedup); target heap <= 2 ms single-owner, >= 30x",
 			})
 	}
 	return benchreport.Write(stdout, results, *asJSON)
 }
 
-func seconds(d time.Duration) float64 { return d.Seconds() }
+// timePlans times planners on in: rounds alternate between them so both
+// see the same machine state, each round runs one planner for at least
+// round (and at least 3 calls) and measures CPU time of the process per
+// call (user + system, GC included; the process is pinned to one P while
+// it runs). The median round counts. On a shared machine the wall clock
+// also counts time spent waiting for a core, which says nothing about the
+// code; CPU time does not.
+func timePlans(ctx context.Context, ps []policy.Planner, in policy.PlanInput, round time.Duration, rounds int) ([]time.Duration, error) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	per := make([][]time.Duration, len(ps))
+	for _, p := range ps {
+		for i := 0; i < 3; i++ { // warm scratch space and caches
+			if _, err := p.Plan(in); err != nil {
+				return nil, fmt.Errorf("bench planner: %s: %w", p.Name(), err)
+			}
+		}
+	}
+	for r := 0; r < rounds; r++ {
+		for k, p := range ps {
+			if err := ctx.Err(); err != nil {
+				return nil, fmt.Errorf("bench planner: %w", err)
+			}
+			runtime.GC()
+			n := 0
+			start, cpu0 := time.Now(), cpuTime()
+			for n < 3 || time.Since(start) < round {
+				if _, err := p.Plan(in); err != nil {
+					return nil, fmt.Errorf("bench planner: %s: %w", p.Name(), err)
+				}
+				n++
+			}
+			elapsed := cpuTime() - cpu0
+			if elapsed <= 0 {
+				elapsed = time.Since(start)
+			}
+			per[k] = append(per[k], elapsed/time.Duration(n))
+		}
+	}
+	out := make([]time.Duration, len(ps))
+	for k := range per {
+		slices.Sort(per[k])
+		out[k] = per[k][len(per[k])/2]
+	}
+	return out, nil
+}
 
-// timePlan returns the median time of one Plan call over runs spanning at
-// least minTime (and at least 5 runs). The median resists the noise of
-// other processes on a shared machine.
-func timePlan(ctx context.Context, p policy.Planner, in policy.PlanInput, minTime time.Duration) (time.Duration, error) {
-	for i := 0; i < 3; i++ { // warm scratch space and caches
-		if _, err := p.Plan(in); err != nil {
-			return 0, fmt.Errorf("bench planner: %s: %w", p.Name(), err)
-		}
+// cpuTime returns the user + system CPU time of this process so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
 	}
-	var runs []time.Duration
-	start := time.Now()
-	for len(runs) < 5 || time.Since(start) < minTime {
-		if err := ctx.Err(); err != nil {
-			return 0, fmt.Errorf("bench planner: %w", err)
-		}
-		t0 := time.Now()
-		if _, err := p.Plan(in); err != nil {
-			return 0, fmt.Errorf("bench planner: %s: %w", p.Name(), err)
-		}
-		runs = append(runs, time.Since(t0))
-	}
-	slices.Sort(runs)
-	return runs[len(runs)/2], nil
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
