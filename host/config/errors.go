@@ -117,8 +117,9 @@ func describeNode(node ast.Node) string {
 // source is a parsed config: its name, bytes and AST, used to turn paths
 // and tokens into positions and annotated excerpts.
 type source struct {
-	name string
-	file *ast.File
+	name  string
+	file  *ast.File
+	lines int // lines in the config, to clamp positions the parser overshoots
 }
 
 // errAt returns an *Error at the YAML path, located in the source: the
@@ -194,6 +195,11 @@ func (s *source) locate(e *Error, tok *token.Token) {
 		return
 	}
 	e.Line, e.Column = tok.Position.Line, tok.Position.Column
+	if s.lines > 0 && e.Line > s.lines {
+		// NB: goccy/go-yaml reports some errors at end of input one line
+		// past the last (found by FuzzLoad); name the last line instead.
+		e.Line, e.Column = s.lines, 1
+	}
 	var pp printer.Printer
 	e.Source = strings.TrimRight(pp.PrintErrorToken(tok, false), "\n")
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	_ "embed"
 	"fmt"
 	"os"
@@ -63,7 +64,7 @@ func Load(data []byte, name string, m Modules) (*Stack, error) {
 	if m.Policies == nil {
 		m.Policies = policy.NewRegistry()
 	}
-	src := &source{name: name}
+	src := &source{name: name, lines: bytes.Count(data, []byte("\n")) + 1}
 	file, err := parser.ParseBytes(data, 0)
 	if err != nil {
 		return nil, src.fromDecode(err, "", nil)
@@ -87,8 +88,11 @@ func Load(data []byte, name string, m Modules) (*Stack, error) {
 	if body.Type() != ast.MappingType {
 		return nil, src.errAt("$", nil, "want a mapping at the top level, got %s", describeNode(body))
 	}
+	if err := src.checkTags(body); err != nil {
+		return nil, err
+	}
 	raw := defaultRaw()
-	if err := yaml.NodeToValue(body, &raw, yaml.Strict()); err != nil {
+	if err := decodeNode(body, &raw, yaml.Strict()); err != nil {
 		return nil, src.fromDecode(err, "$", reflect.TypeOf(raw))
 	}
 	if err := src.required(&raw); err != nil {
@@ -174,6 +178,36 @@ func defaultRaw() rawStack {
 		Metrics:     rawEndpoint{Listen: DefaultMetricsListen},
 		API:         rawEndpoint{Listen: DefaultAPIListen},
 	}
+}
+
+// decodeNode is yaml.NodeToValue that turns a panic of the decoder (a bug
+// of goccy/go-yaml on odd input, found by FuzzLoad) into an error at the
+// node, so a bad config never takes the process down.
+func decodeNode(node ast.Node, v any, opts ...yaml.DecodeOption) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = nodeErr(node, "the YAML decoder failed on this value (%v); simplify it", r)
+		}
+	}()
+	return yaml.NodeToValue(node, v, opts...)
+}
+
+// checkTags refuses a tag without a value (`tiers: !x`), on which the
+// decoder dereferences nil (found by FuzzLoad).
+func (s *source) checkTags(body ast.Node) error {
+	var bad *ast.TagNode
+	ast.Walk(visitor(func(n ast.Node) bool {
+		if t, ok := n.(*ast.TagNode); ok && bad == nil && (t.Value == nil || t.Value.Type() == ast.NullType) {
+			bad = t
+		}
+		return bad == nil
+	}), body)
+	if bad == nil {
+		return nil
+	}
+	e := &Error{File: s.name, Path: bad.GetPath(), Msg: fmt.Sprintf("tag %s has no value", bad.Start.Value)}
+	s.locate(e, bad.GetToken())
+	return e
 }
 
 // strictInt is an int that refuses anything but a YAML integer (the
@@ -359,7 +393,7 @@ func (s *source) decodeModule(path string, node ast.Node, cfg any, module string
 		return nil, s.errAt(path, nil, "module %s: NewConfig returned %T, want a pointer to a struct", module, cfg)
 	}
 	if !empty {
-		if err := yaml.NodeToValue(node, cfg, yaml.Strict()); err != nil {
+		if err := decodeNode(node, cfg, yaml.Strict()); err != nil {
 			e := s.fromDecode(err, path, reflect.TypeOf(cfg))
 			e.Msg = fmt.Sprintf("%s (config of %s)", e.Msg, module)
 			return nil, e
@@ -388,7 +422,7 @@ func (s *source) plugin(path string, rp *rawPlugin) (*PluginSpec, error) {
 // that a Stack printed by String and loaded again holds the same bytes.
 func canonicalYAML(node ast.Node) ([]byte, error) {
 	var v any
-	if err := yaml.NodeToValue(node, &v, yaml.UseOrderedMap()); err != nil {
+	if err := decodeNode(node, &v, yaml.UseOrderedMap()); err != nil {
 		return nil, err
 	}
 	return yaml.Marshal(v)

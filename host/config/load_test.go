@@ -177,6 +177,7 @@ func TestLoadErrors(t *testing.T) {
 		// Syntax.
 		{name: "syntax", yaml: "version: 1\nmodel: {page_tokens: 512 #<\n", path: "", msg: "could not find flow mapping end token"},
 		{name: "tab indentation", yaml: "version: 1\nmodel:\n\tpage_tokens: 512 #<\n", path: "", msg: "cannot start any token"},
+		{name: "tag without value", yaml: "version: 1\n" + model + "tiers: !x #<\n", path: "$.tiers", msg: "tag !x has no value"},
 		{name: "duplicate key", yaml: "version: 1\n" + model + "version: 1 #<\n", path: "", msg: "already defined"},
 		// Unknown fields.
 		{name: "unknown top-level field", yaml: "version: 1\n" + model + "tier: [] #<\n", path: "$.tier", msg: `unknown field "tier" (known: version, model, tiers, policy, write_policy, ranks, metrics, api)`},
