@@ -1,11 +1,14 @@
 package workload_test
 
 import (
+	"context"
 	"math"
 	"testing"
 
-	"github.com/kvtier/kvtier/host/builtin"
 	"github.com/kvtier/kvtier/host/replay"
+	"github.com/kvtier/kvtier/policy"
+	"github.com/kvtier/kvtier/policy/belady"
+	"github.com/kvtier/kvtier/policy/lru"
 	"github.com/kvtier/kvtier/workload"
 )
 
@@ -25,11 +28,13 @@ func TestDefaultWorkloadProfile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, err := builtin.Policies()
-	if err != nil {
-		t.Fatal(err)
+	reg := policy.NewRegistry()
+	for _, register := range []func(*policy.Registry) error{lru.Register, belady.Register} {
+		if err := register(reg); err != nil {
+			t.Fatal(err)
+		}
 	}
-	res, err := replay.RunPlan(tr, reg, replay.Plan{
+	res, err := replay.RunPlan(context.Background(), tr, reg, replay.Plan{
 		Policies:   []replay.Spec{{Name: "lru"}},
 		Capacities: []int64{1e6, 3e6, 10e6},
 		Belady:     true,
