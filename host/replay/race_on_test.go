@@ -1,0 +1,8 @@
+//go:build race
+
+package replay
+
+// raceBuild is true under -race, where the single-threaded, trace-sized
+// checks shrink (they run in full in the plain test pass) and the time
+// goes to what the race detector can find.
+const raceBuild = true
