@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,8 +20,8 @@ import (
 // Store is the L3 disk tier: Store v1 over preallocated slab files of
 // fixed-size slots on one disk, located through an Index v1.
 //
-// Goroutines: a gatherer copies put sources from the slab into aligned
-// staging buffers (then acks gathered); the writer owns the slot pools,
+// Goroutines: gatherers copy put sources from the slab into aligned
+// staging buffers (then ack gathered); the writer owns the slot pools,
 // the LRU and garbage collection and dispatches writes; Depth I/O workers
 // write slots; a syncer makes groups of written slots durable (fdatasync)
 // and then indexes them, in that order. Gets run on the caller's goroutine
@@ -300,8 +301,17 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 	// the syncer makes the previous group durable, and groups grow.
 	s.written = make(chan *writeJob, maxSyncGroup)
 	s.commits = make(chan []*writeJob, 4)
-	s.gatherWG.Add(1)
-	go s.gatherLoop()
+	// Gatherers copy and checksum pages (memory-bound work); one per
+	// core up to Depth, so a many-core host is not capped at one core's
+	// memcpy rate.
+	for range max(1, min(cfg.Depth, runtime.GOMAXPROCS(0))) {
+		s.gatherWG.Add(1)
+		go s.gatherLoop()
+	}
+	go func() {
+		s.gatherWG.Wait()
+		close(s.gathered)
+	}()
 	s.writerWG.Add(1)
 	go s.writerLoop()
 	for range cfg.Depth {
@@ -466,10 +476,10 @@ func (s *Store) DrainAcks(dst []tiers.Ack) []tiers.Ack {
 // AckReady implements tiers.Store.
 func (s *Store) AckReady() <-chan struct{} { return s.ackReady }
 
-// gatherLoop copies put sources into staging buffers, in put order.
+// gatherLoop copies put sources into staging buffers. Several run; each
+// takes the oldest queued item.
 func (s *Store) gatherLoop() {
 	defer s.gatherWG.Done()
-	defer close(s.gathered)
 	for {
 		s.gatherMu.Lock()
 		var it putItem

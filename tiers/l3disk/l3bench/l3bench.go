@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"syscall"
 	"time"
 
 	hostconfig "github.com/kvtier/kvtier/host/config"
@@ -102,9 +103,13 @@ func Run(ctx context.Context, o Options) (res []benchreport.Result, err error) {
 		fws, frs = append(fws, w), append(frs, rd)
 		return err
 	}
-	spills, reloads, direct, err := runStore(ctx, o, filepath.Join(tmp, "store"), fioRound)
+	var cpuSpill, cpuReload time.Duration
+	spills, reloads, direct, err := runStore(ctx, o, filepath.Join(tmp, "store"), fioRound, &cpuSpill, &cpuReload)
 	if err != nil {
 		return nil, err
+	}
+	perPage := func(d time.Duration) string {
+		return fmt.Sprintf("%.0f µs", float64(d.Microseconds())/float64(o.Rounds*o.Pages))
 	}
 	spill, reload := median(spills), median(reloads)
 	fw, fr := median(fws), median(frs)
@@ -113,9 +118,9 @@ func Run(ctx context.Context, o Options) (res []benchreport.Result, err error) {
 		o.Pages, float64(o.PageBytes)/mib, slot, o.Batch, o.Depth, o.Index,
 		map[bool]string{true: "O_DIRECT", false: "buffered+fdatasync (O_DIRECT refused)"}[direct], o.Rounds)
 	rs := benchreport.Result{Bench: "l3/spill", Value: spill, Unit: "MiB/s", Target: Target,
-		Note: note + "; Put to last durable ack (data, fdatasync, index commit)"}
+		Note: note + "; Put to last durable ack (data, fdatasync, index commit); process CPU " + perPage(cpuSpill) + "/page"}
 	rr := benchreport.Result{Bench: "l3/reload", Value: reload, Unit: "MiB/s", Target: Target,
-		Note: note + "; Get calls only, byte verification outside the timer"}
+		Note: note + "; Get calls only, byte verification outside the timer; process CPU " + perPage(cpuReload) + "/page"}
 	if fioErr != nil {
 		rs.Note += "; no limit measured (" + fioErr.Error() + ")"
 		rr.Note += "; no limit measured (" + fioErr.Error() + ")"
@@ -159,7 +164,7 @@ func openIndex(ctx context.Context, o Options, dir string) (indexes.Index, error
 // runStore spills and reloads o.Pages pages o.Rounds times through one
 // store, deleting them between rounds and calling between() after each,
 // and returns each round's rates in MiB/s of payload.
-func runStore(ctx context.Context, o Options, tmp string, between func() error) (spill, reload []float64, direct bool, err error) {
+func runStore(ctx context.Context, o Options, tmp string, between func() error, cpuSpill, cpuReload *time.Duration) (spill, reload []float64, direct bool, err error) {
 	ix, err := openIndex(ctx, o, filepath.Join(tmp, "index"))
 	if err != nil {
 		return nil, nil, false, fmt.Errorf("l3 bench: %w", err)
@@ -238,7 +243,7 @@ func runStore(ctx context.Context, o Options, tmp string, between func() error) 
 			}
 			return nil
 		}
-		t0 := time.Now()
+		t0, c0 := time.Now(), processCPU()
 		batchNo := 0
 		for base := 0; base < o.Pages; base += o.Batch {
 			region := batchNo % 2
@@ -271,6 +276,7 @@ func runStore(ctx context.Context, o Options, tmp string, between func() error) 
 			return nil, nil, direct, err
 		}
 		spillDur := time.Since(t0)
+		*cpuSpill += processCPU() - c0
 		if failed > 0 {
 			return nil, nil, direct, fmt.Errorf("l3 bench: %d of %d puts failed, first: %w", failed, o.Pages, firstErr)
 		}
@@ -285,11 +291,12 @@ func runStore(ctx context.Context, o Options, tmp string, between func() error) 
 				reqs[i] = tiers.GetRequest{Key: pageKey(o.Seed, round, base+i), Dst: span(0, i)}
 			}
 			results := make([]error, n)
-			t := time.Now()
+			t, c := time.Now(), processCPU()
 			if err := st.Get(ctx, reqs, results); err != nil {
 				return nil, nil, direct, fmt.Errorf("l3 bench: get: %w", err)
 			}
 			reloadDur += time.Since(t)
+			*cpuReload += processCPU() - c
 			for i := range n {
 				if results[i] != nil {
 					return nil, nil, direct, fmt.Errorf("l3 bench: reload of page %d: %w", base+i, results[i])
@@ -318,6 +325,15 @@ func runStore(ctx context.Context, o Options, tmp string, between func() error) 
 		}
 	}
 	return spill, reload, direct, nil
+}
+
+// processCPU returns the process's user+system CPU time so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // median returns the median of xs (the mean of the middle two for an
