@@ -9,8 +9,8 @@
 // canonical Digest lets ranks prove it. Decisions read only replicated
 // fields: the tree shape, request lock refs (taken and released at
 // replicated points), the backup-pending marker (separate from request
-// locks) and the logical clock, a counter bumped once by every Match and
-// every Insert. Every order is total: ties are broken by node id, and node
+// locks) and the logical clock, a counter bumped once by every Match,
+// Insert and Extend. Every order is total: ties are broken by node id, and node
 // ids are assigned in creation order and never reused.
 //
 // Pages are identified by their prefix-chained page hash (package
@@ -116,7 +116,8 @@ func (t *Tree) Options() Options { return t.opts }
 // Root returns the root: it has no pages and is never evicted.
 func (t *Tree) Root() *Node { return t.root }
 
-// Clock returns the logical clock: the number of Match and Insert calls.
+// Clock returns the logical clock: the number of Match, Insert and Extend
+// calls so far.
 func (t *Tree) Clock() uint64 { return t.clock }
 
 // Pages returns the number of pages in the tree.
