@@ -109,10 +109,8 @@ func (p *Heap) Plan(in policy.PlanInput) (policy.Plan, error) {
 		} else if pi := g.parent[i]; pi >= 0 && g.left[pi] == 1 {
 			// The parent's last unplanned child now unlocks it: its score
 			// improved, so its old entry is no longer optimistic.
-			for _, c := range g.childIdx[g.childOff[pi]:g.childOff[pi+1]] {
-				if g.candidate(int(c)) {
-					p.push(entryOf(g.score(int(c)), int(c)))
-				}
+			if c := int(g.kidXor[pi]) - 1; c >= 0 && g.candidate(c) {
+				p.push(entryOf(g.score(c), c))
 			}
 		}
 	}

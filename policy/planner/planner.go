@@ -61,17 +61,19 @@ func OwnerCounts(depth, pages, cpSize int) []int {
 // graph is the validated, index-addressed form of a PlanInput shared by
 // both planners.
 type graph struct {
-	lanes    int
-	nodes    []policy.PlanNode
-	parent   []int32 // index of the parent in nodes, -1 if absent
-	left     []int   // children not yet planned away
-	childIdx []int32 // children of node i are childIdx[childOff[i]:childOff[i+1]]
-	childOff []int32
-	deficit  []int
-	freed    []int
-	taken    []bool
-	fill     []int32
-	index    idIndex
+	lanes  int
+	nodes  []policy.PlanNode
+	parent []int32 // index of the parent in nodes, -1 if absent
+	left   []int   // children not yet planned away
+	// kidsIn counts each node's children present in the input; kidXor
+	// is the XOR of (index + 1) over its children not yet planned, so when
+	// one is left, kidXor names it (0: the one left is not in the input).
+	kidsIn  []int32
+	kidXor  []int32
+	deficit []int
+	freed   []int
+	taken   []bool
+	index   idIndex
 }
 
 // idIndex maps node ids to input indexes for one planning call: open
@@ -152,13 +154,14 @@ func (g *graph) build(in policy.PlanInput) error {
 	g.parent = resize(g.parent, n)
 	g.left = resize(g.left, n)
 	g.taken = resize(g.taken, n)
-	g.childOff = resize(g.childOff, n+1)
-	g.childIdx = resize(g.childIdx, n)
+	g.kidsIn = resize(g.kidsIn, n)
+	g.kidXor = resize(g.kidXor, n)
 	g.deficit = append(g.deficit[:0], in.Deficits...)
 	g.freed = resize(g.freed, g.lanes)
 	clear(g.freed)
 	clear(g.taken)
-	clear(g.childOff)
+	clear(g.kidsIn)
+	clear(g.kidXor)
 	g.index.reset(n)
 	for i, nd := range in.Nodes {
 		if len(nd.Counts) != g.lanes {
@@ -184,21 +187,11 @@ func (g *graph) build(in policy.PlanInput) error {
 		}
 		g.parent[i] = p
 		if p >= 0 {
-			g.childOff[p+1]++
-		}
-	}
-	for i := 0; i < n; i++ {
-		if int(g.childOff[i+1]) > g.nodes[i].Children {
-			return fmt.Errorf("%w: node %d has %d children in the input but reports %d", ErrInput, g.nodes[i].ID, g.childOff[i+1], g.nodes[i].Children)
-		}
-		g.childOff[i+1] += g.childOff[i]
-	}
-	g.fill = append(g.fill[:0], g.childOff[:n]...)
-	fill := g.fill
-	for i := 0; i < n; i++ {
-		if p := g.parent[i]; p >= 0 {
-			g.childIdx[fill[p]] = int32(i)
-			fill[p]++
+			g.kidsIn[p]++
+			g.kidXor[p] ^= int32(i + 1)
+			if int(g.kidsIn[p]) > in.Nodes[p].Children {
+				return fmt.Errorf("%w: node %d has more children in the input than the %d it reports", ErrInput, in.Nodes[p].ID, in.Nodes[p].Children)
+			}
 		}
 	}
 	return nil
@@ -281,6 +274,7 @@ func (g *graph) take(i int, victims *[]policy.NodeID) int {
 		return -1
 	}
 	g.left[p]--
+	g.kidXor[p] ^= int32(i + 1)
 	if g.candidate(int(p)) {
 		return int(p)
 	}
