@@ -91,6 +91,14 @@ func Load(data []byte, name string, m Modules) (*Stack, error) {
 	if err := src.checkTags(body); err != nil {
 		return nil, err
 	}
+	// The version decides the schema: check it before strict decoding, so
+	// a config of a newer version is refused for its version, not for the
+	// first field this version does not know.
+	if n, ok := src.lookup("$.version").(*ast.IntegerNode); ok {
+		if v, ok := n.Value.(uint64); ok && v != Version {
+			return nil, src.errAt("$.version", nil, "unsupported version %d (this kvtier reads version %d)", v, Version)
+		}
+	}
 	raw := defaultRaw()
 	if err := decodeNode(body, &raw, yaml.Strict()); err != nil {
 		return nil, src.fromDecode(err, "$", reflect.TypeOf(raw))

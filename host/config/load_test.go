@@ -207,6 +207,7 @@ func TestLoadErrors(t *testing.T) {
 		{name: "missing plugin sha", yaml: "version: 1\n" + model + "tiers:\n" + slab + "  - name: r\n    role: store\n    plugin: #<\n      path: ./p\n", path: "$.tiers[1].plugin.sha256", msg: "missing required field: the plugin binary's SHA-256"},
 		// Impossible values and sizes.
 		{name: "version 2", yaml: "version: 2 #<\n" + model, path: "$.version", msg: "unsupported version 2 (this kvtier reads version 1)"},
+		{name: "version 2 with new fields", yaml: "version: 2 #<\n" + model + "placement: {spread: true}\n", path: "$.version", msg: "unsupported version 2 (this kvtier reads version 1)"},
 		{name: "page_tokens zero", yaml: "version: 1\nmodel:\n  page_tokens: 0 #<\n  payloads: [{name: kv, page_bytes: 2MiB}]\n", path: "$.model.page_tokens", msg: "must be in [1, 1048576], got 0"},
 		{name: "no payloads", yaml: "version: 1\nmodel:\n  page_tokens: 512\n  payloads: [] #<\n", path: "$.model.payloads", msg: "at least one payload kind"},
 		{name: "page_bytes zero", yaml: "version: 1\nmodel:\n  page_tokens: 512\n  payloads:\n    - name: kv\n      page_bytes: 0 #<\n", path: "$.model.payloads[0].page_bytes", msg: "must be positive, got 0 bytes"},
