@@ -8,9 +8,13 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/kvtier/kvtier/host/builtin"
 	"github.com/kvtier/kvtier/policy"
+	"github.com/kvtier/kvtier/policy/belady"
+	"github.com/kvtier/kvtier/policy/lru"
 	"github.com/kvtier/kvtier/policy/policytest"
+	"github.com/kvtier/kvtier/policy/s3fifo"
+	"github.com/kvtier/kvtier/policy/sieve"
+	"github.com/kvtier/kvtier/policy/slru"
 	"github.com/kvtier/kvtier/workload"
 )
 
@@ -60,11 +64,16 @@ func moduleRoot(t testing.TB) string {
 	}
 }
 
+// registry returns the real built-in eviction policies. It registers the
+// policy packages directly rather than through host/builtin, so these
+// tests do not build every tier and index module.
 func registry(t testing.TB) *policy.Registry {
 	t.Helper()
-	reg, err := builtin.Policies()
-	if err != nil {
-		t.Fatal(err)
+	reg := policy.NewRegistry()
+	for _, register := range []func(*policy.Registry) error{lru.Register, slru.Register, s3fifo.Register, sieve.Register, belady.Register} {
+		if err := register(reg); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return reg
 }
