@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -20,6 +21,7 @@ func FuzzReader(f *testing.F) {
 		`{"timestamp": 1, "input_length": 1, "output_length": 0, "hash_ids": [7]}` + "\n" + `{"timestamp": 0, "input_length": 1, "output_length": 0, "hash_ids": [7]}`,
 		`{"timestamp": 1, "x": {"a": [1, "b", null]}, "input_length": 0, "output_length": 0, "hash_ids": []}`,
 		`{"timestamp": 1.5}`,
+		`{"timestamp": 12.5, "input_length": 1, "output_length": 0, "hash_ids": [9]}`,
 		`{"\u0074imestamp": 1, "input_length": 513, "output_length": 0, "hash_ids": [1, 2]}`,
 		"\r\n\n{}",
 		`[`,
@@ -60,9 +62,10 @@ func FuzzReader(f *testing.F) {
 			var want Request
 			for k, v := range m {
 				var dst any
+				var ts float64
 				switch k {
 				case "timestamp":
-					dst = &want.Timestamp
+					dst = &ts
 				case "input_length":
 					dst = &want.InputLength
 				case "output_length":
@@ -74,6 +77,14 @@ func FuzzReader(f *testing.F) {
 				}
 				if err := json.Unmarshal(v, dst); err != nil {
 					t.Fatalf("encoding/json refuses field %s of accepted line %q: %v", k, line, err)
+				}
+				if k == "timestamp" {
+					// Exact for integers; fractions are floored. A float64
+					// rounds integers above 2^53, so compare those loosely.
+					want.Timestamp = req.Timestamp
+					if d := math.Abs(math.Floor(ts) - float64(req.Timestamp)); d > math.Max(1, ts*1e-15) {
+						t.Fatalf("line %q: timestamp %d, encoding/json reads %v", line, req.Timestamp, ts)
+					}
 				}
 			}
 			if len(want.HashIDs) == 0 {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"strconv"
 )
 
 // This file is the hand-rolled decoder of one trace line. It exists because
@@ -108,11 +109,11 @@ func (p *lineParser) parse(req *Request) *fieldError {
 			seen |= bit
 			switch bit {
 			case seenTimestamp:
-				v, ferr := p.int(key, math.MaxInt64)
+				v, ferr := p.timestamp()
 				if ferr != nil {
 					return ferr
 				}
-				req.Timestamp = int64(v)
+				req.Timestamp = v
 			case seenInput:
 				v, ferr := p.int(key, math.MaxInt32)
 				if ferr != nil {
@@ -338,6 +339,47 @@ func (p *lineParser) int(field string, max uint64) (uint64, *fieldError) {
 		return 0, p.errf(field, "%s is out of range (max %d)", p.b[start:start+digits], max)
 	}
 	return v, nil
+}
+
+// timestamp reads the timestamp: a non-negative JSON number of
+// milliseconds. Integers are exact; a fraction or exponent (traces written
+// by other tools carry "timestamp": 12.5) is floored to whole milliseconds,
+// which keeps the order of a sorted trace.
+func (p *lineParser) timestamp() (int64, *fieldError) {
+	start := p.i
+	v, ferr := p.int("timestamp", math.MaxInt64)
+	if ferr == nil {
+		return int64(v), nil
+	}
+	// Retry as a decimal only where int refused a fraction or exponent.
+	p.i = start
+	neg := p.i < len(p.b) && p.b[p.i] == '-'
+	if neg {
+		p.i++
+	}
+	digits := p.i
+	for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
+		p.i++
+	}
+	if p.i == digits || p.i >= len(p.b) || (p.b[p.i] != '.' && p.b[p.i] != 'e' && p.b[p.i] != 'E') ||
+		(p.i-digits > 1 && p.b[digits] == '0') {
+		p.i = start
+		return 0, ferr
+	}
+	if tail := p.numberTail("timestamp"); tail != nil {
+		return 0, tail
+	}
+	text := string(p.b[start:p.i])
+	f, err := strconv.ParseFloat(text, 64)
+	switch {
+	case neg && f != 0:
+		p.i = start
+		return 0, p.errf("timestamp", "must not be negative, got %s", text)
+	case err != nil || f >= math.MaxInt64:
+		p.i = start
+		return 0, p.errf("timestamp", "%s is out of range", text)
+	}
+	return int64(math.Floor(f)), nil
 }
 
 // numberTail skips the fraction and exponent of a number, checking their

@@ -58,9 +58,11 @@ func (e *LineError) Unwrap() error { return ErrMalformed }
 //	{"timestamp": 0, "input_length": 40160, "output_length": 6, "hash_ids": [0, 1, ...]}
 //
 // It is strict about what replay relies on and lenient about the rest:
-//   - timestamp, input_length, output_length and hash_ids are required, must
-//     be non-negative JSON integers (ids: an array of them, up to 2^64-1),
-//     and may appear only once;
+//   - timestamp, input_length, output_length and hash_ids are required and
+//     may appear only once; lengths and ids are non-negative JSON integers
+//     (ids: an array of them, up to 2^64-1); the timestamp is a
+//     non-negative number of milliseconds, floored to a whole millisecond
+//     when it has a fraction (traces written by other tools carry 12.5);
 //   - hash_ids has exactly ceil(input_length/512) ids, one per block with the
 //     last block possibly partial — every line of the published synthetic
 //     trace obeys this, and a mismatch means the hit-token accounting of

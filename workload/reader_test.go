@@ -57,6 +57,17 @@ func TestReaderValid(t *testing.T) {
 			},
 		},
 		{
+			name: "fractional timestamps are floored to whole milliseconds",
+			in: `{"timestamp": 12.5, "input_length": 1, "output_length": 0, "hash_ids": [1]}
+{"timestamp": 12.9e0, "input_length": 1, "output_length": 0, "hash_ids": [1]}
+{"timestamp": 1.3e1, "input_length": 1, "output_length": 0, "hash_ids": [1]}`,
+			want: []Request{
+				{Timestamp: 12, InputLength: 1, HashIDs: []uint64{1}},
+				{Timestamp: 12, InputLength: 1, HashIDs: []uint64{1}},
+				{Timestamp: 13, InputLength: 1, HashIDs: []uint64{1}},
+			},
+		},
+		{
 			name: "escaped key names a known field",
 			in:   `{"\u0074imestamp": 9, "input_length": 1, "output_length": 0, "hash_ids": [4]}`,
 			want: []Request{{Timestamp: 9, InputLength: 1, HashIDs: []uint64{4}}},
@@ -90,7 +101,10 @@ func TestReaderErrors(t *testing.T) {
 		{"duplicate field", `{"timestamp": 10, "timestamp": 11, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}`, `t.jsonl:1:19: timestamp: field appears twice`},
 		{"string length", `{"timestamp": 10, "input_length": "600", "output_length": 1, "hash_ids": [1, 2]}`, `t.jsonl:1:35: input_length: want a non-negative integer, got a string`},
 		{"null length", `{"timestamp": 10, "input_length": 600, "output_length": null, "hash_ids": [1, 2]}`, `t.jsonl:1:57: output_length: want a non-negative integer, got null`},
-		{"float timestamp", `{"timestamp": 10.5, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}`, `t.jsonl:1:15: timestamp: want an integer, got 10.5`},
+		{"float length", `{"timestamp": 10, "input_length": 600.0, "output_length": 1, "hash_ids": [1, 2]}`, `t.jsonl:1:35: input_length: want an integer, got 600.0`},
+		{"negative float timestamp", `{"timestamp": -0.5, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}`, `t.jsonl:1:15: timestamp: must not be negative, got -0.5`},
+		{"huge timestamp", `{"timestamp": 1e300, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}`, `t.jsonl:1:15: timestamp: 1e300 is out of range`},
+		{"timestamp malformed fraction", `{"timestamp": 1., "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}`, `t.jsonl:1:17: timestamp: malformed number (no digits after '.')`},
 		{"negative length", `{"timestamp": 10, "input_length": -600, "output_length": 1, "hash_ids": [1, 2]}`, `t.jsonl:1:35: input_length: must not be negative, got -600`},
 		{"length overflow", `{"timestamp": 10, "input_length": 99999999999, "output_length": 1, "hash_ids": [1, 2]}`, `t.jsonl:1:35: input_length: 99999999999 is out of range (max 2147483647)`},
 		{"negative id", `{"timestamp": 10, "input_length": 600, "output_length": 1, "hash_ids": [1, -2]}`, `t.jsonl:1:76: hash_ids[1]: must not be negative, got -2`},
