@@ -11,6 +11,7 @@ import (
 	"github.com/goccy/go-yaml"
 	"github.com/goccy/go-yaml/ast"
 	"github.com/goccy/go-yaml/parser"
+	"github.com/goccy/go-yaml/token"
 
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/policy"
@@ -224,6 +225,10 @@ type strictInt int
 
 func (i *strictInt) UnmarshalYAML(node ast.Node) error {
 	n, ok := node.(*ast.IntegerNode)
+	if sn, isStr := node.(*ast.StringNode); isStr && !ok && isPlainDigits(sn) {
+		// The parser reads an integer too large for 64 bits as a string.
+		return nodeErr(node, "%s is out of range", sn.Value)
+	}
 	if !ok {
 		return nodeErr(node, "want an integer, got %s", describeNode(node))
 	}
@@ -244,6 +249,22 @@ func (i *strictInt) UnmarshalYAML(node ast.Node) error {
 	}
 	*i = strictInt(v)
 	return nil
+}
+
+// isPlainDigits reports whether a string node is an unquoted run of
+// digits with an optional sign.
+func isPlainDigits(n *ast.StringNode) bool {
+	tok := n.GetToken()
+	if tok == nil || tok.Type == token.DoubleQuoteType || tok.Type == token.SingleQuoteType || n.Value == "" {
+		return false
+	}
+	v := strings.TrimPrefix(n.Value, "-")
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return v != ""
 }
 
 // present reports whether path holds a non-null value.

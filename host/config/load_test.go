@@ -189,6 +189,8 @@ func TestLoadErrors(t *testing.T) {
 		// Wrong types.
 		{name: "version is a string", yaml: "version: one #<\n" + model, path: "$.version", msg: `want an integer, got the string "one"`},
 		{name: "page_tokens is a float", yaml: "version: 1\nmodel:\n  page_tokens: 512.5 #<\n  payloads: [{name: kv, page_bytes: 2MiB}]\n", path: "$.model.page_tokens", msg: "want an integer, got float 512.5"},
+		{name: "integer too large", yaml: "version: 1\n" + model + "ranks: {world_size: 99999999999999999999} #<\n", path: "$.ranks.world_size", msg: "99999999999999999999 is out of range"},
+		{name: "quoted integer", yaml: "version: 1\n" + model + "ranks: {world_size: \"2\"} #<\n", path: "$.ranks.world_size", msg: `want an integer, got the string "2"`},
 		{name: "tiers is a mapping", yaml: "version: 1\n" + model + "tiers:\n  l2: {role: slab} #<\n", path: "$.tiers", msg: "want a list, got a mapping"},
 		{name: "module field wrong type", yaml: "version: 1\n" + model + "tiers:\n  - name: l2\n    role: slab\n    use: testslab\n    config:\n      path: [a, b] #<\n", path: "$.tiers[0].config.path", msg: "want a string, got a list"},
 		{name: "module int field is a string", yaml: "version: 1\n" + model + "tiers:\n" + slab + "  - name: l1x\n    role: store\n    use: teststore\n    config: {disks: 3} #<\n", path: "$.tiers[1].config.disks", msg: "want a list"},
