@@ -70,13 +70,16 @@ func OpenIndex(ctx context.Context, env indexes.Env, spec PluginSpec) (*Index, e
 		return nil, err
 	}
 	x := &Index{spec: spec, opts: opts, env: env, config: config, logger: logger, m: m, rl: newRateLog(logger, opts.LogInterval)}
+	// The supervisor exists before the first process, which may die at
+	// once; it acts only when a process goes down.
+	x.sup = newSupervisor(spec.Name, opts, m, x.rl, x.startGen)
 	if err := x.startGen(ctx); err != nil {
+		x.sup.stop()
 		if m.unregister != nil {
 			m.unregister()
 		}
 		return nil, err
 	}
-	x.sup = newSupervisor(spec.Name, opts, m, x.rl, x.startGen)
 	return x, nil
 }
 
@@ -150,9 +153,9 @@ func (x *Index) fail(g *indexGen, reason string, cause error) {
 		return
 	}
 	x.gen = nil
-	x.mu.Unlock()
 	x.m.up.Set(0)
 	x.m.failures.WithLabelValues(reason).Inc()
+	x.mu.Unlock()
 	x.rl.log(slog.LevelError, "down", "index plugin down; lookups miss and writes fail until it restarts",
 		"reason", reason, "error", errString(cause), "pid", g.proc.pid, "plugin_said", g.proc.notes.lastLines())
 	go g.teardown(true)

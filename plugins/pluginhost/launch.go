@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -43,10 +44,16 @@ func launch(spec PluginSpec, opts Options, service string, logger *slog.Logger) 
 	if err != nil {
 		return nil, fmt.Errorf("plugin %s (%s): sha256: %w", spec.Name, spec.Path, err)
 	}
+	// NB: an absolute path, so that the file hashed is the file executed
+	// (exec.Command would search $PATH for a bare name).
+	path, err := filepath.Abs(spec.Path)
+	if err != nil {
+		return nil, fmt.Errorf("plugin %s: path %s: %w", spec.Name, spec.Path, err)
+	}
 	// go-plugin's SecureConfig check says only "checksums did not match";
 	// check first ourselves so the refusal names both sums. SecureConfig
 	// still checks again right before exec.
-	got, err := fileSum(spec.Path)
+	got, err := fileSum(path)
 	if err != nil {
 		return nil, fmt.Errorf("plugin %s: %w", spec.Name, err)
 	}
@@ -55,8 +62,9 @@ func launch(spec PluginSpec, opts Options, service string, logger *slog.Logger) 
 			spec.Name, spec.Path, ErrChecksum, hex.EncodeToString(want), hex.EncodeToString(got))
 	}
 	bridge := newSlogBridge(logger)
-	cmd := exec.Command(spec.Path)
-	cmd.Env = append(os.Environ(), "KVTIER_PLUGIN_NAME="+spec.Name)
+	cmd := exec.Command(path)
+	// go-plugin appends the host's environment and its handshake variables.
+	cmd.Env = []string{"KVTIER_PLUGIN_NAME=" + spec.Name}
 	// The plugin must not die with the host's terminal signals before the
 	// host has flushed it; the host kills it explicitly.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

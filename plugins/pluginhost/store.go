@@ -110,14 +110,17 @@ func OpenStore(ctx context.Context, env tiers.Env, spec PluginSpec) (*Store, err
 		ackReady: make(chan struct{}, 1),
 		batches:  make(map[tiers.BatchID]*hostBatch),
 	}
+	// The supervisor exists before the first process, which may die at
+	// once; it acts only when a process goes down. Restarts keep what the
+	// plugin made durable: cold start "load".
+	s.sup = newSupervisor(spec.Name, opts, m, s.rl, func(ctx context.Context) error { return s.startGen(ctx, tiers.ColdStartLoad) })
 	if err := s.startGen(ctx, env.ColdStart); err != nil {
+		s.sup.stop()
 		if m.unregister != nil {
 			m.unregister()
 		}
 		return nil, err
 	}
-	// Restarts keep what the plugin made durable: cold start "load".
-	s.sup = newSupervisor(spec.Name, opts, m, s.rl, func(ctx context.Context) error { return s.startGen(ctx, tiers.ColdStartLoad) })
 	return s, nil
 }
 
@@ -344,20 +347,20 @@ func (s *Store) fail(g *storeGen, reason string, cause error) {
 		return
 	}
 	s.gen = nil
+	// NB: count before the failed acks are queued, so that whoever sees
+	// those acks also sees the failure counted.
+	s.m.up.Set(0)
+	s.m.failures.WithLabelValues(reason).Inc()
 	s.carryOver(g.last)
 	downErr := fmt.Errorf("plugin %s %s: %w: %w", s.spec.Name, reason, ErrDown, tiers.ErrBroken)
 	n := s.failPending(g.id, downErr)
 	s.carry.PutFailures += int64(n)
-	s.mu.Unlock()
-	s.m.up.Set(0)
-	s.m.failures.WithLabelValues(reason).Inc()
 	s.m.degraded.WithLabelValues("put").Add(float64(n))
+	s.mu.Unlock()
 	s.rl.log(slog.LevelError, "down", "store plugin down; serving misses and failed writes until it restarts",
 		"reason", reason, "error", errString(cause), "failed_put_items", n, "pid", g.proc.pid, "plugin_said", g.proc.notes.lastLines())
 	go g.teardown(true)
-	if s.sup != nil {
-		s.sup.wentDown(g.started)
-	}
+	s.sup.wentDown(g.started)
 }
 
 // carryOver adds a finished process's counters to the carried totals.
@@ -724,9 +727,7 @@ func (s *Store) Close() error {
 		g.closing = true
 	}
 	s.mu.Unlock()
-	if s.sup != nil {
-		s.sup.stop()
-	}
+	s.sup.stop()
 	var err error
 	if g != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), s.opts.CloseTimeout)
