@@ -134,7 +134,7 @@ func (t *Tree) EvictPages(need int, dst []Victim) ([]Victim, int, error) {
 		if !ok {
 			break
 		}
-		n := t.byID[id]
+		n := t.byID.get(id)
 		if n == nil || !n.evictable {
 			return dst, freed, fmt.Errorf("radix: evict %d pages: %s named node %d (in tree: %t): %w",
 				need, t.ev.Name(), id, n != nil, ErrBadVictim)
@@ -178,7 +178,7 @@ func (t *Tree) EvictPages(need int, dst []Victim) ([]Victim, int, error) {
 func (t *Tree) remove(n *Node, notifyParent bool) {
 	p := n.parent
 	p.removeChild(n)
-	delete(t.byID, n.id)
+	t.byID.del(n.id)
 	t.addPages(n.residency, -len(n.hashes))
 	n.removed = true
 	n.evictable = false

@@ -10,11 +10,11 @@ import "fmt"
 // (nodes/32+1)th call, about 32 node visits per call amortised, so a test
 // replaying a whole trace stays fast; small trees are checked every call.
 func (t *Tree) checkSampled() {
-	every := uint64(len(t.byID)/32 + 1)
+	every := uint64(t.byID.len()/32 + 1)
 	if t.ops%every != 0 {
 		return
 	}
 	if err := t.Check(); err != nil {
-		panic(fmt.Sprintf("%v (after call %d, clock %d, %d nodes, %d pages)", err, t.ops, t.clock, len(t.byID), t.pages))
+		panic(fmt.Sprintf("%v (after call %d, clock %d, %d nodes, %d pages)", err, t.ops, t.clock, t.byID.len(), t.pages))
 	}
 }

@@ -69,7 +69,7 @@ type Tree struct {
 	clock uint64
 	// nextID is the id of the next node created; the root is id 0.
 	nextID    policy.NodeID
-	byID      map[policy.NodeID]*Node
+	byID      idTable
 	pages     int
 	tierPages [MaxTiers]int
 	// ops counts mutating calls, for sampling invariant checks.
@@ -106,7 +106,7 @@ func New(opts Options, ev policy.Evictor) (*Tree, error) {
 		ev:         ev,
 		root:       root,
 		nextID:     1,
-		byID:       make(map[policy.NodeID]*Node),
+		byID:       newIDTable(1),
 	}, nil
 }
 
@@ -132,10 +132,10 @@ func (t *Tree) TierPages(tier int) int {
 }
 
 // Nodes returns the number of nodes, not counting the root.
-func (t *Tree) Nodes() int { return len(t.byID) }
+func (t *Tree) Nodes() int { return t.byID.len() }
 
 // Node returns the live node with id, or nil.
-func (t *Tree) Node(id policy.NodeID) *Node { return t.byID[id] }
+func (t *Tree) Node(id policy.NodeID) *Node { return t.byID.get(id) }
 
 // info describes n for the evictor at the current logical time.
 func (t *Tree) info(n *Node) policy.NodeInfo {
@@ -296,7 +296,7 @@ func (t *Tree) addLeaf(parent *Node, hs []pagehash.Hash, tokens []uint32) *Node 
 	t.nextID++
 	wasLeaf := parent.IsLeaf()
 	parent.addChild(n)
-	t.byID[n.id] = n
+	t.byID.add(n)
 	t.addPages(n.residency, len(hs))
 	t.ev.Insert(t.info(n))
 	if parent != t.root {
@@ -422,7 +422,7 @@ func (t *Tree) split(c *Node, k int) *Node {
 	c.parent = p
 	c.depth += k
 	p.kids = append(make([]*Node, 0, 1), c)
-	t.byID[p.id] = p
+	t.byID.add(p)
 	t.ev.Insert(t.info(p))
 	t.ev.Update(t.info(c))
 	return p
