@@ -1,6 +1,7 @@
 package proven
 
 import (
+	"flag"
 	"testing"
 
 	"github.com/kvtier/kvtier/host/replay"
@@ -13,11 +14,12 @@ import (
 // capacities are the evaluation points, in tokens.
 var capacities = []int64{1_000_000, 3_000_000, 10_000_000, 30_000_000}
 
-// hitRates replays tr at every capacity with a fresh evictor from mk.
-func hitRates(t testing.TB, tr *replay.Trace, mk func() policy.Evictor) []float64 {
+// hitRates replays tr at every capacity of caps with a fresh evictor from
+// mk.
+func hitRates(t testing.TB, tr *replay.Trace, mk func() policy.Evictor, caps []int64) []float64 {
 	t.Helper()
-	out := make([]float64, len(capacities))
-	for i, c := range capacities {
+	out := make([]float64, len(caps))
+	for i, c := range caps {
 		r, err := replay.Run(tr, mk(), c, nil)
 		if err != nil {
 			t.Fatalf("replay %s at %d tokens: %v", tr.Name, c, err)
@@ -38,11 +40,11 @@ func newProven() policy.Evictor {
 }
 
 // checkAgainstLRU fails t when proven is more than 0.5 points below lru
-// at any capacity, and logs both rows.
-func checkAgainstLRU(t *testing.T, tr *replay.Trace) (lruRates, provenRates []float64) {
+// at any capacity of caps, and logs both rows.
+func checkAgainstLRU(t *testing.T, tr *replay.Trace, caps []int64) (lruRates, provenRates []float64) {
 	t.Helper()
-	lruRates, provenRates = hitRates(t, tr, newLRU), hitRates(t, tr, newProven)
-	for i, c := range capacities {
+	lruRates, provenRates = hitRates(t, tr, newLRU, caps), hitRates(t, tr, newProven, caps)
+	for i, c := range caps {
 		t.Logf("%s %dM tokens: lru %.2f%% proven %.2f%% (%+.2f)", tr.Name, c/1_000_000, 100*lruRates[i], 100*provenRates[i], 100*(provenRates[i]-lruRates[i]))
 		if provenRates[i] < lruRates[i]-0.005 {
 			t.Errorf("%s at %d tokens: proven %.4f is more than 0.5 points below lru %.4f", tr.Name, c, provenRates[i], lruRates[i])
@@ -60,33 +62,46 @@ func TestMooncakeTrace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lruRates, provenRates := checkAgainstLRU(t, tr)
+	lruRates, provenRates := checkAgainstLRU(t, tr, capacities)
 	if d := provenRates[1] - lruRates[1]; d < 0.015 {
 		t.Errorf("at 3M tokens proven gains %.2f points over lru, want >= 1.5", 100*d)
 	}
 }
 
+// allTraces turns on the full generated-trace check: three workloads at
+// four capacities, 20,000 requests each (half a minute with -tags
+// invariants). By default one held-out workload runs at the two capacities
+// where the cache binds hardest.
+var allTraces = flag.Bool("all-traces", false, "replay every generated workload at every capacity")
+
 // TestGeneratedTraces replays generator workloads: seed 1 (the default
 // workload, used while designing the policy) and held-out seeds and mixes
-// that were not looked at before the policy was fixed. Each is 20,000
-// requests, so the test is skipped with -short.
+// that were not looked at before the policy was fixed.
 func TestGeneratedTraces(t *testing.T) {
 	if testing.Short() {
-		t.Skip("generated traces take a few seconds each; skipped with -short")
+		t.Skip("generated traces take seconds each; skipped with -short")
 	}
 	tests := []struct {
 		name string
 		mod  func(*workload.GeneratorConfig)
+		full bool // only with -all-traces
 	}{
-		{"gen-seed1", func(c *workload.GeneratorConfig) {}},
-		{"gen-seed7", func(c *workload.GeneratorConfig) { c.Seed = 7 }},
+		{"gen-seed1", func(c *workload.GeneratorConfig) {}, true},
+		{"gen-seed7", func(c *workload.GeneratorConfig) { c.Seed = 7 }, false},
 		{"gen-seed13-docscan", func(c *workload.GeneratorConfig) {
 			c.Seed = 13
 			c.Mix = workload.Mix{Chat: 0.4, Document: 0.3, Scan: 0.3}
 			c.ActiveConversations = 256
-		}},
+		}, true},
+	}
+	caps := capacities
+	if !*allTraces {
+		caps = capacities[:2]
 	}
 	for _, tc := range tests {
+		if tc.full && !*allTraces {
+			continue
+		}
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := workload.DefaultGeneratorConfig()
 			tc.mod(&cfg)
@@ -98,7 +113,7 @@ func TestGeneratedTraces(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			lruRates, provenRates := checkAgainstLRU(t, tr)
+			lruRates, provenRates := checkAgainstLRU(t, tr, caps)
 			if provenRates[1] <= lruRates[1] {
 				t.Errorf("at 3M tokens proven %.4f does not beat lru %.4f", provenRates[1], lruRates[1])
 			}
