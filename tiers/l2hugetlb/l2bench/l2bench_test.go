@@ -78,8 +78,8 @@ func TestRunSmall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res) != 8 {
-		t.Fatalf("%d results, want 8: %+v", len(res), res)
+	if len(res) != 9 {
+		t.Fatalf("%d results, want 9: %+v", len(res), res)
 	}
 	for _, r := range res {
 		if r.Value <= 0 {
