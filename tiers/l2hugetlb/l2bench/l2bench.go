@@ -62,8 +62,8 @@ type Options struct {
 // DefaultOptions returns the sizes `kvtier bench l2` uses.
 func DefaultOptions() Options {
 	return Options{
-		CopyBytes:   128 << 20,
-		ChunkBytes:  2 << 20,
+		CopyBytes:  128 << 20,
+		ChunkBytes: 2 << 20,
 		// 61 layers x 46 KiB: a 2.75 MiB MLA page of 512 tokens on one
 		// rank (the default stack's kv payload), layer-first.
 		Layers:      61,
