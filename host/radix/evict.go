@@ -161,11 +161,11 @@ func (t *Tree) EvictPages(need int, dst []Victim) ([]Victim, int, error) {
 		// NB: a heavily trimmed node gets its own small array so that it
 		// does not pin the pages it no longer holds. The Victim keeps the
 		// old array, which nothing writes again.
-		if cap(n.hashes) > 2*keep+8 {
+		if cap(n.hashes) > 2*keep+8 && !n.borrowed {
 			n.hashes = slices.Clone(n.hashes)
-			if n.tokens != nil {
-				n.tokens = slices.Clone(n.tokens)
-			}
+		}
+		if n.tokens != nil && cap(n.tokens) > 2*len(n.tokens)+8*t.opts.PageTokens {
+			n.tokens = slices.Clone(n.tokens)
 		}
 		t.ev.Update(t.info(n))
 	}

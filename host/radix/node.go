@@ -46,7 +46,11 @@ type Node struct {
 	backupPending bool
 	// evictable is what the tree last reported to the evictor.
 	evictable bool
-	removed   bool
+	// borrowed: hashes is a sub-slice of a caller's read-only key
+	// (InsertHashesBorrowed, ExtendBorrowed), so splits and trims may
+	// re-slice it without pinning memory the tree owns.
+	borrowed bool
+	removed  bool
 }
 
 // ID returns the node's id.

@@ -255,6 +255,7 @@ func (t *Tree) extend(n *Node, hs []pagehash.Hash, clone bool) (last *Node, adde
 			key = slices.Clone(key)
 		}
 		last = t.addLeaf(last, key, nil)
+		last.borrowed = !clone
 		added = len(hs) - matched
 	}
 	return last, added
@@ -402,7 +403,6 @@ func (t *Tree) split(c *Node, k int) *Node {
 	p := &Node{
 		id:            t.nextID,
 		parent:        c.parent,
-		hashes:        slices.Clone(c.hashes[:k]),
 		hits:          c.hits,
 		lastAccess:    c.lastAccess,
 		depth:         c.depth,
@@ -411,9 +411,16 @@ func (t *Tree) split(c *Node, k int) *Node {
 		backupPending: c.backupPending,
 	}
 	t.nextID++
-	// NB: both halves get their own arrays, so no node ever pins memory
-	// of pages it no longer holds.
-	c.hashes = slices.Clone(c.hashes[k:])
+	if c.borrowed {
+		// The caller's key stays alive anyway: re-slice, no copy.
+		p.hashes, p.borrowed = c.hashes[:k:k], true
+		c.hashes = c.hashes[k:]
+	} else {
+		// NB: both halves get their own arrays, so no node ever pins
+		// memory of pages it no longer holds.
+		p.hashes = slices.Clone(c.hashes[:k])
+		c.hashes = slices.Clone(c.hashes[k:])
+	}
 	if c.tokens != nil {
 		p.tokens = slices.Clone(c.tokens[:k*pt])
 		c.tokens = slices.Clone(c.tokens[k*pt:])
