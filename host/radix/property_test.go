@@ -53,6 +53,9 @@ func (p *keyPool) key() []pagehash.Hash {
 // hashes it holds, maintained from insert results and eviction victims
 // only, as an oracle for Match.
 type replica struct {
+	// borrow: insert with InsertHashesBorrowed (the keys are never
+	// written again), so one replica exercises the no-copy path.
+	borrow  bool
 	tree    *Tree
 	lru     *testLRU
 	present map[pagehash.Hash]bool
@@ -69,7 +72,8 @@ func newReplica(t *testing.T) *replica {
 }
 
 // TestReplicasAgree applies the same random op streams to two replicas
-// and asserts equal digests after every op, equal results, Match equal to
+// (one copying keys at insert, one borrowing them) and asserts equal
+// digests after every op, equal results, Match equal to
 // the longest present prefix of the model, and Check clean throughout.
 func TestReplicasAgree(t *testing.T) {
 	seeds := uint64(30)
@@ -80,6 +84,7 @@ func TestReplicasAgree(t *testing.T) {
 		rng := rand.New(rand.NewPCG(seed, 0x5eed))
 		pool := newKeyPool(rng)
 		a, b := newReplica(t), newReplica(t)
+		b.borrow = true
 		for step := range 300 {
 			op := rng.IntN(10)
 			key := pool.key()
@@ -126,7 +131,11 @@ func (r *replica) apply(t *testing.T, op int, key []pagehash.Hash, n, pick int) 
 		}
 		return "match " + itoa(pages)
 	case 3, 4:
-		last, added := tr.InsertHashes(key)
+		insert := tr.InsertHashes
+		if r.borrow {
+			insert = tr.InsertHashesBorrowed
+		}
+		last, added := insert(key)
 		for _, h := range key {
 			r.present[h] = true
 		}
