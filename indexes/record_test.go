@@ -41,17 +41,6 @@ func TestRecordRoundTrip(t *testing.T) {
 			if got != tt.rec {
 				t.Fatalf("decode = %+v, want %+v", got, tt.rec)
 			}
-			var kb [KeySize]byte
-			EncodeKey(&kb, tt.key)
-			var b2 [RecordSize]byte
-			EncodeRecordKeyed(&b2, &kb, tt.rec)
-			if b2 != b {
-				t.Fatalf("EncodeRecordKeyed = %x, EncodeRecord = %x", b2, b)
-			}
-			got, err = DecodeRecordKeyed(kb[:], b[:])
-			if err != nil || got != tt.rec {
-				t.Fatalf("DecodeRecordKeyed = %+v, %v; want %+v", got, err, tt.rec)
-			}
 		})
 	}
 }
@@ -70,14 +59,12 @@ func TestRecordDecodeCorrupt(t *testing.T) {
 		{"long", func(b []byte) []byte { return append(b, 0) }, key, "want 32 bytes, got 33"},
 		{"empty", func([]byte) []byte { return nil }, key, "got 0"},
 		{"version", func(b []byte) []byte { b[0] = 2; return b }, key, "format version 2"},
-		{"bit flip in slot", func(b []byte) []byte { b[5] ^= 0x10; return b }, key, "crc32c"},
-		{"bit flip in crc", func(b []byte) []byte { b[30] ^= 1; return b }, key, "crc32c"},
-		{"other key", func(b []byte) []byte { return b }, testKey(9, 2), "crc32c"},
-		{"other kind", func(b []byte) []byte { return b }, testKey(1, 3), "crc32c"},
+		{"bit flip in slot", func(b []byte) []byte { b[5] ^= 0x10; return b }, key, "check value"},
+		{"bit flip in crc", func(b []byte) []byte { b[30] ^= 1; return b }, key, "check value"},
+		{"other key", func(b []byte) []byte { return b }, testKey(9, 2), "check value"},
+		{"other kind", func(b []byte) []byte { return b }, testKey(1, 3), "check value"},
 	}
-	if _, err := DecodeRecordKeyed(make([]byte, KeySize-1), good[:]); !errors.Is(err, ErrCorrupt) {
-		t.Errorf("decode under a 32-byte key: err = %v, want ErrCorrupt", err)
-	}
+
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			b := append([]byte(nil), good[:]...)
@@ -89,6 +76,25 @@ func TestRecordDecodeCorrupt(t *testing.T) {
 				t.Fatalf("err %q does not contain %q and the key %s", err, tt.substr, tt.key)
 			}
 		})
+	}
+}
+
+// TestRecordBoundToKey moves a record under every key that differs from
+// its own in one bit (of the hash or the kind) and requires each to fail.
+func TestRecordBoundToKey(t *testing.T) {
+	key := testKey(5, 2)
+	var b [RecordSize]byte
+	EncodeRecord(&b, key, Record{Disk: 1, Kind: 2, Slot: 3, Epoch: 4, LastAccess: 5})
+	for bit := range 8 * (len(key.Hash) + 1) {
+		other := key
+		if byteIdx := bit / 8; byteIdx < len(key.Hash) {
+			other.Hash[byteIdx] ^= 1 << (bit % 8)
+		} else {
+			other.Kind ^= 1 << (bit % 8)
+		}
+		if _, err := DecodeRecord(other, b[:]); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("record of %s decoded under %s (bit %d flipped): err = %v", key, other, bit, err)
+		}
 	}
 }
 
@@ -138,4 +144,21 @@ func FuzzDecodeRecord(f *testing.F) {
 			t.Fatalf("re-encode differs:\n got %x\nwant %x", again, b)
 		}
 	})
+}
+
+// TestKeyFoldStructured checks that keys built in patterns (as tests and
+// synthetic workloads build them) fold to distinct values.
+func TestKeyFoldStructured(t *testing.T) {
+	seen := map[uint32]Key{}
+	for b := range 256 {
+		for kind := range 4 {
+			for _, k := range []Key{testKey(byte(b), uint8(kind)), {Hash: [32]byte{byte(b)}, Kind: uint8(kind)}, {Hash: [32]byte{31: byte(b)}, Kind: uint8(kind)}} {
+				f := keyFold(&k)
+				if prev, ok := seen[f]; ok && prev != k {
+					t.Fatalf("keys %s and %s fold alike (%08x)", prev, k, f)
+				}
+				seen[f] = k
+			}
+		}
+	}
 }

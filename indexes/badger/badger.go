@@ -247,11 +247,10 @@ func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) (err error) {
 	// entry gets its own region of the scratch buffer.
 	return ix.update("put", len(entries), len(entries)*entrySize, func(txn *badgerdb.Txn, buf []byte) error {
 		for i, e := range entries {
-			b := buf[i*entrySize : (i+1)*entrySize]
-			k, v := (*[indexes.KeySize]byte)(b[:indexes.KeySize]), (*[indexes.RecordSize]byte)(b[indexes.KeySize:])
-			indexes.EncodeKey(k, e.Key)
-			indexes.EncodeRecordKeyed(v, k, e.Record)
-			if err := txn.Set(k[:], v[:]); err != nil {
+			kb, vb := entryBuf(buf, i)
+			indexes.EncodeKey(kb, e.Key)
+			indexes.EncodeRecord(vb, e.Key, e.Record)
+			if err := txn.Set(kb[:], vb[:]); err != nil {
 				return fmt.Errorf("set %s: %w", e.Key, err)
 			}
 		}
@@ -289,7 +288,7 @@ func (ix *Index) Get(ctx context.Context, keys []indexes.Key, dst []indexes.Reco
 				return fmt.Errorf("get %s: %w", k, err)
 			}
 			if err := item.Value(func(v []byte) error {
-				rec, err := indexes.DecodeRecordKeyed(kb[:], v)
+				rec, err := indexes.DecodeRecord(k, v)
 				if err != nil {
 					corrupt.add(err)
 					return nil
@@ -388,8 +387,7 @@ func (ix *Index) Touch(ctx context.Context, keys []indexes.Key, at uint64) (err 
 	}
 	return ix.update("touch", len(keys), len(keys)*entrySize, func(txn *badgerdb.Txn, buf []byte) error {
 		for i, k := range keys {
-			b := buf[i*entrySize : (i+1)*entrySize]
-			kb, vb := (*[indexes.KeySize]byte)(b[:indexes.KeySize]), (*[indexes.RecordSize]byte)(b[indexes.KeySize:])
+			kb, vb := entryBuf(buf, i)
 			indexes.EncodeKey(kb, k)
 			rec, ok, err := ix.readRecord(txn, kb[:], k)
 			if err != nil {
@@ -399,7 +397,7 @@ func (ix *Index) Touch(ctx context.Context, keys []indexes.Key, at uint64) (err 
 				continue
 			}
 			rec.LastAccess = at
-			indexes.EncodeRecordKeyed(vb, kb, rec)
+			indexes.EncodeRecord(vb, k, rec)
 			if err := txn.Set(kb[:], vb[:]); err != nil {
 				return fmt.Errorf("set %s: %w", k, err)
 			}
@@ -408,8 +406,8 @@ func (ix *Index) Touch(ctx context.Context, keys []indexes.Key, at uint64) (err 
 	})
 }
 
-// readRecord reads the record of key kb inside txn. A corrupt record is
-// logged and reported absent.
+// readRecord reads and decodes, inside txn, the record of k, whose encoded
+// form is kb. A corrupt record is logged and reported absent.
 func (ix *Index) readRecord(txn *badgerdb.Txn, kb []byte, k indexes.Key) (indexes.Record, bool, error) {
 	item, err := txn.Get(kb)
 	if errors.Is(err, badgerdb.ErrKeyNotFound) {
@@ -421,7 +419,7 @@ func (ix *Index) readRecord(txn *badgerdb.Txn, kb []byte, k indexes.Key) (indexe
 	var rec indexes.Record
 	var ok bool
 	if err := item.Value(func(v []byte) error {
-		r, err := indexes.DecodeRecordKeyed(kb, v)
+		r, err := indexes.DecodeRecord(k, v)
 		if err != nil {
 			ix.m.corrupt.Inc()
 			ix.log.Warn("badger index: treating a corrupt record as absent", "dir", ix.dir, "err", err)
@@ -468,7 +466,7 @@ func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) (err
 			var rec indexes.Record
 			var ok bool
 			if err := item.Value(func(v []byte) error {
-				r, err := indexes.DecodeRecordKeyed(item.Key(), v)
+				r, err := indexes.DecodeRecord(k, v)
 				if err != nil {
 					corrupt.add(err)
 					return nil
@@ -548,6 +546,12 @@ func (ix *Index) Close() error {
 		errs = append(errs, fmt.Errorf("release badger index lock %s: %w", ix.dir, err))
 	}
 	return errors.Join(errs...)
+}
+
+// entryBuf returns the key and value regions of entry i of a batch buffer.
+func entryBuf(buf []byte, i int) (*[indexes.KeySize]byte, *[indexes.RecordSize]byte) {
+	b := buf[i*entrySize : (i+1)*entrySize]
+	return (*[indexes.KeySize]byte)(b[:indexes.KeySize]), (*[indexes.RecordSize]byte)(b[indexes.KeySize:])
 }
 
 // corruptKeys collects decode failures of one call.

@@ -337,9 +337,9 @@ func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) (err error) {
 	return ix.update("put", len(entries), func(txn *mdb.Txn) error {
 		var kb [indexes.KeySize]byte
 		var vb [indexes.RecordSize]byte
-		for _, e := range entries {
-			indexes.EncodeKey(&kb, e.Key)
-			indexes.EncodeRecordKeyed(&vb, &kb, e.Record)
+		for i := range entries {
+			indexes.EncodeKey(&kb, entries[i].Key)
+			indexes.EncodeRecord(&vb, entries[i].Key, entries[i].Record)
 			if err := txn.Put(ix.dbi, kb[:], vb[:], 0); err != nil {
 				return err
 			}
@@ -367,22 +367,19 @@ func (ix *Index) Get(ctx context.Context, keys []indexes.Key, dst []indexes.Reco
 	var corrupt corruptKeys
 	err = ix.view("get", len(keys), func(txn *mdb.Txn) error {
 		var kb [indexes.KeySize]byte
-		for i, k := range keys {
-			dst[i], found[i] = indexes.Record{}, false
-			indexes.EncodeKey(&kb, k)
+		for i := range keys {
+			indexes.EncodeKey(&kb, keys[i])
 			v, err := txn.Get(ix.dbi, kb[:])
-			if mdb.IsNotFound(err) {
-				continue
-			}
-			if err != nil {
-				return fmt.Errorf("get %s: %w", k, err)
-			}
-			rec, err := indexes.DecodeRecordKeyed(kb[:], v)
-			if err != nil {
+			if err == nil {
+				if dst[i], err = indexes.DecodeRecord(keys[i], v); err == nil {
+					found[i] = true
+					continue
+				}
 				corrupt.add(err)
-				continue
+			} else if !mdb.IsNotFound(err) {
+				return fmt.Errorf("get %s: %w", keys[i], err)
 			}
-			dst[i], found[i] = rec, true
+			dst[i], found[i] = indexes.Record{}, false
 		}
 		return nil
 	})
@@ -484,7 +481,7 @@ func (ix *Index) Touch(ctx context.Context, keys []indexes.Key, at uint64) (err 
 				continue
 			}
 			rec.LastAccess = at
-			indexes.EncodeRecordKeyed(&vb, &kb, rec)
+			indexes.EncodeRecord(&vb, k, rec)
 			if err := txn.Put(ix.dbi, kb[:], vb[:], 0); err != nil {
 				return err
 			}
@@ -493,8 +490,8 @@ func (ix *Index) Touch(ctx context.Context, keys []indexes.Key, at uint64) (err 
 	})
 }
 
-// readRecord reads and decodes the record of key kb inside txn. A corrupt
-// record is logged and reported absent.
+// readRecord reads and decodes, inside txn, the record of k, whose encoded
+// form is kb. A corrupt record is logged and reported absent.
 func (ix *Index) readRecord(txn *mdb.Txn, kb []byte, k indexes.Key) (indexes.Record, bool, error) {
 	v, err := txn.Get(ix.dbi, kb)
 	if mdb.IsNotFound(err) {
@@ -503,7 +500,7 @@ func (ix *Index) readRecord(txn *mdb.Txn, kb []byte, k indexes.Key) (indexes.Rec
 	if err != nil {
 		return indexes.Record{}, false, fmt.Errorf("get %s: %w", k, err)
 	}
-	rec, err := indexes.DecodeRecordKeyed(kb[:], v)
+	rec, err := indexes.DecodeRecord(k, v)
 	if err != nil {
 		ix.m.corrupt.Inc()
 		ix.log.Warn("lmdb index: treating a corrupt record as absent", "dir", ix.dir, "err", err)
@@ -552,7 +549,7 @@ func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) (err
 				corrupt.add(fmt.Errorf("key %x: %w", kb, err))
 				continue
 			}
-			rec, err := indexes.DecodeRecordKeyed(kb[:], v)
+			rec, err := indexes.DecodeRecord(k, v)
 			if err != nil {
 				corrupt.add(err)
 				continue
