@@ -33,7 +33,7 @@ func TestBenchPluginSmall(t *testing.T) {
 			LimitName string  `json:"limit_name"`
 			Ratio     float64 `json:"ratio"`
 		}
-		if err := json.Unmarshal([]byte(l), &r); err != nil || !strings.HasPrefix(r.Bench, "plugin/") || r.Value <= 0 || r.LimitName == "" {
+		if err := json.Unmarshal([]byte(l), &r); err != nil || !strings.HasPrefix(r.Bench, "plugin/") || r.Value < 0 || (r.LimitName == "" && !strings.Contains(r.Bench, "ack-delay")) {
 			t.Fatalf("line %d %q: %+v, %v", i, l, r, err)
 		}
 	}
