@@ -2,6 +2,7 @@ package radix
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -85,7 +86,68 @@ func (o Options) checkResidency(r Residency) error {
 	return nil
 }
 
-// String returns the options in a form that reads back as the same values.
+// String returns the options as "page_tokens=512 tiers=3 residency=L1",
+// which ParseOptions reads back as the same values.
 func (o Options) String() string {
 	return fmt.Sprintf("page_tokens=%d tiers=%d residency=%s", o.PageTokens, o.Tiers, o.Residency)
+}
+
+// ParseOptions reads the form String writes: space-separated key=value
+// pairs page_tokens, tiers and residency (tiers joined by '+', e.g.
+// L1+L2), each at most once; keys left out keep DefaultOptions' values.
+// The result is validated.
+func ParseOptions(s string) (Options, error) {
+	o := DefaultOptions()
+	seen := map[string]bool{}
+	for _, f := range strings.Fields(s) {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			return o, fmt.Errorf("radix options %q: %q is not key=value", s, f)
+		}
+		if seen[k] {
+			return o, fmt.Errorf("radix options %q: %s given twice", s, k)
+		}
+		seen[k] = true
+		switch k {
+		case "page_tokens", "tiers":
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return o, fmt.Errorf("radix options %q: %s: %w", s, k, err)
+			}
+			if k == "tiers" {
+				o.Tiers = n
+			} else {
+				o.PageTokens = n
+			}
+		case "residency":
+			r, err := ParseResidency(v)
+			if err != nil {
+				return o, fmt.Errorf("radix options %q: %w", s, err)
+			}
+			o.Residency = r
+		default:
+			return o, fmt.Errorf("radix options %q: unknown key %q (known: page_tokens, tiers, residency)", s, k)
+		}
+	}
+	if err := o.Validate(); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+// ParseResidency reads the form Residency.String writes: tiers L1..L8
+// joined by '+', or "-" for none.
+func ParseResidency(s string) (Residency, error) {
+	if s == "-" {
+		return 0, nil
+	}
+	var r Residency
+	for _, t := range strings.Split(s, "+") {
+		n, err := strconv.Atoi(strings.TrimPrefix(t, "L"))
+		if !strings.HasPrefix(t, "L") || err != nil || n < 1 || n > MaxTiers {
+			return 0, fmt.Errorf("residency %q: want tiers L1..L%d joined by '+', got %q", s, MaxTiers, t)
+		}
+		r |= 1 << (n - 1)
+	}
+	return r, nil
 }
