@@ -82,7 +82,9 @@ func (t *Tree) Unlock(n *Node) error {
 // SetBackupPending sets (on) or clears the replicated backup-pending
 // marker of n, which keeps n from being evicted or pruned until its
 // backup commits or rolls back. Setting a set marker or clearing a clear
-// one is an error (ErrMarker): it means two attaches or two commits.
+// one is an error (ErrMarker): it means two attaches or two commits. A
+// split copies the marker to both halves, so the host clears it on every
+// node that now covers the backed-up pages.
 func (t *Tree) SetBackupPending(n *Node, on bool) error {
 	if err := t.live(n, "set backup-pending on"); err != nil {
 		return err
