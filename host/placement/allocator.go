@@ -388,6 +388,26 @@ func (a *Allocator) Spans(id ObjectID, kind tiers.PayloadKind, dst []tiers.Span)
 	return dst, nil
 }
 
+// PageSpans appends to dst one slab span per page of an object's pages of
+// one kind, in the object's page order (the spans a Store put or get of
+// the object's pages names), and returns it.
+func (a *Allocator) PageSpans(id ObjectID, kind tiers.PayloadKind, dst []tiers.Span) ([]tiers.Span, error) {
+	n := len(dst)
+	dst, err := a.Spans(id, kind, dst)
+	if err != nil {
+		return dst, err
+	}
+	runs := append([]tiers.Span(nil), dst[n:]...)
+	dst = dst[:n]
+	pb := a.layout.Kinds[kind].PageBytes
+	for _, r := range runs {
+		for off := int64(0); off < r.Length; off += pb {
+			dst = append(dst, tiers.Span{Slab: r.Slab, Offset: r.Offset + off, Length: pb})
+		}
+	}
+	return dst, nil
+}
+
 // Has reports whether id is reserved.
 func (a *Allocator) Has(id ObjectID) bool { _, ok := a.objects[id]; return ok }
 

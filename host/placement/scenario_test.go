@@ -333,12 +333,15 @@ func (s *scenario) exec(line string) (string, error) {
 	case "digest":
 		d := a.Digest()
 		return hex.EncodeToString(d[:8]) + "\n", nil
-	case "spans":
+	case "spans", "pagespans":
 		k, err := intArg(args, "kind")
 		if err != nil {
 			return "", err
 		}
 		spans, err := a.Spans(ObjectID(id), tiers.PayloadKind(k), nil)
+		if cmd == "pagespans" {
+			spans, err = a.PageSpans(ObjectID(id), tiers.PayloadKind(k), nil)
+		}
 		if err != nil {
 			return "", err
 		}
