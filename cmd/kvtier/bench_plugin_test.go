@@ -22,8 +22,8 @@ func TestBenchPluginSmall(t *testing.T) {
 		t.Fatalf("bench plugin: %v\n%s", err, errOut.String())
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) != 14 {
-		t.Fatalf("want 14 JSON lines, got:\n%s", out.String())
+	if len(lines) != 16 {
+		t.Fatalf("want 16 JSON lines, got:\n%s", out.String())
 	}
 	for i, l := range lines {
 		var r struct {

@@ -213,7 +213,13 @@ func Run(ctx context.Context, cfg Config) ([]benchreport.Result, error) {
 		return nil, err
 	}
 	defer p.Close()
-	type series struct{ in, pl, inAck, plAck []time.Duration }
+	type series struct {
+		in, pl, inAck, plAck []time.Duration
+		// CPU time of the rounds: the host process for in-process
+		// rounds; the host and the plugin process for plugin rounds.
+		inCPU, plCPU time.Duration
+	}
+	pid := p.Plugin.(interface{ PID() int }).PID()
 	measure := func(batch, rounds int, get bool) (series, error) {
 		var s series
 		for r := range rounds {
@@ -223,6 +229,11 @@ func Run(ctx context.Context, cfg Config) ([]benchreport.Result, error) {
 				order = []tiers.Store{p.Plugin, p.InProc}
 			}
 			for _, st := range order {
+				host0 := selfCPU()
+				plug0, err := procCPU(pid)
+				if err != nil {
+					return s, err
+				}
 				d, err := p.PutRound(ctx, st, keys)
 				if err != nil {
 					return s, err
@@ -237,10 +248,17 @@ func Run(ctx context.Context, cfg Config) ([]benchreport.Result, error) {
 						return s, err
 					}
 				}
+				plug1, err := procCPU(pid)
+				if err != nil {
+					return s, err
+				}
+				cpu := selfCPU() - host0
 				if st == p.InProc {
 					s.in = append(s.in, d)
+					s.inCPU += cpu
 				} else {
 					s.pl = append(s.pl, d)
+					s.plCPU += cpu + plug1 - plug0
 				}
 			}
 		}
@@ -268,6 +286,23 @@ func Run(ctx context.Context, cfg Config) ([]benchreport.Result, error) {
 			Bench: fmt.Sprintf("plugin/%s-throughput-%dp-best", op, cfg.BatchPages), Value: bpl, Unit: "GB/s",
 			Target: 0.9, Note: fmt.Sprintf(note, cfg.Rounds) + "; best round of each side",
 		}.WithLimit("in-process memstore", bin))
+		// CPU per byte moved: insensitive to how busy the machine is,
+		// unlike wall time. A get round also includes its put.
+		moved := float64(cfg.Rounds) * bytes / 1e9
+		what := "put"
+		if op == "get" {
+			what = "put then get"
+		}
+		cpuIn, cpuPl := big.inCPU.Seconds()/moved, big.plCPU.Seconds()/moved
+		cpuRes := benchreport.Result{
+			Bench: fmt.Sprintf("plugin/%s-cpu-%dp", op, cfg.BatchPages), Value: cpuPl, Unit: "CPU-s/GB",
+			Limit: cpuIn, LimitName: "in-process memstore",
+			Note: fmt.Sprintf("CPU time of %s rounds (host + plugin process) per GB of pages; ratio is in-process/plugin (lower is better); plugin CPU has 10 ms resolution", what),
+		}
+		if cpuPl > 0 {
+			cpuRes.Ratio = cpuIn / cpuPl
+		}
+		out = append(out, cpuRes)
 		small, err := measure(1, 10*cfg.Rounds, op == "get")
 		if err != nil {
 			return nil, err

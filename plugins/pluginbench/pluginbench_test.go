@@ -91,6 +91,7 @@ func TestRunReports(t *testing.T) {
 	for _, op := range []string{"put", "get"} {
 		want["plugin/"+op+"-throughput-8p"] = true
 		want["plugin/"+op+"-throughput-8p-best"] = true
+		want["plugin/"+op+"-cpu-8p"] = true
 		if op == "put" {
 			want["plugin/put-ack-delay-1p-p50"] = true
 			want["plugin/put-ack-delay-1p-p99"] = true

@@ -174,14 +174,7 @@ func (s *Store) up() bool {
 	return s.gen != nil
 }
 
-func (s *Store) pid() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.gen == nil {
-		return 0
-	}
-	return s.gen.proc.pid
-}
+func (s *Store) pid() int { return s.PID() }
 
 func (x *Index) up() bool {
 	x.mu.Lock()

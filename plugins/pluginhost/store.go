@@ -676,6 +676,18 @@ func (s *Store) DrainAcks(dst []tiers.Ack) []tiers.Ack {
 // AckReady is signalled when acks were queued.
 func (s *Store) AckReady() <-chan struct{} { return s.ackReady }
 
+// PID returns the process id of the serving plugin process, 0 while the
+// plugin is down. It is for operators and benchmarks (CPU accounting); the
+// host never signals it.
+func (s *Store) PID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gen == nil {
+		return 0
+	}
+	return s.gen.proc.pid
+}
+
 // Stats returns the plugin's counters plus those of the processes before
 // it and the items served degraded. Page and byte counts are the serving
 // process's (0 while down).
