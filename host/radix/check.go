@@ -14,6 +14,13 @@ type EvictableLister interface {
 	Evictable() []policy.NodeID
 }
 
+// SelfChecker is an optional ability of an evictor: Check verifies the
+// evictor's own internal invariants and returns "" when they hold. The
+// tree's Check calls it, so invariant builds cover the policy too.
+type SelfChecker interface {
+	Check() string
+}
+
 // Check verifies the tree's invariants and returns the first violation,
 // naming what was expected and what was found: key length = pages = hashes
 // (and tokens / page_tokens), parent/child links and depths, lock refs
@@ -21,7 +28,8 @@ type EvictableLister interface {
 // naming only configured tiers and per-tier page counts equal to the sum
 // over nodes, node ids unique and below the next id, the evictable flags
 // equal to "leaf, no lock, no backup pending", and the evictor's
-// evictable set equal to the tree's when the evictor can list it.
+// evictable set equal to the tree's when the evictor can list it, and the
+// evictor's own invariants when it can check them (SelfChecker).
 //
 // Check costs O(nodes + pages); builds with the invariants tag run it
 // after mutating calls (see checkSampled).
@@ -41,6 +49,11 @@ func (t *Tree) Check() error {
 	}
 	if len(c.seen) != t.byID.len() {
 		return fmt.Errorf("radix invariant: id table has %d nodes, tree reaches %d", t.byID.len(), len(c.seen))
+	}
+	if sc, ok := t.ev.(SelfChecker); ok {
+		if msg := sc.Check(); msg != "" {
+			return fmt.Errorf("radix invariant: evictor %s: %s", t.ev.Name(), msg)
+		}
 	}
 	if l, ok := t.ev.(EvictableLister); ok {
 		got := l.Evictable()

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 
+	"github.com/kvtier/kvtier/host/radix"
 	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/policy/belady"
 )
@@ -104,6 +105,14 @@ func NewEvictor(reg *policy.Registry, tr *Trace, s Spec) (policy.Evictor, error)
 type tailRanked struct{ policy.Evictor }
 
 func (tailRanked) TailRanked() bool { return true }
+
+// Check forwards the oracle's own invariant check (radix.SelfChecker).
+func (t tailRanked) Check() string {
+	if c, ok := t.Evictor.(radix.SelfChecker); ok {
+		return c.Check()
+	}
+	return ""
+}
 
 // RunPlan runs every replay of p on tr, in parallel, each on its own tree
 // replica and evictor, and returns the results in the plan's order. The
