@@ -158,6 +158,10 @@ func (c Config) BadgerOptions(dir string, log *slog.Logger) badgerdb.Options {
 		WithNumCompactors(2).
 		WithDetectConflicts(false).
 		WithNumVersionsToKeep(1).
+		// NB: records are 32 bytes and always stay in the LSM tree; a
+		// small threshold also lets small memtables open (Badger refuses a
+		// threshold above 15% of the memtable).
+		WithValueThreshold(1 << 10).
 		// NB: Badger's metrics are process-global expvars, shared by every
 		// database of the process; they would mix indexes.
 		WithMetricsEnabled(false).

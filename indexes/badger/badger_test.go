@@ -280,3 +280,49 @@ func FuzzConfigString(f *testing.F) {
 		}
 	})
 }
+
+// TestBatchTooBig checks that a batch larger than one Badger transaction is
+// refused whole with an error that says what to raise, and that the index
+// keeps working.
+func TestBatchTooBig(t *testing.T) {
+	ctx := context.Background()
+	cfg := DefaultConfig()
+	cfg.MemTableBytes = 1 << 20 // about 1,600 entries per transaction
+	ix := openAt(t, t.TempDir(), cfg)
+	defer ix.Close()
+	rng := newRand()
+	entries := make([]indexes.Entry, int(ix.db.MaxBatchCount())+10)
+	for i := range entries {
+		k := indextest.RandomKey(rng, 2)
+		entries[i] = indexes.Entry{Key: k, Record: indextest.RandomRecord(rng, k)}
+	}
+	err := ix.Put(ctx, entries)
+	if err == nil || !strings.Contains(err.Error(), "memtable_bytes") || !errors.Is(err, badgerdb.ErrTxnTooBig) {
+		t.Fatalf("put of %d entries: err = %v, want a transaction-too-big error naming memtable_bytes", len(entries), err)
+	}
+	st, err := ix.Stats(ctx)
+	if err != nil || st.Entries != 0 {
+		t.Fatalf("after the refused batch: stats %+v, %v; want no entries", st, err)
+	}
+	half := entries[:len(entries)/2]
+	if err := ix.Put(ctx, half); err != nil {
+		t.Fatalf("put of half the batch: %v", err)
+	}
+	if st, err := ix.Stats(ctx); err != nil || st.Entries != int64(len(half)) {
+		t.Fatalf("stats %+v, %v; want %d entries", st, err, len(half))
+	}
+}
+
+// TestOpenSmallestConfig opens the smallest valid config: every config
+// Validate accepts must open.
+func TestOpenSmallestConfig(t *testing.T) {
+	cfg := Config{Sync: false, MemTableBytes: minMemTableBytes, BlockCacheBytes: 0}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	small, dflt := openAt(t, t.TempDir(), cfg), openAt(t, t.TempDir(), DefaultConfig())
+	indextest.Metamorphic(t, 9, 200, small, dflt)
+	if err := errors.Join(small.Close(), dflt.Close()); err != nil {
+		t.Fatal(err)
+	}
+}
