@@ -583,3 +583,19 @@ func FuzzConfigString(f *testing.F) {
 		}
 	})
 }
+
+// TestOpenSmallestConfig opens the smallest valid config: every config
+// Validate accepts at the low end must open and hold entries.
+func TestOpenSmallestConfig(t *testing.T) {
+	cfg := Config{MapSizeBytes: minMapSize, MaxReaders: minMaxReaders, Sync: SyncNone}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ix := openAt(t, t.TempDir(), cfg)
+	defer ix.Close()
+	entries := entriesFor(rand.New(rand.NewPCG(3, 3)), 50)
+	if err := ix.Put(context.Background(), entries); err != nil {
+		t.Fatal(err)
+	}
+	expectPresent(t, ix, entries)
+}
