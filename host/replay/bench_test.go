@@ -6,14 +6,14 @@ import (
 	"github.com/kvtier/kvtier/workload"
 )
 
-// benchTrace is the shared Mooncake trace, or the test's generated trace
-// (said in the log) when it is absent.
+// benchTrace is the shared Mooncake trace, or the built-in generated
+// workload (said in the log) when it is absent, as `kvtier bench radix`.
 func benchTrace(b *testing.B) *Trace {
 	b.Helper()
 	tr, ok := tryShared(b, "mooncake_synthetic_trace.jsonl")
 	if !ok {
-		b.Log("shared trace absent: benchmarking the generated test trace")
-		return generated(b)
+		b.Log("shared trace absent: benchmarking the built-in generated workload")
+		return defaultWorkload(b)
 	}
 	return tr
 }
