@@ -472,6 +472,42 @@ func TestIndexKilledLosesNoAcknowledgedBatch(t *testing.T) {
 	}
 }
 
+// TestIndexGarbageGetReply: an index reply of the wrong length that claims
+// records is never read as found; the plugin is marked down as malformed
+// and comes back.
+func TestIndexGarbageGetReply(t *testing.T) {
+	t.Setenv("KVTIER_FAULT_GARBAGE_INDEX_GET", "1")
+	path, sum := pluginBinary(t, faultPkg)
+	x, err := OpenIndex(context.Background(), indexes.Env{Logger: testLogger(t, nil), Dir: t.TempDir()}, PluginSpec{
+		Name: "fault-index", Path: path, SHA256: sum, Options: fastOptions(), Config: map[string]any{"sync": false},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	keys := make([]indexes.Key, 6)
+	for i := range keys {
+		keys[i].Hash = pagehash.Next(pagehash.Root, []uint32{uint32(i)})
+	}
+	recs := make([]indexes.Record, len(keys))
+	found := make([]bool, len(keys))
+	if err := x.Get(context.Background(), keys, recs, found); err != nil {
+		t.Fatalf("get from a garbling plugin: %v, want misses", err)
+	}
+	for i, f := range found {
+		if f {
+			t.Fatalf("key %d found (record %+v) in a malformed reply", i, recs[i])
+		}
+	}
+	if got := counter(x.m.failures.WithLabelValues(reasonMalformed)); got != 1 {
+		t.Fatalf("malformed failures = %v, want 1", got)
+	}
+	waitFor(t, "index restart", 20*time.Second, func() bool { return x.up() && counter(x.m.restarts) >= 1 })
+	if err := x.Put(context.Background(), []indexes.Entry{{Key: keys[0], Record: indexes.Record{Slot: 1}}}); err != nil {
+		t.Fatalf("put after restart: %v", err)
+	}
+}
+
 // TestRefusals: each way a plugin is refused at open says which and why.
 func TestRefusals(t *testing.T) {
 	fault, faultSum := pluginBinary(t, faultPkg)

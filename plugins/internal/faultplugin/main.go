@@ -11,6 +11,7 @@
 //	KVTIER_FAULT_HANG_ON_GET=N       block forever in the Nth Get call
 //	KVTIER_FAULT_GARBAGE_GET=N       answer the Nth Get with a reply of the wrong length
 //	KVTIER_FAULT_GARBAGE_ACKS=N      send the Nth ack batch with an unset stage
+//	KVTIER_FAULT_GARBAGE_INDEX_GET=N answer the Nth index Get with too few results
 //	KVTIER_FAULT_NO_SLAB=1           claim in Open that the slab is not mapped
 //	KVTIER_FAULT_STDOUT_MARKER=path  print to stdout before the handshake if path exists
 //	KVTIER_FAULT_STDOUT_ALWAYS=1     print to stdout before the handshake
@@ -30,6 +31,7 @@ import (
 
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/indexes/badger"
+	"github.com/kvtier/kvtier/plugins/proto/indexv1"
 	"github.com/kvtier/kvtier/plugins/proto/storev1"
 	"github.com/kvtier/kvtier/plugins/sdk"
 	"github.com/kvtier/kvtier/tiers"
@@ -43,8 +45,9 @@ func envInt(name string) int64 {
 
 type faults struct {
 	crashOnPut, hangOnGet, garbageGet, garbageAcks int64
+	garbageIndexGet                                int64
 	noSlab                                         bool
-	puts, gets, ackBatches                         atomic.Int64
+	puts, gets, ackBatches, indexGets              atomic.Int64
 }
 
 func main() {
@@ -57,11 +60,12 @@ func main() {
 		}
 	}
 	f := &faults{
-		crashOnPut:  envInt("KVTIER_FAULT_CRASH_ON_PUT"),
-		hangOnGet:   envInt("KVTIER_FAULT_HANG_ON_GET"),
-		garbageGet:  envInt("KVTIER_FAULT_GARBAGE_GET"),
-		garbageAcks: envInt("KVTIER_FAULT_GARBAGE_ACKS"),
-		noSlab:      os.Getenv("KVTIER_FAULT_NO_SLAB") != "",
+		crashOnPut:      envInt("KVTIER_FAULT_CRASH_ON_PUT"),
+		hangOnGet:       envInt("KVTIER_FAULT_HANG_ON_GET"),
+		garbageGet:      envInt("KVTIER_FAULT_GARBAGE_GET"),
+		garbageAcks:     envInt("KVTIER_FAULT_GARBAGE_ACKS"),
+		garbageIndexGet: envInt("KVTIER_FAULT_GARBAGE_INDEX_GET"),
+		noSlab:          os.Getenv("KVTIER_FAULT_NO_SLAB") != "",
 	}
 	sdk.Serve(sdk.Plugin{
 		Name:    "faultplugin",
@@ -89,6 +93,17 @@ func main() {
 
 func (f *faults) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	switch info.FullMethod {
+	case indexv1.Index_Get_FullMethodName:
+		n := f.indexGets.Add(1)
+		reply, err := handler(ctx, req)
+		if n == f.garbageIndexGet && err == nil {
+			r := reply.(*indexv1.GetReply)
+			for _, l := range r.Results {
+				l.Found, l.Record = true, &indexv1.Record{Slot: 666} // claim hits...
+			}
+			r.Results = r.Results[:len(r.Results)/2] // ...in a reply of the wrong length
+		}
+		return reply, err
 	case storev1.Store_Open_FullMethodName:
 		reply, err := handler(ctx, req)
 		if err == nil && f.noSlab {
