@@ -171,6 +171,10 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 	if len(env.Payload.Kinds) > 256 {
 		return nil, fmt.Errorf("l3disk open: %d payload kinds, at most 256: %w", len(env.Payload.Kinds), tiers.ErrInvalid)
 	}
+	if env.Rank > 0xffff {
+		// NB: the rank lives in an epoch's low 16 bits (epochFor).
+		return nil, fmt.Errorf("l3disk open: rank %d: at most 65535 ranks: %w", env.Rank, tiers.ErrInvalid)
+	}
 	stackID := env.StackID
 	if stackID == "" {
 		stackID = "default"
