@@ -120,8 +120,8 @@ func (x *Index) startGen(ctx context.Context) error {
 		return fmt.Errorf("plugin %s: %w", x.spec.Name, indexes.ErrClosed)
 	}
 	x.gen = g
+	x.m.up.Set(1) // under x.mu, so a failure right after sets it back to 0
 	x.mu.Unlock()
-	x.m.up.Set(1)
 	go x.watchExit(g)
 	x.logger.Info("index plugin serving", "impl", reply.GetImplementation(), "protocol", proc.version, "pid", proc.pid)
 	return nil

@@ -187,8 +187,8 @@ func (s *Store) startGen(ctx context.Context, cold tiers.ColdStart) error {
 	s.genSeq++
 	g.id = s.genSeq
 	s.gen = g
+	s.m.up.Set(1) // under s.mu, so a failure right after sets it back to 0
 	s.mu.Unlock()
-	s.m.up.Set(1)
 	go s.pumpAcks(g, stream)
 	go s.watchExit(g)
 	s.logger.Info("store plugin serving", "impl", g.impl, "protocol", proc.version, "pid", proc.pid, "cold_start", string(cold))
