@@ -141,7 +141,7 @@ func TestReplayErrors(t *testing.T) {
 		{"malformed trace names the line", []string{bad}, bad + ":2:", false},
 		{"missing trace", []string{filepath.Join(dir, "none.jsonl")}, "none.jsonl", false},
 		{"unknown policy", []string{trace, "--policy", "nope"}, `policy "nope"`, false},
-		{"bad capacity", []string{trace, "--capacity", "3X"}, `item 1 "3X"`, true},
+		{"bad capacity", []string{trace, "--capacity", "3X"}, `item 1 of "3X"`, true},
 		{"two traces", []string{trace, trace}, "at most one TRACE", true},
 		{"sweep and capacity", []string{trace, "--sweep", "--capacity", "1M"}, "exclude each other", true},
 		{"infinite is not a policy", []string{trace, "--vs", "infinite"}, "infinite bound", false},

@@ -3,86 +3,48 @@ package replay
 import (
 	"fmt"
 	"math"
-	"strconv"
 	"strings"
+
+	"github.com/kvtier/kvtier/host/config"
 )
 
 // DefaultCapacities is the capacity list of `kvtier replay` when none is
 // given: 1M, 3M and 10M tokens, plus the infinite bound.
 var DefaultCapacities = []int64{1_000_000, 3_000_000, 10_000_000, 0}
 
-// ParseCapacities parses a comma-separated list of capacities in tokens:
-// an integer with an optional decimal suffix K, M or G (10^3, 10^6, 10^9)
-// or binary suffix Ki, Mi or Gi (2^10, 2^20, 2^30), fractions allowed
-// with a suffix ("1.5M"), or "inf" for infinite capacity, returned as 0.
-// Errors name the item and its position in the list.
+// ParseCapacities parses a comma-separated list of capacities in tokens
+// with the stack config's token syntax (config.ParseTokenList: "1M",
+// "1.5M", "4096", "inf"), returning infinite capacity as 0. Errors name the
+// item and its position in the list.
 func ParseCapacities(s string) ([]int64, error) {
 	if strings.TrimSpace(s) == "" {
 		return nil, fmt.Errorf("capacity list is empty")
 	}
-	var out []int64
-	for i, item := range strings.Split(s, ",") {
-		c, err := parseCapacity(strings.TrimSpace(item))
-		if err != nil {
-			return nil, fmt.Errorf("capacity list item %d %q: %w", i+1, item, err)
+	toks, err := config.ParseTokenList(s)
+	if err != nil {
+		return nil, fmt.Errorf("capacity list: %w", err)
+	}
+	out := make([]int64, len(toks))
+	for i, t := range toks {
+		switch {
+		case t.IsInf():
+			out[i] = 0
+		case t <= 0:
+			return nil, fmt.Errorf("capacity list item %d %q: capacity must be positive (use inf for infinite)", i+1, t)
+		default:
+			out[i] = int64(t)
 		}
-		out = append(out, c)
 	}
 	return out, nil
 }
 
-func parseCapacity(s string) (int64, error) {
-	switch strings.ToLower(s) {
-	case "inf", "infinite", "infinity":
-		return 0, nil
-	case "":
-		return 0, fmt.Errorf("empty capacity")
-	}
-	mult := 1.0
-	for _, u := range []struct {
-		suffix string
-		mult   float64
-	}{{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}, {"K", 1e3}, {"k", 1e3}, {"M", 1e6}, {"G", 1e9}} {
-		if strings.HasSuffix(s, u.suffix) {
-			s, mult = strings.TrimSuffix(s, u.suffix), u.mult
-			break
-		}
-	}
-	if mult == 1 {
-		v, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("want tokens as an integer, a number with K/M/G/Ki/Mi/Gi, or inf")
-		}
-		if v <= 0 {
-			return 0, fmt.Errorf("capacity must be positive (use inf for infinite)")
-		}
-		return v, nil
-	}
-	v, err := strconv.ParseFloat(s, 64)
-	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
-		return 0, fmt.Errorf("want tokens as an integer, a number with K/M/G/Ki/Mi/Gi, or inf")
-	}
-	tokens := v * mult
-	if tokens < 1 || tokens > math.MaxInt64/2 {
-		return 0, fmt.Errorf("capacity %g tokens out of range", tokens)
-	}
-	return int64(tokens), nil
-}
-
 // FormatCapacity prints tokens the way ParseCapacities reads them back:
-// "inf", or a short decimal form such as "3M" when exact.
+// "inf" for 0, else the config's short form such as "3M".
 func FormatCapacity(tokens int64) string {
-	switch {
-	case tokens == 0:
+	if tokens == 0 {
 		return "inf"
-	case tokens%1_000_000_000 == 0:
-		return strconv.FormatInt(tokens/1_000_000_000, 10) + "G"
-	case tokens%1_000_000 == 0:
-		return strconv.FormatInt(tokens/1_000_000, 10) + "M"
-	case tokens%1_000 == 0:
-		return strconv.FormatInt(tokens/1_000, 10) + "K"
 	}
-	return strconv.FormatInt(tokens, 10)
+	return config.Tokens(tokens).String()
 }
 
 // SweepCapacities returns points capacities spaced evenly on a log scale
