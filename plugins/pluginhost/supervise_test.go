@@ -524,6 +524,8 @@ func TestRefusals(t *testing.T) {
 		{name: "checksum", spec: PluginSpec{Path: mem, SHA256: wrong}, want: ErrChecksum, mention: []string{wrong, memSum}},
 		{name: "stdout before handshake", env: map[string]string{"KVTIER_FAULT_STDOUT_ALWAYS": "1"},
 			spec: PluginSpec{Path: fault, SHA256: faultSum}, want: ErrHandshake, mention: []string{"hello from stdout", "stdout"}},
+		{name: "hangs before the handshake", env: map[string]string{"KVTIER_FAULT_HANG_AT_START": "1"},
+			spec: PluginSpec{Path: fault, SHA256: faultSum, Options: Options{StartTimeout: 500 * time.Millisecond}}, want: ErrHandshake, mention: []string{"no handshake within 500ms"}},
 		{name: "no slab mapping", env: map[string]string{"KVTIER_FAULT_NO_SLAB": "1"},
 			spec: PluginSpec{Path: fault, SHA256: faultSum}, want: ErrNoSlabMapping, mention: []string{"never over gRPC"}},
 		{name: "store plugin opened as index", spec: PluginSpec{Path: mem, SHA256: memSum}, index: true, want: ErrHandshake, mention: []string{"kvtier.index.v1"}},
@@ -535,7 +537,11 @@ func TestRefusals(t *testing.T) {
 				t.Setenv(k, v)
 			}
 			tc.spec.Name = "refused"
-			tc.spec.Options = fastOptions()
+			opts := fastOptions()
+			if tc.spec.Options.StartTimeout != 0 {
+				opts.StartTimeout = tc.spec.Options.StartTimeout
+			}
+			tc.spec.Options = opts
 			var err error
 			if tc.index {
 				var x *Index

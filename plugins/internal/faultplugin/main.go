@@ -15,6 +15,7 @@
 //	KVTIER_FAULT_NO_SLAB=1           claim in Open that the slab is not mapped
 //	KVTIER_FAULT_STDOUT_MARKER=path  print to stdout before the handshake if path exists
 //	KVTIER_FAULT_STDOUT_ALWAYS=1     print to stdout before the handshake
+//	KVTIER_FAULT_HANG_AT_START=1     never reach the handshake
 //
 // Counters start at 1 in each process, so a restarted plugin misbehaves
 // again at its own Nth call.
@@ -51,6 +52,9 @@ type faults struct {
 }
 
 func main() {
+	if os.Getenv("KVTIER_FAULT_HANG_AT_START") != "" {
+		select {} // the fault under test: only the host's start timeout ends this
+	}
 	if os.Getenv("KVTIER_FAULT_STDOUT_ALWAYS") != "" {
 		fmt.Println("faultplugin: hello from stdout") // the fault under test
 	}
