@@ -51,7 +51,7 @@ func TestReplayJSON(t *testing.T) {
 	dir := t.TempDir()
 	trace := writeTrace(t, dir)
 	// Flags after TRACE work too.
-	out, _, err := runCLI(t, "replay", trace, "--json", "--capacity", "4K,8Ki,inf", "--vs", "slru,lru")
+	out, _, err := runCLI(t, "replay", trace, "--json", "--capacity", "4K,8192,inf", "--vs", "slru,lru")
 	if err != nil {
 		t.Fatal(err)
 	}
