@@ -258,6 +258,9 @@ func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) (err error) {
 				return fmt.Errorf("set %s: %w", e.Key, err)
 			}
 		}
+		if invariants {
+			ix.checkWritten(txn, entries)
+		}
 		return nil
 	})
 }
@@ -331,6 +334,9 @@ func (ix *Index) Delete(ctx context.Context, keys []indexes.Key) (err error) {
 				return fmt.Errorf("delete %s: %w", k, err)
 			}
 		}
+		if invariants {
+			ix.checkAbsent(txn, keys)
+		}
 		return nil
 	})
 }
@@ -367,6 +373,15 @@ func (ix *Index) DeleteIf(ctx context.Context, entries []indexes.Entry, deleted 
 				return fmt.Errorf("delete %s: %w", e.Key, err)
 			}
 			res[i] = true
+		}
+		if invariants {
+			var gone []indexes.Key
+			for i, e := range entries {
+				if res[i] {
+					gone = append(gone, e.Key)
+				}
+			}
+			ix.checkAbsent(txn, gone)
 		}
 		return nil
 	})
@@ -405,6 +420,9 @@ func (ix *Index) Touch(ctx context.Context, keys []indexes.Key, at uint64) (err 
 			if err := txn.Set(kb[:], vb[:]); err != nil {
 				return fmt.Errorf("set %s: %w", k, err)
 			}
+		}
+		if invariants {
+			ix.checkTouched(txn, keys, at)
 		}
 		return nil
 	})
@@ -454,6 +472,7 @@ func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) (err
 		opts.PrefetchValues = false
 		it := txn.NewIterator(opts)
 		defer it.Close()
+		var prev []byte // for the invariants build only
 		n := 0
 		for it.Rewind(); it.Valid(); it.Next() {
 			if n++; n%4096 == 0 {
@@ -462,6 +481,9 @@ func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) (err
 				}
 			}
 			item := it.Item()
+			if invariants {
+				ix.checkOrder(&prev, item.Key())
+			}
 			k, err := indexes.DecodeKey(item.Key())
 			if err != nil {
 				corrupt.add(fmt.Errorf("key %x: %w", item.Key(), err))

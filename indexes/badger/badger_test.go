@@ -3,6 +3,7 @@ package badger
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -325,4 +326,43 @@ func TestOpenSmallestConfig(t *testing.T) {
 	if err := errors.Join(small.Close(), dflt.Close()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestChecksFire feeds each invariant check a state that breaks it and
+// requires a panic; the checks run in -tags invariants and race builds.
+func TestChecksFire(t *testing.T) {
+	ix := openAt(t, t.TempDir(), DefaultConfig())
+	defer ix.Close()
+	rng := newRand()
+	k := indextest.RandomKey(rng, 2)
+	e := indexes.Entry{Key: k, Record: indextest.RandomRecord(rng, k)}
+	other := e
+	other.Record.Slot++
+	panics := func(name string, fn func()) {
+		t.Helper()
+		defer func() {
+			r := recover()
+			if r == nil || !strings.Contains(fmt.Sprint(r), "invariant") {
+				t.Errorf("%s: recovered %v, want an invariant panic", name, r)
+			}
+		}()
+		fn()
+	}
+	txn := ix.db.NewTransaction(true)
+	defer txn.Discard()
+	var kb [indexes.KeySize]byte
+	var vb [indexes.RecordSize]byte
+	indexes.EncodeKey(&kb, e.Key)
+	indexes.EncodeRecord(&vb, e.Key, e.Record)
+	if err := txn.Set(kb[:], vb[:]); err != nil {
+		t.Fatal(err)
+	}
+	panics("written", func() { ix.checkWritten(txn, []indexes.Entry{other}) })
+	panics("absent", func() { ix.checkAbsent(txn, []indexes.Key{e.Key}) })
+	panics("touched", func() { ix.checkTouched(txn, []indexes.Key{e.Key}, e.Record.LastAccess+1) })
+	prev := []byte{2}
+	panics("order", func() { ix.checkOrder(&prev, []byte{1}) })
+	ix.checkWritten(txn, []indexes.Entry{other, e})
+	ix.checkTouched(txn, []indexes.Key{e.Key}, e.Record.LastAccess)
+	ix.checkOrder(&prev, []byte{3})
 }

@@ -344,6 +344,9 @@ func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) (err error) {
 				return err
 			}
 		}
+		if invariants {
+			ix.checkWritten(txn, entries)
+		}
 		return nil
 	})
 }
@@ -409,6 +412,9 @@ func (ix *Index) Delete(ctx context.Context, keys []indexes.Key) (err error) {
 				return fmt.Errorf("delete %s: %w", k, err)
 			}
 		}
+		if invariants {
+			ix.checkAbsent(txn, keys)
+		}
 		return nil
 	})
 }
@@ -445,6 +451,15 @@ func (ix *Index) DeleteIf(ctx context.Context, entries []indexes.Entry, deleted 
 				return fmt.Errorf("delete %s: %w", e.Key, err)
 			}
 			res[i] = true
+		}
+		if invariants {
+			var gone []indexes.Key
+			for i, e := range entries {
+				if res[i] {
+					gone = append(gone, e.Key)
+				}
+			}
+			ix.checkAbsent(txn, gone)
 		}
 		return nil
 	})
@@ -485,6 +500,9 @@ func (ix *Index) Touch(ctx context.Context, keys []indexes.Key, at uint64) (err 
 			if err := txn.Put(ix.dbi, kb[:], vb[:], 0); err != nil {
 				return err
 			}
+		}
+		if invariants {
+			ix.checkTouched(txn, keys, at)
 		}
 		return nil
 	})
@@ -530,6 +548,7 @@ func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) (err
 			return err
 		}
 		defer cur.Close()
+		var prev []byte // for the invariants build only
 		n := 0
 		for op := uint(mdb.First); ; op = mdb.Next {
 			kb, v, err := cur.Get(nil, nil, op)
@@ -543,6 +562,9 @@ func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) (err
 				if err := ctx.Err(); err != nil {
 					return err
 				}
+			}
+			if invariants {
+				ix.checkOrder(&prev, kb)
 			}
 			k, err := indexes.DecodeKey(kb)
 			if err != nil {

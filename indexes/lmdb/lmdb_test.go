@@ -599,3 +599,46 @@ func TestOpenSmallestConfig(t *testing.T) {
 	}
 	expectPresent(t, ix, entries)
 }
+
+// TestChecksFire feeds each invariant check a state that breaks it and
+// requires a panic naming the key; the checks run in -tags invariants and
+// race builds.
+func TestChecksFire(t *testing.T) {
+	ix := openAt(t, t.TempDir(), DefaultConfig())
+	defer ix.Close()
+	e := entriesFor(rand.New(rand.NewPCG(4, 4)), 1)[0]
+	other := e
+	other.Record.Slot++
+	panics := func(name string, fn func()) {
+		t.Helper()
+		defer func() {
+			r := recover()
+			if r == nil || !strings.Contains(fmt.Sprint(r), "invariant") {
+				t.Errorf("%s: recovered %v, want an invariant panic", name, r)
+			}
+		}()
+		fn()
+	}
+	err := ix.env.Update(func(txn *mdb.Txn) error {
+		var kb [indexes.KeySize]byte
+		var vb [indexes.RecordSize]byte
+		indexes.EncodeKey(&kb, e.Key)
+		indexes.EncodeRecord(&vb, e.Key, e.Record)
+		if err := txn.Put(ix.dbi, kb[:], vb[:], 0); err != nil {
+			return err
+		}
+		panics("written", func() { ix.checkWritten(txn, []indexes.Entry{other}) })
+		panics("absent", func() { ix.checkAbsent(txn, []indexes.Key{e.Key}) })
+		panics("touched", func() { ix.checkTouched(txn, []indexes.Key{e.Key}, e.Record.LastAccess+1) })
+		prev := []byte{2}
+		panics("order", func() { ix.checkOrder(&prev, []byte{1}) })
+		// And the checks pass on a state that keeps them.
+		ix.checkWritten(txn, []indexes.Entry{other, e})
+		ix.checkTouched(txn, []indexes.Key{e.Key}, e.Record.LastAccess)
+		ix.checkOrder(&prev, []byte{3})
+		return errors.New("abort the probe transaction")
+	})
+	if err == nil || !strings.Contains(err.Error(), "abort the probe") {
+		t.Fatalf("probe transaction: %v", err)
+	}
+}
