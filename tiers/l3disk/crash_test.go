@@ -234,22 +234,30 @@ func TestCrashChild(t *testing.T) {
 		}
 		return ks
 	}
-	for step := 0; ; step++ {
+	type item struct {
+		b tiers.BatchID
+		i int
+	}
+	released := map[item]bool{}
+	drain := func() {
 		for _, a := range st.DrainAcks(nil) {
-			if a.Stage == tiers.AckGathered || (a.Stage == tiers.AckFailed) {
+			// NB: an item's source is released by its gathered ack, or by a
+			// failed ack that comes without one; count each item once.
+			it := item{a.Batch, a.Index}
+			if (a.Stage == tiers.AckGathered || a.Stage == tiers.AckFailed) && !released[it] {
+				released[it] = true
 				pending[a.Batch]--
 			}
 		}
+	}
+	for step := 0; ; step++ {
+		drain()
 		switch op := rng.IntN(10); {
 		case op < 6:
 			reg := step % regions
 			for pending[region[reg]] > 0 {
 				time.Sleep(200 * time.Microsecond)
-				for _, a := range st.DrainAcks(nil) {
-					if a.Stage == tiers.AckGathered || a.Stage == tiers.AckFailed {
-						pending[a.Batch]--
-					}
-				}
+				drain()
 			}
 			keys := randKeys(1 + rng.IntN(per))
 			seen := map[tiers.Key]bool{}
