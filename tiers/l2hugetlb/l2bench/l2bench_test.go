@@ -44,17 +44,17 @@ func TestGatherScatterRoundTrip(t *testing.T) {
 // TestChurnKeepsLiveCount checks the allocator churn holds its live count
 // and stays consistent.
 func TestChurnKeepsLiveCount(t *testing.T) {
-	c, err := NewChurn(1000, 8, 7)
+	c, err := NewChurn(200, 8, 7)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i < 5000; i++ {
+	for i := 0; i < 1000; i++ {
 		if err := c.Step(); err != nil {
 			t.Fatalf("step %d (seed 7): %v", i, err)
 		}
 	}
-	if st := c.A.Stats(); st.Objects != 1000 || st.FreePages[0] != 2000 {
-		t.Fatalf("after churn: %d objects, %d free pages; want 1000 and 2000", st.Objects, st.FreePages[0])
+	if st := c.A.Stats(); st.Objects != 200 || st.FreePages[0] != 400 {
+		t.Fatalf("after churn: %d objects, %d free pages; want 200 and 400", st.Objects, st.FreePages[0])
 	}
 	if err := c.A.CheckInvariants(); err != nil {
 		t.Fatal(err)
@@ -67,7 +67,9 @@ func TestRunSmall(t *testing.T) {
 	o := DefaultOptions()
 	o.CopyBytes, o.ChunkBytes = 4<<20, 1<<20
 	o.Layers, o.SliceBytes, o.GatherPages = 4, 4<<10, 16
-	o.LiveObjects, o.ObjectPages, o.DigestPages = 1000, 8, 20_000
+	// Small enough for builds with invariant checks after every allocator
+	// operation (make test) and the race detector.
+	o.LiveObjects, o.ObjectPages, o.DigestPages = 100, 8, 2_000
 	o.MinTime = 5 * time.Millisecond
 	if b := hugetest.Setup(t, o.HugePages()); b.Kind == hugetest.BackingHugetlbfs {
 		o.HugeDir = b.Dir
