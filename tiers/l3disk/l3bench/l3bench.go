@@ -209,14 +209,24 @@ func runStore(ctx context.Context, o Options, tmp string, between func() error, 
 		// Spill.
 		pendingGather := [2]int{}
 		regionOf := map[tiers.BatchID]int{}
+		type item struct {
+			b tiers.BatchID
+			i int
+		}
+		gathered := map[item]bool{}
 		durable, failed := 0, 0
 		var firstErr error
 		drain := func() {
 			for _, a := range st.DrainAcks(nil) {
 				region := regionOf[a.Batch]
-				switch a.Stage {
-				case tiers.AckGathered:
+				it := item{a.Batch, a.Index}
+				if (a.Stage == tiers.AckGathered || a.Stage == tiers.AckFailed) && !gathered[it] {
+					// NB: a source is released once: by its gathered ack, or
+					// by a failed ack that comes without one.
+					gathered[it] = true
 					pendingGather[region]--
+				}
+				switch a.Stage {
 				case tiers.AckDurable:
 					durable++
 				case tiers.AckFailed:
