@@ -3,8 +3,8 @@
 //
 // Keys are the 33-byte indexes.EncodeKey form and values the 32-byte
 // canonical record (indexes.EncodeRecord), stored inline in the LSM tree
-// (far below Badger's value threshold), so the value log is never used for
-// them and needs no garbage collection. Compression is off (a record is
+// (below the 1 KiB value threshold this package sets), so the value log is
+// never used for them and needs no garbage collection. Compression is off (a record is
 // random bytes), the block cache small, and Badger's conflict detection is
 // off: every write transaction of an Index runs under Index.writeMu, so no
 // transaction ever commits between another's read and its write and there

@@ -698,7 +698,8 @@ func testLargeBatch(t *testing.T, ix indexes.Index) {
 // testConcurrent runs readers against one writer that rewrites a fixed key
 // set in whole batches, each batch stamping one round number into every
 // record. A Get of the whole key set is one batch and must see one round
-// (batches are atomic), and rounds never go backwards for a reader.
+// (batches are atomic), as must an Iterate (a snapshot), and rounds never
+// go backwards for a reader.
 func testConcurrent(t *testing.T, ix indexes.Index) {
 	rng := newRand(t, 17)
 	const rounds, readers = 60, 4
@@ -716,8 +717,37 @@ func testConcurrent(t *testing.T, ix indexes.Index) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	errs := make(chan error, readers+1)
+	errs := make(chan error, readers+2)
 	var wg sync.WaitGroup
+	// One more reader iterates: an iteration is a snapshot too, so it sees
+	// every key at one round.
+	wg.Go(func() {
+		var last uint64
+		for ctx.Err() == nil {
+			n, round := 0, uint64(0)
+			err := ix.Iterate(context.Background(), func(e indexes.Entry) error {
+				if n == 0 {
+					round = e.Record.Slot
+				}
+				n++
+				if e.Record.Slot != round || e.Record.LastAccess != round {
+					return fmt.Errorf("iteration saw slot %d at entry %d after round %d: not a snapshot", e.Record.Slot, n, round)
+				}
+				return nil
+			})
+			if err == nil && n != len(keys) {
+				err = fmt.Errorf("iteration saw %d entries, want %d", n, len(keys))
+			}
+			if err == nil && round < last {
+				err = fmt.Errorf("iteration round went back from %d to %d", last, round)
+			}
+			if err != nil {
+				errs <- fmt.Errorf("iterating reader: %w", err)
+				return
+			}
+			last = round
+		}
+	})
 	for r := range readers {
 		wg.Go(func() {
 			dst := make([]indexes.Record, len(keys))

@@ -46,7 +46,9 @@ const dbName = "kvtier.index.v1"
 
 // procLockFileName is the file whose byte at offset pid this process locks
 // (an open-file-description lock) while it has the environment open, which
-// detects a second open in the same process without package state.
+// detects a second open in the same process without package state. Like
+// LMDB's own reader table, it assumes every process sharing the directory
+// sees one pid namespace.
 const procLockFileName = "kvtier-index.procs"
 
 // Index is an LMDB-backed Index v1.
