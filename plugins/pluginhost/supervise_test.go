@@ -55,8 +55,11 @@ func newHarness(t *testing.T, opts Options, seed uint64) *harness {
 			t.Logf("seed %d", seed)
 		}
 	})
-	return &harness{t: t, store: st, slab: slab, rng: rand.New(rand.NewPCG(seed, seed)), seed: seed, acks: map[tiers.BatchID][]tiers.Ack{}}
+	return &harness{t: t, store: st, slab: slab, rng: newRandFor(seed), seed: seed, acks: map[tiers.BatchID][]tiers.Ack{}}
 }
+
+// newRandFor returns the seeded generator of a test.
+func newRandFor(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, seed)) }
 
 type testPage struct {
 	key  tiers.Key
