@@ -488,12 +488,19 @@ func (s *Store) gatherLoop() {
 		s.gatherMu.Lock()
 		var it putItem
 		have := len(s.gatherQ) > 0
+		more := false
 		if have {
 			it = s.gatherQ[0]
 			s.gatherQ[0] = putItem{}
 			s.gatherQ = s.gatherQ[1:]
+			more = len(s.gatherQ) > 0
 		}
 		s.gatherMu.Unlock()
+		if more {
+			// Wake another gatherer for the rest: one signal per Put would
+			// otherwise leave all but one of them asleep.
+			signal(s.gatherSig)
+		}
 		if !have {
 			select {
 			case <-s.gatherSig:
