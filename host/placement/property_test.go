@@ -2,6 +2,7 @@ package placement
 
 import (
 	"errors"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/kvtier/kvtier/tiers"
@@ -200,5 +201,59 @@ func TestCapacityChargedOnce(t *testing.T) {
 				t.Fatalf("replica %d kind %d: %d free pages, want %d", rank, k, got, want)
 			}
 		}
+	}
+}
+
+// TestEightReplicasEvictToFit mirrors the seed's eight-rank test: fill the
+// slab with committed objects, then keep reserving with evict-to-fit,
+// victims in insertion order (oldest first, as an LRU policy would give),
+// on 8 replicas. Every replica must evict the same victims and end in the
+// same state, and large reservations must be served from coalesced space.
+func TestEightReplicasEvictToFit(t *testing.T) {
+	l := testLayouts()["two-kinds-multi-slab"]
+	const seed = 11
+	r := rand.New(rand.NewPCG(seed, 0))
+	var reps [8]*Allocator
+	for i := range reps {
+		reps[i], _ = New(l)
+	}
+	var order []ObjectID // live committed objects, oldest first
+	next := ObjectID(1)
+	contiguousBig := 0
+	for step := 0; step < 400; step++ {
+		pages := 1 + r.Int64N(12)
+		id := next
+		next++
+		var evicted int
+		for i, a := range reps {
+			n, err := a.EvictToFit(id, pages, a.AllKinds(), order)
+			if err != nil {
+				t.Fatalf("seed %d step %d replica %d: %v", seed, step, i, err)
+			}
+			if i == 0 {
+				evicted = n
+			} else if n != evicted {
+				t.Fatalf("seed %d step %d: replica %d evicted %d, replica 0 %d", seed, step, i, n, evicted)
+			}
+			if err := a.Commit(id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		order = append(order[evicted:], id)
+		d := reps[0].Digest()
+		for i := 1; i < len(reps); i++ {
+			if reps[i].Digest() != d {
+				t.Fatalf("seed %d step %d: replica %d digest differs", seed, step, i)
+			}
+		}
+		if info, _ := reps[0].Object(id); pages >= 8 && evicted > 1 && len(info.Ranges) == 2 {
+			contiguousBig++ // one range per kind, made of several victims' pages
+		}
+		if err := reps[0].CheckInvariants(); err != nil {
+			t.Fatalf("seed %d step %d: %v", seed, step, err)
+		}
+	}
+	if contiguousBig == 0 {
+		t.Fatalf("seed %d: no large reservation was served contiguously from several victims' coalesced pages", seed)
 	}
 }
