@@ -33,8 +33,10 @@ import (
 
 // Backing names, as in tiers.SlabGeometry.Backing.
 const (
+	// BackingHugetlbfs: files on a hugetlbfs mount, 2 MiB pages.
 	BackingHugetlbfs = "hugetlbfs"
-	BackingShm       = "shm"
+	// BackingShm: files on a tmpfs (the explicit fallback), system pages.
+	BackingShm = "shm"
 )
 
 // Sentinel errors callers branch on with errors.Is.

@@ -29,8 +29,10 @@ const PageSize = 2 << 20
 
 // Backing names, as in tiers.SlabGeometry.Backing.
 const (
+	// BackingHugetlbfs: files on a hugetlbfs mount, 2 MiB pages.
 	BackingHugetlbfs = "hugetlbfs"
-	BackingShm       = "shm"
+	// BackingShm: files on a tmpfs (the explicit fallback), system pages.
+	BackingShm = "shm"
 )
 
 // nrPath is the 2 MiB pool's size knob (the same pool as
