@@ -287,14 +287,26 @@ func (ix *Index) update(op string, n int, fn func(txn *mdb.Txn) error) error {
 	return nil
 }
 
-// view runs fn in one read transaction, a consistent snapshot.
+// view runs fn in one read transaction, a consistent snapshot. When every
+// reader slot is taken it clears the slots of dead processes and, if that
+// freed any, tries once more: a rank that was killed inside a read must not
+// starve the survivors until the next Open.
 func (ix *Index) view(op string, n int, fn func(txn *mdb.Txn) error) error {
-	if err := ix.env.View(func(txn *mdb.Txn) error {
+	run := func(txn *mdb.Txn) error {
 		// Values are decoded before the transaction ends, so they may
 		// point into the map instead of being copied.
 		txn.RawRead = true
 		return fn(txn)
-	}); err != nil {
+	}
+	err := ix.env.View(run)
+	if isErrno(err, mdb.ReadersFull) {
+		// NB: READERS_FULL comes from mdb_txn_begin, so fn has not run.
+		if freed, cerr := ix.env.ReaderCheck(); cerr == nil && freed > 0 {
+			ix.log.Warn("lmdb index: reader table full; cleared reader slots of dead processes", "dir", ix.dir, "slots", freed)
+			err = ix.env.View(run)
+		}
+	}
+	if err != nil {
 		return ix.wrapErr(op, n, err)
 	}
 	return nil

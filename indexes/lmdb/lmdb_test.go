@@ -192,6 +192,40 @@ func TestChild(t *testing.T) {
 	case "hold-env":
 		fmt.Println("env-open")
 		_, _ = io.Copy(io.Discard, os.Stdin) // until the parent closes stdin
+	case "fill-readers":
+		// Take every reader slot with read transactions that never end,
+		// say so, and wait to be killed.
+		full := make(chan error, 1)
+		for i := 0; ; i++ {
+			held := make(chan struct{}, 1)
+			go func() {
+				err := ix.Iterate(context.Background(), func(indexes.Entry) error {
+					held <- struct{}{}
+					time.Sleep(time.Hour)
+					return nil
+				})
+				full <- err
+			}()
+			select {
+			case <-held:
+				continue
+			case err := <-full:
+				if !strings.Contains(fmt.Sprint(err), "reader slot") {
+					t.Fatalf("reader %d: %v, want every reader slot taken", i, err)
+				}
+			}
+			fmt.Printf("readers-full %d\n", i)
+			break
+		}
+		time.Sleep(time.Hour)
+	case "write-many":
+		// Write batches while the parent does the same.
+		rng := rand.New(rand.NewPCG(seed, 1))
+		for range 40 {
+			if err := ix.Put(context.Background(), entriesFor(rng, 50)); err != nil {
+				t.Fatalf("child put: %v", err)
+			}
+		}
 	case "hold-reader":
 		// Open a read transaction, say so, and wait to be killed.
 		if err := ix.Put(context.Background(), entries[:1]); err != nil {
@@ -312,6 +346,62 @@ func TestStaleReaderCleared(t *testing.T) {
 	}
 	if err := ix.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestReaderTableFullRecovers fills the shared reader table from a child
+// process that is then killed inside all its read transactions: the
+// parent's next lookup finds no free slot, clears the dead child's slots
+// and succeeds without a reopen.
+func TestReaderTableFullRecovers(t *testing.T) {
+	dir := t.TempDir()
+	cfg := DefaultConfig()
+	cfg.MaxReaders = minMaxReaders // the lock file rounds it up to one page of slots
+	ix := openAt(t, dir, cfg)
+	defer ix.Close()
+	entries := entriesFor(rand.New(rand.NewPCG(6, 6)), 5)
+	if err := ix.Put(context.Background(), entries); err != nil {
+		t.Fatal(err)
+	}
+	filler, _ := startChild(t, "fill-readers", dir, "readers-full")
+	killChild(t, filler)
+	expectPresent(t, ix, entries)
+}
+
+// TestTwoProcessesWriteAtOnce has a child and the parent write batches into
+// one environment at the same time; LMDB's cross-process writer lock
+// serializes them and every batch of both lands.
+func TestTwoProcessesWriteAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	ix := openAt(t, dir, DefaultConfig())
+	defer ix.Close()
+	cmd := child(t, "write-many", dir, 300)
+	out := &strings.Builder{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var mine []indexes.Entry
+	rng := rand.New(rand.NewPCG(400, 1))
+	for range 40 {
+		batch := entriesFor(rng, 50)
+		if err := ix.Put(context.Background(), batch); err != nil {
+			t.Fatal(err)
+		}
+		mine = append(mine, batch...)
+	}
+	if err := cmd.Wait(); err != nil || !strings.Contains(out.String(), "--- PASS: TestChild") {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	var theirs []indexes.Entry
+	rng = rand.New(rand.NewPCG(300, 1))
+	for range 40 {
+		theirs = append(theirs, entriesFor(rng, 50)...)
+	}
+	expectPresent(t, ix, append(mine, theirs...))
+	st, err := ix.Stats(context.Background())
+	if err != nil || st.Entries != 4000 {
+		t.Fatalf("stats %+v, %v; want 4000 entries from two writers", st, err)
 	}
 }
 
