@@ -3,6 +3,7 @@ package indextest_test
 import (
 	"context"
 	"errors"
+	"flag"
 	"log/slog"
 	"testing"
 
@@ -11,6 +12,8 @@ import (
 	"github.com/kvtier/kvtier/indexes/indextest"
 	"github.com/kvtier/kvtier/indexes/lmdb"
 )
+
+var seeds = flag.Int("metamorphic.seeds", 4, "number of seeds TestLMDBVersusBadger runs (raise for a soak)")
 
 // TestLMDBVersusBadger drives one seeded random operation stream on an LMDB
 // and a Badger index (and the suite's oracle) and requires identical
@@ -21,7 +24,7 @@ func TestLMDBVersusBadger(t *testing.T) {
 		steps = 300
 	}
 	env := indexes.Env{Logger: slog.New(slog.DiscardHandler)}
-	for _, seed := range []uint64{1, 2, 3, 4} {
+	for seed := uint64(1); seed <= uint64(*seeds); seed++ {
 		lcfg := lmdb.DefaultConfig()
 		lcfg.Dir, lcfg.Sync = t.TempDir(), lmdb.SyncNone
 		a, err := lmdb.Open(context.Background(), env, lcfg)
@@ -34,6 +37,7 @@ func TestLMDBVersusBadger(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Logf("seed %d: %d steps", seed, steps)
 		indextest.Metamorphic(t, seed, steps, a, b)
 		if err := errors.Join(a.Close(), b.Close()); err != nil {
 			t.Fatal(err)
