@@ -11,9 +11,11 @@
 //
 // Supervision: a plugin that crashes, hangs past its call deadline or sends a
 // malformed reply is marked down. While it is down, Store gets are misses,
-// puts are failed writes (AckFailed wrapping tiers.ErrBroken), index lookups
-// miss and index writes fail with ErrDown; all of it is counted in metrics
-// and logged at most once per interval. A restarter brings the plugin back
+// puts are failed writes (every item one AckFailed wrapping ErrDown and
+// tiers.ErrBroken; items in flight when it died likewise), prefix probes
+// answer 0, touches are skipped and deletes fail with ErrDown; index lookups
+// report keys absent and index writes fail with ErrDown. All of it is
+// counted in metrics and logged at most once per interval. A restarter brings the plugin back
 // with exponential backoff behind a circuit breaker, and the host keeps
 // serving throughout. This package must never let a plugin failure panic or
 // block the host beyond a call deadline.
