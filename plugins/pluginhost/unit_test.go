@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	hclog "github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/plugins"
@@ -327,5 +328,45 @@ func TestBridgeRateLimitsPluginLines(t *testing.T) {
 	named.Info("after")
 	if !strings.Contains(buf.String(), "dropped=50") || !strings.Contains(buf.String(), "host line is not limited") {
 		t.Fatalf("drop count or host line missing:\n%s", buf.String())
+	}
+}
+
+func TestMetricsRegistration(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	a, err := newMetrics(reg, "l4", "store")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newMetrics(reg, "l4", "store"); err == nil {
+		t.Fatal("a second plugin of the same name and role registered its metrics")
+	}
+	b, err := newMetrics(reg, "l3-index", "index")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.up.Set(1)
+	b.failures.WithLabelValues(reasonTimeout).Inc()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[string]bool{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			found[f.GetName()+"/"+labels["plugin"]+"/"+labels["role"]+"/"+labels["reason"]] = true
+		}
+	}
+	for _, want := range []string{"kvtier_plugin_up/l4/store/", "kvtier_plugin_failures_total/l3-index/index/timeout", "kvtier_plugin_restarts_total/l4/store/"} {
+		if !found[want] {
+			t.Errorf("metric %s not gathered; have %v", want, found)
+		}
+	}
+	a.unregister()
+	if _, err := newMetrics(reg, "l4", "store"); err != nil {
+		t.Fatalf("re-register after unregister: %v", err)
 	}
 }
