@@ -41,6 +41,7 @@ type Index struct {
 var _ indexes.Index = (*Index)(nil)
 
 type indexGen struct {
+	impl     string
 	proc     *process
 	client   indexv1.IndexClient
 	started  time.Time
@@ -112,7 +113,7 @@ func (x *Index) startGen(ctx context.Context) error {
 		}
 		return fmt.Errorf("plugin %s (%s): open index: %s%s", x.spec.Name, x.spec.Path, wire.Message(err), saidSuffix(proc.notes))
 	}
-	g := &indexGen{proc: proc, client: client, started: time.Now(), stopped: make(chan struct{})}
+	g := &indexGen{impl: reply.GetImplementation(), proc: proc, client: client, started: time.Now(), stopped: make(chan struct{})}
 	x.mu.Lock()
 	if x.closed {
 		x.mu.Unlock()
@@ -125,6 +126,18 @@ func (x *Index) startGen(ctx context.Context) error {
 	go x.watchExit(g)
 	x.logger.Info("index plugin serving", "impl", reply.GetImplementation(), "protocol", proc.version, "pid", proc.pid)
 	return nil
+}
+
+// Implementation returns what the serving plugin calls itself in its open
+// reply (name and version) and the negotiated protocol version; "" and 0
+// while it is down.
+func (x *Index) Implementation() (impl string, protocol int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.gen == nil {
+		return "", 0
+	}
+	return x.gen.impl, x.gen.proc.version
 }
 
 func (g *indexGen) teardown(kill bool) {

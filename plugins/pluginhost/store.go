@@ -676,6 +676,18 @@ func (s *Store) DrainAcks(dst []tiers.Ack) []tiers.Ack {
 // AckReady is signalled when acks were queued.
 func (s *Store) AckReady() <-chan struct{} { return s.ackReady }
 
+// Implementation returns what the serving plugin calls itself in its open
+// reply (name and version) and the negotiated protocol version; "" and 0
+// while it is down.
+func (s *Store) Implementation() (impl string, protocol int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gen == nil {
+		return "", 0
+	}
+	return s.gen.impl, s.gen.proc.version
+}
+
 // PID returns the process id of the serving plugin process, 0 while the
 // plugin is down. It is for operators and benchmarks (CPU accounting); the
 // host never signals it.
