@@ -1,6 +1,7 @@
 package pluginhost
 
 import (
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"strings"
@@ -369,4 +370,37 @@ func TestMetricsRegistration(t *testing.T) {
 	if _, err := newMetrics(reg, "l4", "store"); err != nil {
 		t.Fatalf("re-register after unregister: %v", err)
 	}
+}
+
+// FuzzConfigJSON: whatever YAML a stack holds in a plugin's config block,
+// re-encoding it as JSON never panics and yields valid JSON.
+func FuzzConfigJSON(f *testing.F) {
+	for _, s := range []string{"capacity: 8GiB\n", "a: [1, {b: c}]\n", "null", "- 1\n- 2\n", "a: &x 1\nb: *x\n", ": :"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		out, err := PluginSpec{Name: "f", Config: b}.configJSON()
+		if err == nil && !json.Valid(out) {
+			t.Fatalf("%q became invalid JSON %q", b, out)
+		}
+	})
+}
+
+// FuzzStartError: go-plugin's start errors are parsed for versions and the
+// stdout line; any text must give an error that wraps one of the sentinels.
+func FuzzStartError(f *testing.F) {
+	for _, s := range []string{
+		"Unrecognized remote plugin message: hi\nmore",
+		"incompatible API version with plugin. Plugin version: 9, Client versions: [1]",
+		"timeout while waiting for plugin to start",
+		"",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		err := startError(PluginSpec{Name: "f", Path: "/p"}, errors.New(s), &bridgeNotes{})
+		if !errors.Is(err, ErrHandshake) && !errors.Is(err, ErrNoCommonVersion) && !errors.Is(err, ErrChecksum) {
+			t.Fatalf("%q -> %v wraps no sentinel", s, err)
+		}
+	})
 }
