@@ -12,6 +12,7 @@ import (
 	lmdbindex "github.com/kvtier/kvtier/indexes/lmdb"
 	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/policy/belady"
+	"github.com/kvtier/kvtier/policy/hindsight"
 	"github.com/kvtier/kvtier/policy/lru"
 	"github.com/kvtier/kvtier/policy/proven"
 	"github.com/kvtier/kvtier/policy/s3fifo"
@@ -65,6 +66,7 @@ func Policies() (*policy.Registry, error) {
 		sieve.Register,
 		belady.Register,
 		proven.Register,
+		hindsight.Register,
 	} {
 		if err := register(r); err != nil {
 			return nil, fmt.Errorf("built-in policies: %w", err)

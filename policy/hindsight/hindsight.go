@@ -1,0 +1,441 @@
+// Package hindsight is a kvtier eviction policy that learns from what
+// happened to earlier nodes: which kinds of insert were reused, and which
+// evicted pages came back.
+//
+// It keeps proven's segmented order (policy/proven) and adds two replicated
+// signals:
+//
+//   - Learned reuse rates. Every new leaf gets a signature (inserted at the
+//     root or below a matched prefix, and log2 of its page count). The
+//     policy counts, per signature, the leaves inserted and the leaves that
+//     were matched at least once while cached, halving both every 4,096
+//     inserts. A new leaf whose signature is reused at less than
+//     Params["low_ratio"] (default 0.5) of the overall rate starts in a
+//     low-reuse probation class that goes before other never-matched nodes.
+//     What is "low" is learned per workload: on the Mooncake trace it is the
+//     continuation of a prefix (reused 1-3% of the time); on conversational
+//     workloads those continuations are the next turns and stay normal.
+//   - A ghost of evicted pages. The tree frees this policy's victims one
+//     page at a time (TailRanked), so every evicted page was a node's tail
+//     when it left, and its hash was reported. The policy remembers the
+//     last Params["ghost"] (default 1.0) x peak cached pages of them. A
+//     never-matched node whose tail is such a ghost — when inserted, or
+//     when a trim exposes it — holds content that was cached before and is
+//     being fetched again (a re-fetched document): it is protected as if
+//     matched.
+//
+// Order of the evictable leaves, least kept first, each class by (last
+// access, node id):
+//
+//  0. untouched — never matched and not yet trimmed: only the tail page
+//     goes from this class (a request's last page is rarely asked for
+//     again), then the node moves to probation.
+//  1. low-reuse probation — never matched, signature predicted unlikely to
+//     be reused.
+//  2. probation — the other never-matched nodes, and protected nodes
+//     demoted for lack of room.
+//  3. protected — matched at least once, or recalled by the ghost; at most
+//     Params["protected_share"] (default 0.7) of the cached pages, the
+//     oldest demoted past it.
+//
+// Every input is a replicated event (node id, logical time, hit count,
+// depth, pages, children, tail hash), every counter is an integer updated in
+// event order, so replicas fed the same events choose the same victims. The
+// package must never read a wall clock, a random source, a map iteration
+// order or rank-local state.
+//
+// Memory: per live node one table entry, 48 bytes of state and up to two
+// 36-byte heap entries (victim heap while an evictable leaf, protected heap
+// while protected); a fixed 32-entry signature table; and the ghost, at most
+// ghost x peak cached pages entries of 8 bytes in a ring plus 12 bytes in an
+// open-addressed set at most half full.
+package hindsight
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math/bits"
+
+	"github.com/kvtier/kvtier/policy"
+	"github.com/kvtier/kvtier/policy/internal/leafheap"
+)
+
+// Name is the registered name of the policy.
+const Name = "hindsight"
+
+// Defaults of the parameters.
+const (
+	// DefaultProtectedShare is the default largest share of cached pages
+	// held by protected nodes.
+	DefaultProtectedShare = 0.7
+	// DefaultGhost is the default ghost size, in multiples of the peak
+	// number of cached pages.
+	DefaultGhost = 1.0
+	// DefaultLowRatio is the default fraction of the overall reuse rate
+	// under which a signature is predicted low-reuse.
+	DefaultLowRatio = 0.5
+)
+
+// MaxGhost is the largest accepted ghost multiple.
+const MaxGhost = 8
+
+// Classes of the victim order; lower is evicted first.
+const (
+	classUntouched = 0
+	classLow       = 1
+	classProbation = 2
+	classProtected = 3
+)
+
+const (
+	// halveEvery is the number of inserts after which the reuse counts
+	// are halved, so the rates follow a changing workload.
+	halveEvery = 4096
+	// prior is the weight, in inserts, of the overall rate mixed into a
+	// signature's rate, so a rare signature is not judged on a handful
+	// of leaves.
+	prior = 4
+	// sigPagesBuckets is the number of page-count buckets (log2) of a
+	// signature.
+	sigPagesBuckets = 16
+	// lowRatioScale is the fixed-point scale of low_ratio.
+	lowRatioScale = 1024
+)
+
+// Register adds hindsight to r.
+func Register(r *policy.Registry) error {
+	return r.Register(policy.Registration{
+		Type:    policy.EvictorV1,
+		Name:    Name,
+		Doc:     "proven's segmented order plus learned reuse rates per insert signature and a ghost of evicted pages",
+		Factory: func(opts policy.Options) (policy.Evictor, error) { return New(opts) },
+	})
+}
+
+type node struct {
+	lastAccess uint64
+	pages      int64
+	depth      int
+	tail       uint64
+	sig        uint8
+	untouched  bool
+	protected  bool
+	everHit    bool
+	low        bool
+}
+
+// Hindsight is the hindsight Evictor. Use New.
+type Hindsight struct {
+	share    float64
+	ghostX   float64
+	lowRatio uint64 // low_ratio x lowRatioScale
+
+	nodes          *leafheap.Table[node]
+	victims        leafheap.Heap // evictable leaves by (class, last access)
+	protectedHeap  leafheap.Heap // protected nodes by last access
+	pages          int64
+	protectedPages int64
+	peak           int64
+
+	// Reuse counts per signature and overall.
+	inserted   [2 * sigPagesBuckets]uint64
+	reused     [2 * sigPagesBuckets]uint64
+	allIns     uint64
+	allReuse   uint64
+	sinceHalve int
+
+	// split is the slot and id of the node just inserted by a split (an
+	// Insert that already has a child), whose suffix's Update follows.
+	splitID   policy.NodeID
+	splitSlot int32
+
+	ghost ghost
+}
+
+// New returns an empty Hindsight. It accepts Params["protected_share"] in
+// [0, 1], Params["ghost"] in [0, MaxGhost] (0 turns the ghost off) and
+// Params["low_ratio"] in [0, 1] (0 turns the low-reuse class off).
+func New(opts policy.Options) (*Hindsight, error) {
+	if err := policy.CheckParams(Name, opts.Params, "protected_share", "ghost", "low_ratio"); err != nil {
+		return nil, fmt.Errorf("new hindsight: %w", err)
+	}
+	h := &Hindsight{share: DefaultProtectedShare, ghostX: DefaultGhost, nodes: leafheap.NewTable[node]()}
+	lowRatio := DefaultLowRatio
+	for _, p := range []struct {
+		name string
+		max  float64
+		dst  *float64
+	}{
+		{"protected_share", 1, &h.share},
+		{"ghost", MaxGhost, &h.ghostX},
+		{"low_ratio", 1, &lowRatio},
+	} {
+		if v, ok := opts.Params[p.name]; ok {
+			if !(v >= 0 && v <= p.max) {
+				return nil, fmt.Errorf("new hindsight: %s %v is outside [0, %v]", p.name, v, p.max)
+			}
+			*p.dst = v
+		}
+	}
+	h.lowRatio = uint64(lowRatio*lowRatioScale + 0.5)
+	return h, nil
+}
+
+// Name returns "hindsight".
+func (h *Hindsight) Name() string { return Name }
+
+// TailRanked asks the radix tree to free this policy's victims one page at
+// a time (radix.TailRanker): a trim moves an untouched leaf to probation,
+// and every freed page's hash reaches the ghost as a reported tail.
+func (h *Hindsight) TailRanked() bool { return true }
+
+// pageKey is the ghost's key of a page hash: its first 8 bytes, never 0
+// (0 marks an empty ghost slot).
+func pageKey(n *policy.NodeInfo) uint64 {
+	return max(binary.LittleEndian.Uint64(n.Tail[0:8]), 1)
+}
+
+// signature classes a new leaf: inserted at the root or not, and the
+// log2 bucket of its page count.
+func signature(n *policy.NodeInfo) uint8 {
+	s := min(bits.Len(uint(max(n.Pages, 0))), sigPagesBuckets-1)
+	if n.Depth == 0 {
+		s += sigPagesBuckets
+	}
+	return uint8(s)
+}
+
+// predictLow reports whether signature s is reused at less than low_ratio
+// of the overall rate. The signature's rate is smoothed with prior inserts
+// at the overall rate; all in integers, so every replica agrees.
+func (h *Hindsight) predictLow(s uint8) bool {
+	if h.lowRatio == 0 {
+		return false
+	}
+	gi, gr := h.allIns+1, h.allReuse+1
+	// (reused + prior*gr/gi) / (inserted + prior) < ratio * gr/gi,
+	// multiplied through by gi*(inserted+prior)*scale.
+	lhs := (h.reused[s]*gi + prior*gr) * lowRatioScale
+	rhs := h.lowRatio * gr * (h.inserted[s] + prior)
+	return lhs < rhs
+}
+
+// learnInsert counts a new leaf of signature s.
+func (h *Hindsight) learnInsert(s uint8) {
+	h.inserted[s]++
+	h.allIns++
+	h.sinceHalve++
+	if h.sinceHalve >= halveEvery {
+		h.sinceHalve = 0
+		for i := range h.inserted {
+			h.inserted[i] /= 2
+			h.reused[i] /= 2
+		}
+		h.allIns /= 2
+		h.allReuse /= 2
+	}
+}
+
+// Insert records a new node. A new leaf is classed by its signature and
+// the ghost; a node split off a matched one carries its hit count and
+// starts protected.
+func (h *Hindsight) Insert(n policy.NodeInfo) {
+	slot, fresh := h.nodes.Add(n.ID)
+	if !fresh {
+		h.Update(n)
+		return
+	}
+	v := h.nodes.At(slot)
+	v.untouched = n.Hits == 0
+	v.everHit = n.Hits > 0
+	v.depth = n.Depth
+	v.tail = pageKey(&n)
+	protect := n.Hits >= 1
+	if n.Children > 0 {
+		// A split: the suffix's Update follows and hands over its
+		// signature and history.
+		h.splitID, h.splitSlot = n.ID, slot
+	} else if n.Hits == 0 {
+		v.sig = signature(&n)
+		v.low = h.predictLow(v.sig)
+		h.learnInsert(v.sig)
+		protect = h.ghost.has(v.tail)
+	}
+	h.apply(slot, n, n.LastAccess, protect)
+}
+
+// Hit refreshes n and protects it. The first hit of a node counts as a
+// reuse of its signature.
+func (h *Hindsight) Hit(n policy.NodeInfo) {
+	slot, _ := h.nodes.Add(n.ID)
+	v := h.nodes.At(slot)
+	if !v.everHit {
+		v.everHit = true
+		h.reused[v.sig]++
+		h.allReuse++
+	}
+	v.untouched = false
+	v.low = false
+	v.depth = n.Depth
+	h.apply(slot, n, max(n.LastAccess, n.Time), true)
+}
+
+// Update takes n's new pages, depth and last access. A node that lost
+// pages at an unchanged depth was trimmed: its old tail goes to the ghost,
+// and a never-matched node whose new tail is a ghost is protected. The
+// suffix of a split hands its signature and history to the new prefix.
+func (h *Hindsight) Update(n policy.NodeInfo) {
+	slot, fresh := h.nodes.Add(n.ID)
+	v := h.nodes.At(slot)
+	protect := false
+	switch {
+	case fresh:
+		v.untouched = n.Hits == 0
+		v.everHit = n.Hits > 0
+		protect = n.Hits >= 1
+	case n.Depth == v.depth && int64(n.Pages) < v.pages:
+		v.untouched = false
+		h.ghost.add(v.tail, h.ghostLimit())
+		protect = !v.everHit && h.ghost.has(pageKey(&n))
+	case n.Depth > v.depth && n.Parent == h.splitID && h.splitID != 0:
+		if p, ok := h.nodes.Lookup(h.splitID); ok && p == h.splitSlot {
+			// NB: the prefix has a child, so it is no evictable leaf
+			// and its victim key is computed when it becomes one.
+			pv := h.nodes.At(p)
+			pv.sig, pv.everHit, pv.low = v.sig, v.everHit, v.low && !pv.protected
+		}
+		h.splitID = 0
+	}
+	v.tail = pageKey(&n)
+	v.depth = n.Depth
+	h.apply(slot, n, n.LastAccess, protect)
+}
+
+// ghostLimit is the number of evicted pages the ghost remembers now.
+func (h *Hindsight) ghostLimit() int {
+	return int(h.ghostX * float64(h.peak))
+}
+
+func (h *Hindsight) apply(slot int32, n policy.NodeInfo, at uint64, protect bool) {
+	v := h.nodes.At(slot)
+	d := int64(n.Pages) - v.pages
+	h.pages += d
+	h.peak = max(h.peak, h.pages)
+	if v.protected {
+		h.protectedPages += d
+	}
+	v.pages = int64(n.Pages)
+	v.lastAccess = at
+	if protect && !v.protected {
+		v.protected = true
+		v.low = false
+		h.protectedPages += v.pages
+	}
+	if v.protected {
+		h.protectedHeap.Set(slot, n.ID, leafheap.Key{A: at})
+	}
+	if h.victims.Contains(slot) {
+		h.victims.Set(slot, n.ID, key(v))
+	}
+	h.demote()
+}
+
+func key(v *node) leafheap.Key {
+	k := leafheap.Key{A: classProbation, B: v.lastAccess}
+	switch {
+	case v.protected:
+		k.A = classProtected
+	case v.untouched:
+		k.A = classUntouched
+	case v.low:
+		k.A = classLow
+	}
+	return k
+}
+
+// demote moves the oldest protected nodes to probation while protected
+// nodes hold more than their share of the cached pages.
+func (h *Hindsight) demote() {
+	for float64(h.protectedPages) > h.share*float64(h.pages) {
+		slot, id, _, ok := h.protectedHeap.Min()
+		if !ok {
+			return
+		}
+		v := h.nodes.At(slot)
+		h.protectedHeap.Remove(slot)
+		v.protected = false
+		h.protectedPages -= v.pages
+		if h.victims.Contains(slot) {
+			h.victims.Set(slot, id, key(v))
+		}
+	}
+}
+
+// Remove forgets id; its last tail goes to the ghost.
+func (h *Hindsight) Remove(id policy.NodeID) {
+	slot, ok := h.nodes.Lookup(id)
+	if !ok {
+		return
+	}
+	v := h.nodes.At(slot)
+	h.ghost.add(v.tail, h.ghostLimit())
+	h.pages -= v.pages
+	if v.protected {
+		h.protectedPages -= v.pages
+	}
+	h.victims.Remove(slot)
+	h.protectedHeap.Remove(slot)
+	h.nodes.Delete(id)
+	if id == h.splitID {
+		h.splitID = 0
+	}
+	h.demote()
+}
+
+// SetEvictable adds id to or removes it from the candidates. Unknown ids
+// are ignored.
+func (h *Hindsight) SetEvictable(id policy.NodeID, evictable bool) {
+	slot, ok := h.nodes.Lookup(id)
+	if !ok {
+		return
+	}
+	if evictable {
+		h.victims.Set(slot, id, key(h.nodes.At(slot)))
+	} else {
+		h.victims.Remove(slot)
+	}
+}
+
+// Victim returns the least evictable leaf in (class, last access, id).
+func (h *Hindsight) Victim() (policy.NodeID, bool) {
+	_, id, _, ok := h.victims.Min()
+	return id, ok
+}
+
+// Class returns id's current class (0 untouched, 1 low-reuse probation,
+// 2 probation, 3 protected) and whether id is known; for tests and
+// inspection.
+func (h *Hindsight) Class(id policy.NodeID) (int, bool) {
+	slot, ok := h.nodes.Lookup(id)
+	if !ok {
+		return 0, false
+	}
+	return int(key(h.nodes.At(slot)).A), true
+}
+
+// Check verifies the internal invariants; "" when they hold.
+func (h *Hindsight) Check() string {
+	if msg := h.victims.Check(); msg != "" {
+		return "victim heap: " + msg
+	}
+	if msg := h.protectedHeap.Check(); msg != "" {
+		return "protected heap: " + msg
+	}
+	if h.protectedPages < 0 || h.protectedPages > h.pages {
+		return fmt.Sprintf("protected pages %d outside [0, %d]", h.protectedPages, h.pages)
+	}
+	if float64(h.protectedPages) > h.share*float64(h.pages) {
+		return fmt.Sprintf("protected pages %d exceed share %.2f of %d", h.protectedPages, h.share, h.pages)
+	}
+	return h.ghost.check()
+}

@@ -1,0 +1,181 @@
+package hindsight
+
+import (
+	"flag"
+	"testing"
+
+	"github.com/kvtier/kvtier/host/replay"
+	"github.com/kvtier/kvtier/policy"
+	"github.com/kvtier/kvtier/policy/lru"
+	"github.com/kvtier/kvtier/policy/policytest"
+	"github.com/kvtier/kvtier/policy/proven"
+	"github.com/kvtier/kvtier/workload"
+)
+
+// capacities are the evaluation points, in tokens.
+var capacities = []int64{1_000_000, 3_000_000, 10_000_000, 30_000_000}
+
+// allTraces turns on the full generated-trace check: every workload at
+// every capacity (about ten seconds, a minute with -race). By default the
+// two held-out workloads run at the two capacities where the cache binds
+// hardest.
+var allTraces = flag.Bool("all-traces", false, "replay every generated workload at every capacity")
+
+// hitRates replays tr at every capacity of caps with a fresh evictor from
+// mk.
+func hitRates(t testing.TB, tr *replay.Trace, mk func() policy.Evictor, caps []int64) []float64 {
+	t.Helper()
+	out := make([]float64, len(caps))
+	for i, c := range caps {
+		r, err := replay.Run(tr, mk(), c, nil)
+		if err != nil {
+			t.Fatalf("replay %s at %d tokens: %v", tr.Name, c, err)
+		}
+		out[i] = r.HitRate
+	}
+	return out
+}
+
+func newLRU() policy.Evictor {
+	l, _ := lru.New(policy.Options{})
+	return l
+}
+
+func newProven() policy.Evictor {
+	p, _ := proven.New(policy.Options{})
+	return p
+}
+
+func newHindsight() policy.Evictor {
+	h, _ := New(policy.Options{})
+	return h
+}
+
+// rates holds one trace's hit rates per capacity.
+type rates struct{ lru, proven, hindsight []float64 }
+
+// compare replays tr with lru, proven and hindsight, logs the rows and
+// fails t when hindsight is more than 0.5 points below lru anywhere.
+func compare(t *testing.T, tr *replay.Trace, caps []int64) rates {
+	t.Helper()
+	r := rates{hitRates(t, tr, newLRU, caps), hitRates(t, tr, newProven, caps), hitRates(t, tr, newHindsight, caps)}
+	for i, c := range caps {
+		t.Logf("%s %dM tokens: lru %.2f%% proven %.2f%% hindsight %.2f%% (%+.2f vs lru, %+.2f vs proven)",
+			tr.Name, c/1_000_000, 100*r.lru[i], 100*r.proven[i], 100*r.hindsight[i],
+			100*(r.hindsight[i]-r.lru[i]), 100*(r.hindsight[i]-r.proven[i]))
+		if r.hindsight[i] < r.lru[i]-0.005 {
+			t.Errorf("%s at %d tokens: hindsight %.4f is more than 0.5 points below lru %.4f", tr.Name, c, r.hindsight[i], r.lru[i])
+		}
+	}
+	return r
+}
+
+// TestMooncakeTrace pins hindsight's figures on the shared synthetic trace
+// (used while designing the policy): never more than 0.5 points below lru,
+// and at 3M tokens at least 2 points above lru and 0.5 above proven
+// (measured: 33.84% against lru 31.51% and proven 33.08%).
+func TestMooncakeTrace(t *testing.T) {
+	reqs := policytest.SharedTrace(t, "mooncake_synthetic_trace.jsonl")
+	tr, err := replay.Compile("mooncake_synthetic_trace.jsonl", reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := compare(t, tr, capacities)
+	if d := r.hindsight[1] - r.lru[1]; d < 0.02 {
+		t.Errorf("at 3M tokens hindsight gains %.2f points over lru, want >= 2", 100*d)
+	}
+	if d := r.hindsight[1] - r.proven[1]; d < 0.005 {
+		t.Errorf("at 3M tokens hindsight gains %.2f points over proven, want >= 0.5", 100*d)
+	}
+}
+
+// generated is one generated workload of the trace tests.
+type generated struct {
+	name string
+	mod  func(*workload.GeneratorConfig)
+	// heldOut: the workload was first replayed after the policy and its
+	// defaults were fixed.
+	heldOut bool
+	// minGain is the least gain over lru at 3M tokens the test asserts.
+	minGain float64
+}
+
+var workloads = []generated{
+	{name: "gen-seed1", mod: func(c *workload.GeneratorConfig) {}, minGain: 0.05},
+	{name: "gen-seed7", mod: func(c *workload.GeneratorConfig) { c.Seed = 7 }, minGain: 0.05},
+	{name: "gen-seed21-docscan", mod: func(c *workload.GeneratorConfig) {
+		c.Seed = 21
+		c.Mix = workload.Mix{Chat: 0.4, Document: 0.3, Scan: 0.3}
+		c.ActiveConversations = 256
+	}, minGain: 0.05},
+	{name: "gen-seed33-shortconv", mod: func(c *workload.GeneratorConfig) {
+		c.Seed = 33
+		c.ActiveConversations = 4096
+		c.MeanTurns = 4
+	}, minGain: 0.02},
+	{name: "heldout-seed101", mod: func(c *workload.GeneratorConfig) { c.Seed = 101 }, heldOut: true, minGain: 0.05},
+	{name: "heldout-seed202-docscan", mod: func(c *workload.GeneratorConfig) {
+		c.Seed = 202
+		c.Mix = workload.Mix{Chat: 0.5, Document: 0.3, Scan: 0.2}
+		c.ActiveConversations = 512
+	}, heldOut: true, minGain: 0.03},
+}
+
+// TestGeneratedTraces replays generator workloads. Seeds 1, 7, 21 and 33
+// were looked at while designing the policy; seeds 101 and 202 are held
+// out: first replayed after the policy and its defaults were fixed. By
+// default only the held-out pair runs, at 1M and 3M tokens.
+func TestGeneratedTraces(t *testing.T) {
+	if testing.Short() {
+		t.Skip("generated traces take seconds each; skipped with -short")
+	}
+	caps := capacities
+	if !*allTraces {
+		caps = capacities[:2]
+	}
+	for _, w := range workloads {
+		if !w.heldOut && !*allTraces {
+			continue
+		}
+		t.Run(w.name, func(t *testing.T) {
+			cfg := workload.DefaultGeneratorConfig()
+			w.mod(&cfg)
+			reqs, err := workload.Generate(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr, err := replay.Compile(w.name, reqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := compare(t, tr, caps)
+			if d := r.hindsight[1] - r.lru[1]; d < w.minGain {
+				t.Errorf("at 3M tokens hindsight gains %.2f points over lru, want >= %.1f", 100*d, 100*w.minGain)
+			}
+		})
+	}
+}
+
+// BenchmarkReplay times the host path (radix tree + policy) on the shared
+// trace at 3M tokens for lru, proven and hindsight, in block-ops per
+// second.
+func BenchmarkReplay(b *testing.B) {
+	reqs := policytest.SharedTrace(b, "mooncake_synthetic_trace.jsonl")
+	tr, err := replay.Compile("mooncake", reqs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, p := range []struct {
+		name string
+		mk   func() policy.Evictor
+	}{{"lru", newLRU}, {"proven", newProven}, {Name, newHindsight}} {
+		b.Run(p.name, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := replay.HostReplay(tr, p.mk(), 3_000_000); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(tr.Blocks())*float64(b.N)/b.Elapsed().Seconds(), "block-ops/s")
+		})
+	}
+}
