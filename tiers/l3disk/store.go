@@ -99,6 +99,7 @@ type counters struct {
 	usedSlots                   []atomic.Int64
 	spillBytes, reloadBytes     atomic.Int64
 	indexErrors, gcIndexErrors  atomic.Int64
+	syncs, syncedWrites         atomic.Int64
 	loadLive, loadOrphan        atomic.Int64
 	loadDropped, loadStaleEntry atomic.Int64
 }
@@ -353,6 +354,13 @@ func (s *Store) release() error {
 	}
 	s.allBufs = nil
 	return errors.Join(errs...)
+}
+
+// SyncStats returns how many slab fdatasyncs the store has issued and how
+// many slot writes they made durable: their ratio is the average group
+// commit size.
+func (s *Store) SyncStats() (syncs, writes int64) {
+	return s.st.syncs.Load(), s.st.syncedWrites.Load()
 }
 
 // Disk returns the disk number this store writes.
@@ -916,6 +924,11 @@ func (s *Store) commitGroup(group []*writeJob) {
 			syncErr[k] = f.readOnlyErr()
 		}
 	}
+	for k, done := range synced {
+		if done && syncErr[k] == nil {
+			s.st.syncs.Add(1)
+		}
+	}
 	entries := make([]indexes.Entry, 0, len(group))
 	at := s.clock.Load()
 	for _, j := range group {
@@ -928,6 +941,7 @@ func (s *Store) commitGroup(group []*writeJob) {
 		}
 		entries = append(entries, indexes.Entry{Key: j.key.IndexKey(), Record: s.record(j.key.Kind, j.slot, at)})
 	}
+	s.st.syncedWrites.Add(int64(len(entries)))
 	if len(entries) == 0 {
 		return
 	}

@@ -14,7 +14,7 @@ var benchDir = flag.String("l3bench.dir", "", "file system directory for Benchma
 // spilled, reloaded and verified, and fio (when installed) gives limits.
 func TestRunSmall(t *testing.T) {
 	o := DefaultOptions()
-	o.Dir, o.PageBytes, o.Pages, o.Batch, o.Depth = t.TempDir(), 300000, 12, 5, 4
+	o.Dir, o.PageBytes, o.Pages, o.Batch, o.Depth, o.Rounds = t.TempDir(), 300000, 12, 5, 4, 2
 	_, fioErr := exec.LookPath("fio")
 	for _, index := range []string{"lmdb", "badger"} {
 		o.Index = index
@@ -22,7 +22,12 @@ func TestRunSmall(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", index, err)
 		}
-		if len(res) != 2 || res[0].Bench != "l3/spill" || res[1].Bench != "l3/reload" {
+		want := 2
+		if fioErr == nil {
+			want = 3
+		}
+		if len(res) != want || res[0].Bench != "l3/spill" || res[1].Bench != "l3/reload" ||
+			(want == 3 && (res[2].Bench != "l3/spill-same-syncs" || !strings.Contains(res[2].LimitName, "fdatasync="))) {
 			t.Fatalf("results %+v", res)
 		}
 		for _, r := range res {
