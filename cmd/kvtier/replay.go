@@ -48,7 +48,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	configPath := fs.String("config", "", "stack config YAML (default: the embedded default stack)")
 	policyName := fs.String("policy", "", "eviction policy (default: the config's policy)")
 	vs := fs.String("vs", "", "comma-separated policies replayed side by side with --policy")
-	capacity := fs.String("capacity", "", "comma-separated capacities in tokens: 3000000, 3M, 1.5M, 512Ki, inf (default 1M,3M,10M,inf)")
+	capacity := fs.String("capacity", "", "comma-separated capacities in tokens: 3000000, 3M, 1.5M, inf (default 1M,3M,10M,inf)")
 	asJSON := fs.Bool("json", false, "print one JSON object per line, one per (policy, capacity)")
 	sweep := fs.Bool("sweep", false, "replay a log-spaced sweep of capacities (working set / 256 up to the working set) and write a hit-rate plot")
 	points := fs.Int("sweep-points", 12, "with --sweep: number of capacities")
