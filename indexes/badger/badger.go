@@ -60,10 +60,8 @@ type Index struct {
 	m    *metrics
 	dir  string
 
-	// closeMu is held shared by every call and exclusively by Close, so
-	// Close waits for calls in flight and later calls see closed.
-	closeMu sync.RWMutex
-	closed  bool
+	// gate admits calls until Close, which waits for those in flight.
+	gate gate
 	// writeMu serializes write transactions; it is why conflict detection
 	// can be off (see the package comment).
 	writeMu sync.Mutex
@@ -185,19 +183,17 @@ func lockDir(dir string) (*os.File, error) {
 	return f, nil
 }
 
-// enter checks ctx and closed and holds closeMu shared until the returned
-// release is called.
+// enter admits a call unless the index is closed or ctx is done; the
+// caller runs the returned release when the call ends.
 func (ix *Index) enter(ctx context.Context, op string) (release func(), err error) {
-	ix.closeMu.RLock()
-	if ix.closed {
-		ix.closeMu.RUnlock()
-		return nil, fmt.Errorf("badger index %s: %s: %w", ix.dir, op, indexes.ErrClosed)
+	if !ix.gate.enter() {
+		return nil, fmt.Errorf("%s index %s: %s: %w", Name, ix.dir, op, indexes.ErrClosed)
 	}
 	if err := ctx.Err(); err != nil {
-		ix.closeMu.RUnlock()
-		return nil, fmt.Errorf("badger index %s: %s: %w", ix.dir, op, err)
+		ix.gate.exit()
+		return nil, fmt.Errorf("%s index %s: %s: %w", Name, ix.dir, op, err)
 	}
-	return ix.closeMu.RUnlock, nil
+	return ix.gate.exit, nil
 }
 
 // update runs fn in one write transaction under writeMu and commits it.
@@ -555,15 +551,14 @@ func (ix *Index) Stats(ctx context.Context) (_ indexes.Stats, err error) {
 	return st, nil
 }
 
-// Close waits for calls in flight, closes the database and releases the
-// directory lock. A second Close returns nil.
+// Close refuses new calls with indexes.ErrClosed, waits for the calls in
+// flight, closes the database and releases the directory lock. A second
+// Close returns nil. Close must not be called from inside an Iterate
+// callback of the same Index: it would wait for that very call.
 func (ix *Index) Close() error {
-	ix.closeMu.Lock()
-	defer ix.closeMu.Unlock()
-	if ix.closed {
+	if !ix.gate.close() {
 		return nil
 	}
-	ix.closed = true
 	var errs []error
 	if err := ix.db.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("close badger index %s: %w", ix.dir, err))

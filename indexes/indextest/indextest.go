@@ -22,9 +22,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/pagehash"
@@ -72,6 +74,7 @@ func Run(t *testing.T, open Opener) {
 		{"LargeBatch", testLargeBatch},
 		{"ConcurrentReadersOneWriter", testConcurrent},
 		{"Closed", testClosed},
+		{"CloseDuringIterate", testCloseDuringIterate},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -824,4 +827,70 @@ func testClosed(t *testing.T, ix indexes.Index) {
 	if err := ix.Close(); err != nil && !errors.Is(err, indexes.ErrClosed) {
 		t.Errorf("second close: %v, want nil or ErrClosed", err)
 	}
+}
+
+// testCloseDuringIterate closes the index from another goroutine while an
+// Iterate callback runs. Calls made from the callback while Close is in
+// progress must return (an error, once Close has taken effect) rather than
+// deadlock against it, the iteration must end, and Close must return nil.
+// What Close does to an iteration in flight (wait for it, or cut it short
+// with an error) is the implementation's choice.
+func testCloseDuringIterate(t *testing.T, ix indexes.Index) {
+	const patience = 10 * time.Second
+	rng := newRand(t, 19)
+	entries := randomEntries(rng, 20)
+	mustPut(t, ix, entries)
+	closed := make(chan error, 1)
+	seen := 0
+	var cbErr error
+	iterErr := ix.Iterate(context.Background(), func(e indexes.Entry) error {
+		seen++
+		if seen > 1 {
+			return nil
+		}
+		go func() { closed <- ix.Close() }()
+		cbErr = waitForClose(ix, patience)
+		return cbErr
+	})
+	if cbErr != nil {
+		t.Fatal(cbErr)
+	}
+	if iterErr != nil {
+		// Cutting the iteration short is allowed; say how it ended.
+		t.Logf("iterate ended with %v after %d entries", iterErr, seen)
+	}
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatalf("close during iterate: %v", err)
+		}
+	case <-time.After(patience):
+		t.Fatalf("close did not return within %v of the iteration ending", patience)
+	}
+	if _, err := ix.Stats(context.Background()); !errors.Is(err, indexes.ErrClosed) {
+		t.Fatalf("stats after close: %v, want ErrClosed", err)
+	}
+}
+
+// waitForClose calls Stats until it fails (Close has taken effect). It
+// fails if a call blocks or Close takes no effect within patience.
+func waitForClose(ix indexes.Index, patience time.Duration) error {
+	deadline := time.Now().Add(patience)
+	for time.Now().Before(deadline) {
+		done := make(chan error, 1)
+		go func() {
+			_, err := ix.Stats(context.Background())
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err != nil {
+				return nil
+			}
+		case <-time.After(patience):
+			return fmt.Errorf("stats from an Iterate callback blocked for %v while Close was in progress", patience)
+		}
+		runtime.Gosched()
+	}
+	return fmt.Errorf("close took no effect within %v", patience)
 }

@@ -64,10 +64,8 @@ type Index struct {
 	// staleReaders is how many dead processes' reader slots Open cleared.
 	staleReaders int
 
-	// closeMu is held shared by every call and exclusively by Close, so
-	// Close waits for calls in flight and later calls see closed.
-	closeMu sync.RWMutex
-	closed  bool
+	// gate admits calls until Close, which waits for those in flight.
+	gate gate
 	// writeMu serializes this process's write transactions before they
 	// queue on LMDB's cross-process writer mutex, so at most one OS thread
 	// per process is parked on it.
@@ -241,11 +239,11 @@ func (ix *Index) StaleReadersCleared() int { return ix.staleReaders }
 // does it once; a long-lived host may call it periodically, since a slot
 // pinned by a dead reader keeps LMDB from reusing freed pages.
 func (ix *Index) ClearStaleReaders() (int, error) {
-	ix.closeMu.RLock()
-	defer ix.closeMu.RUnlock()
-	if ix.closed {
-		return 0, fmt.Errorf("lmdb index %s: clear stale readers: %w", ix.dir, indexes.ErrClosed)
+	release, err := ix.enter(context.Background(), "clear stale readers")
+	if err != nil {
+		return 0, err
 	}
+	defer release()
 	n, err := ix.env.ReaderCheck()
 	if err != nil {
 		return 0, fmt.Errorf("lmdb index %s: clear stale readers: %w", ix.dir, err)
@@ -256,19 +254,17 @@ func (ix *Index) ClearStaleReaders() (int, error) {
 	return n, nil
 }
 
-// enter checks ctx and closed and holds closeMu shared until the returned
-// release is called.
+// enter admits a call unless the index is closed or ctx is done; the
+// caller runs the returned release when the call ends.
 func (ix *Index) enter(ctx context.Context, op string) (release func(), err error) {
-	ix.closeMu.RLock()
-	if ix.closed {
-		ix.closeMu.RUnlock()
-		return nil, fmt.Errorf("lmdb index %s: %s: %w", ix.dir, op, indexes.ErrClosed)
+	if !ix.gate.enter() {
+		return nil, fmt.Errorf("%s index %s: %s: %w", Name, ix.dir, op, indexes.ErrClosed)
 	}
 	if err := ctx.Err(); err != nil {
-		ix.closeMu.RUnlock()
-		return nil, fmt.Errorf("lmdb index %s: %s: %w", ix.dir, op, err)
+		ix.gate.exit()
+		return nil, fmt.Errorf("%s index %s: %s: %w", Name, ix.dir, op, err)
 	}
-	return ix.closeMu.RUnlock, nil
+	return ix.gate.exit, nil
 }
 
 // update runs fn in one write transaction and commits it; an error from fn
@@ -644,16 +640,15 @@ func (ix *Index) Stats(ctx context.Context) (_ indexes.Stats, err error) {
 	return st, nil
 }
 
-// Close waits for calls in flight, closes this process's handle of the
-// environment (other processes keep theirs) and releases the process
-// slot. A second Close returns nil.
+// Close refuses new calls with indexes.ErrClosed, waits for the calls in
+// flight, closes this process's handle of the environment (other processes
+// keep theirs) and releases the process slot. A second Close returns nil.
+// Close must not be called from inside an Iterate callback of the same
+// Index: it would wait for that very call.
 func (ix *Index) Close() error {
-	ix.closeMu.Lock()
-	defer ix.closeMu.Unlock()
-	if ix.closed {
+	if !ix.gate.close() {
 		return nil
 	}
-	ix.closed = true
 	var errs []error
 	if err := ix.env.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("close lmdb index %s: %w", ix.dir, err))

@@ -1,0 +1,42 @@
+package lmdb
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// gate admits calls until Close and lets Close wait for the calls in
+// flight. Unlike a RWMutex it never blocks a call while Close waits, so a
+// call made from inside an Iterate callback cannot deadlock against a
+// concurrent Close; it gets ErrClosed instead.
+type gate struct {
+	inflight atomic.Int64
+	closed   atomic.Bool
+}
+
+// enter admits a call, or reports false once the gate is closed.
+func (g *gate) enter() bool {
+	g.inflight.Add(1)
+	// NB: Close stores closed before it reads inflight and this call added
+	// to inflight before it reads closed, so one of the two sees the other.
+	if g.closed.Load() {
+		g.inflight.Add(-1)
+		return false
+	}
+	return true
+}
+
+// exit ends a call that enter admitted.
+func (g *gate) exit() { g.inflight.Add(-1) }
+
+// close shuts the gate and waits until no admitted call is in flight. It
+// reports false, without waiting, if the gate was already closed.
+func (g *gate) close() bool {
+	if !g.closed.CompareAndSwap(false, true) {
+		return false
+	}
+	for d := time.Microsecond; g.inflight.Load() != 0; d = min(2*d, time.Millisecond) {
+		time.Sleep(d)
+	}
+	return true
+}
