@@ -252,6 +252,7 @@ func (s *Store) pumpAcks(g *storeGen, stream storev1.Store_AcksClient) {
 func (s *Store) applyAcks(g *storeGen, acks []*storev1.Ack) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.checkBatches()
 	if s.gen != g && !g.closing {
 		return nil // a replaced process: its acks were already synthesized
 	}
@@ -305,6 +306,27 @@ func (s *Store) applyAcks(g *storeGen, acks []*storev1.Ack) error {
 	return nil
 }
 
+// checkBatches verifies the ack bookkeeping (build tag invariants or race):
+// every pending batch has as many items left as items without a terminal
+// ack, and at least one. s.mu must be held. A violation is a bug in this
+// package, not in the plugin: it panics with the state that proves it.
+func (s *Store) checkBatches() {
+	if !invariants {
+		return
+	}
+	for id, b := range s.batches {
+		open := 0
+		for _, st := range b.state {
+			if st != itemDone {
+				open++
+			}
+		}
+		if open != b.left || b.left <= 0 {
+			panic(fmt.Sprintf("pluginhost: batch %d of generation %d: left=%d but %d items open (states %v)", id, b.gen, b.left, open, b.state))
+		}
+	}
+}
+
 // signal wakes AckReady; callers hold s.mu or not, it never blocks.
 func (s *Store) signal() {
 	select {
@@ -334,6 +356,7 @@ func (s *Store) failPending(gen int, err error) int {
 	if n > 0 {
 		s.signal()
 	}
+	s.checkBatches()
 	return n
 }
 

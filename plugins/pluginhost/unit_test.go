@@ -3,6 +3,7 @@ package pluginhost
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -403,4 +404,18 @@ func FuzzStartError(f *testing.F) {
 			t.Fatalf("%q -> %v wraps no sentinel", s, err)
 		}
 	})
+}
+
+func TestCheckBatchesCatchesBrokenBookkeeping(t *testing.T) {
+	if !invariants {
+		t.Skip("needs -tags invariants or -race")
+	}
+	s, _ := ackStore()
+	s.batches[7].left = 2 // three items open
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "left=2 but 3 items open") {
+			t.Fatalf("recovered %v, want the broken-invariant panic", r)
+		}
+	}()
+	s.checkBatches()
 }
