@@ -100,7 +100,7 @@ func (x *Index) startGen(ctx context.Context) error {
 		return err
 	}
 	client := indexv1.NewIndexClient(proc.conn)
-	octx, cancel := context.WithTimeout(ctx, x.opts.StartTimeout)
+	octx, cancel := context.WithTimeout(ctx, x.opts.OpenTimeout)
 	defer cancel()
 	reply, err := client.Open(octx, &indexv1.OpenRequest{Name: x.spec.Name, Dir: x.env.Dir, ConfigJson: x.config})
 	if err != nil {

@@ -125,8 +125,13 @@ func decodeSum(s string) ([]byte, error) {
 
 // Options tunes plugin supervision. The zero value means the defaults.
 type Options struct {
-	// StartTimeout bounds process start, handshake and Open. Default 10s.
+	// StartTimeout bounds process start and the go-plugin handshake.
+	// Default 10s.
 	StartTimeout time.Duration
+	// OpenTimeout bounds the Open call, in which a store may do real work
+	// (a disk store preallocating its slot files, a load cold start
+	// scanning them). Default 5m.
+	OpenTimeout time.Duration
 	// CallTimeout is the deadline of one call; a call past it marks the
 	// plugin down (it hangs). Default 10s.
 	CallTimeout time.Duration
@@ -157,6 +162,7 @@ type Options struct {
 func DefaultOptions() Options {
 	return Options{
 		StartTimeout:      10 * time.Second,
+		OpenTimeout:       5 * time.Minute,
 		CallTimeout:       10 * time.Second,
 		CloseTimeout:      10 * time.Second,
 		RestartBackoff:    100 * time.Millisecond,
@@ -176,6 +182,7 @@ func (o Options) withDefaults() Options {
 		}
 	}
 	set(&o.StartTimeout, d.StartTimeout)
+	set(&o.OpenTimeout, d.OpenTimeout)
 	set(&o.CallTimeout, d.CallTimeout)
 	set(&o.CloseTimeout, d.CloseTimeout)
 	set(&o.RestartBackoff, d.RestartBackoff)
@@ -193,7 +200,7 @@ func (o Options) withDefaults() Options {
 // ordered.
 func (o Options) Validate() error {
 	for name, v := range map[string]time.Duration{
-		"start_timeout": o.StartTimeout, "call_timeout": o.CallTimeout, "close_timeout": o.CloseTimeout,
+		"start_timeout": o.StartTimeout, "open_timeout": o.OpenTimeout, "call_timeout": o.CallTimeout, "close_timeout": o.CloseTimeout,
 		"restart_backoff": o.RestartBackoff, "max_restart_backoff": o.MaxRestartBackoff,
 		"breaker_cooldown": o.BreakerCooldown, "stable_after": o.StableAfter, "log_interval": o.LogInterval,
 	} {
@@ -212,8 +219,8 @@ func (o Options) Validate() error {
 
 // String renders the options in the form of the config keys.
 func (o Options) String() string {
-	return fmt.Sprintf("start_timeout=%v call_timeout=%v close_timeout=%v restart_backoff=%v max_restart_backoff=%v breaker_failures=%d breaker_cooldown=%v stable_after=%v log_interval=%v",
-		o.StartTimeout, o.CallTimeout, o.CloseTimeout, o.RestartBackoff, o.MaxRestartBackoff, o.BreakerFailures, o.BreakerCooldown, o.StableAfter, o.LogInterval)
+	return fmt.Sprintf("start_timeout=%v open_timeout=%v call_timeout=%v close_timeout=%v restart_backoff=%v max_restart_backoff=%v breaker_failures=%d breaker_cooldown=%v stable_after=%v log_interval=%v",
+		o.StartTimeout, o.OpenTimeout, o.CallTimeout, o.CloseTimeout, o.RestartBackoff, o.MaxRestartBackoff, o.BreakerFailures, o.BreakerCooldown, o.StableAfter, o.LogInterval)
 }
 
 // backoff returns the delay before restart attempt n (0-based).

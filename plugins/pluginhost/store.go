@@ -142,7 +142,7 @@ func (s *Store) startGen(ctx context.Context, cold tiers.ColdStart) error {
 		return err
 	}
 	client := storev1.NewStoreClient(proc.conn)
-	octx, cancel := context.WithTimeout(ctx, s.opts.StartTimeout)
+	octx, cancel := context.WithTimeout(ctx, s.opts.OpenTimeout)
 	defer cancel()
 	reply, err := client.Open(octx, &storev1.OpenRequest{
 		Name:       s.spec.Name,
