@@ -15,10 +15,13 @@
 //	}
 //
 // The SDK speaks the go-plugin handshake and kvtier plugin protocol version
-// 1 (plugins/proto), maps the host's slab files at open and hands the store a
+// 1 (plugins/proto), maps the host's slab files at open (tiers/l2hugetlb's
+// Attach, which holds the stack's slab lock shared) and hands the store a
 // tiers.Env whose Slab is that mapping, relays Put acknowledgements to the
-// host on a stream, and logs through a *slog.Logger whose JSON lines the host
-// re-logs under the plugin's name.
+// host on a stream under the host's batch ids, and logs through a
+// *slog.Logger whose JSON lines the host re-logs under the plugin's name.
+// One plugin process serves one store or one index: the host starts a
+// process per tier and calls Open once.
 //
 // A plugin must never write to stdout: stdout is the go-plugin handshake
 // channel, and anything printed before the handshake makes the host refuse
