@@ -29,6 +29,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 
 	badgerdb "github.com/dgraph-io/badger/v4"
 	"github.com/dgraph-io/badger/v4/options"
@@ -516,8 +517,9 @@ func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) (err
 }
 
 // Stats counts the entries with a key-only scan (Badger keeps no count), so
-// it costs time linear in the number of entries; Bytes is the size of the
-// directory's files. CapacityBytes is 0: Badger has no fixed limit.
+// it costs time linear in the number of entries; Bytes is the disk space
+// allocated to the directory's files. CapacityBytes is 0: Badger has no
+// fixed limit.
 func (ix *Index) Stats(ctx context.Context) (_ indexes.Stats, err error) {
 	defer ix.m.done(opStats, 0, &err)
 	release, err := ix.enter(ctx, "stats")
@@ -544,7 +546,15 @@ func (ix *Index) Stats(ctx context.Context) (_ indexes.Stats, err error) {
 		return indexes.Stats{}, fmt.Errorf("badger index %s: stats: %w", ix.dir, err)
 	}
 	for _, f := range files {
-		if info, err := f.Info(); err == nil && info.Mode().IsRegular() {
+		info, err := f.Info()
+		if err != nil || !info.Mode().IsRegular() {
+			continue
+		}
+		// NB: Badger preallocates its log files sparsely (gigabytes of
+		// apparent size for a few records), so count allocated blocks.
+		if sys, ok := info.Sys().(*syscall.Stat_t); ok {
+			st.Bytes += sys.Blocks * 512
+		} else {
 			st.Bytes += info.Size()
 		}
 	}

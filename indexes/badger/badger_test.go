@@ -420,3 +420,20 @@ func entriesForTest(n int) []indexes.Entry {
 	}
 	return out
 }
+
+// TestStatsBytesAllocated checks that Stats reports disk space used, not
+// the apparent size of Badger's sparse, preallocated log files (gigabytes).
+func TestStatsBytesAllocated(t *testing.T) {
+	ix := openAt(t, t.TempDir(), DefaultConfig())
+	defer ix.Close()
+	if err := ix.Put(context.Background(), entriesForTest(1000)); err != nil {
+		t.Fatal(err)
+	}
+	st, err := ix.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Entries != 1000 || st.Bytes <= 0 || st.Bytes > 64<<20 {
+		t.Fatalf("stats = %+v, want 1000 entries in (0, 64 MiB] of disk", st)
+	}
+}
