@@ -2,8 +2,8 @@ package hindsight
 
 import "fmt"
 
-// ghost remembers the keys of the last limit evicted pages: a FIFO ring in
-// eviction order and an open-addressed multiset (linear probing,
+// ghost remembers the keys of the last limit evicted pages: a FIFO ring
+// (power-of-two length) in eviction order and an open-addressed multiset (linear probing,
 // backward-shift deletion) counting each key's copies in the ring. Its
 // storage grows with the limit (by doubling) and is then reused, so steady
 // state does not allocate. Key 0 marks an empty slot.
@@ -26,12 +26,13 @@ func (g *ghost) add(k uint64, limit int) {
 	if limit > len(g.ring) {
 		g.grow(limit)
 	}
+	mask := len(g.ring) - 1
 	for g.count >= limit {
 		g.drop(g.ring[g.head])
-		g.head = (g.head + 1) % len(g.ring)
+		g.head = (g.head + 1) & mask
 		g.count--
 	}
-	g.ring[(g.head+g.count)%len(g.ring)] = k
+	g.ring[(g.head+g.count)&mask] = k
 	g.count++
 	i, found := g.find(k)
 	if found {

@@ -156,15 +156,33 @@ func TestGeneratedTraces(t *testing.T) {
 	}
 }
 
-// BenchmarkReplay times the host path (radix tree + policy) on the shared
-// trace at 3M tokens for lru, proven and hindsight, in block-ops per
-// second.
+// BenchmarkReplay times the host path (radix tree + policy) at 3M tokens
+// for lru, proven and hindsight, in block-ops per second, on the generated
+// default workload and (when ../shared is present) the shared trace.
 func BenchmarkReplay(b *testing.B) {
-	reqs := policytest.SharedTrace(b, "mooncake_synthetic_trace.jsonl")
-	tr, err := replay.Compile("mooncake", reqs)
+	reqs, err := workload.Generate(workload.DefaultGeneratorConfig())
 	if err != nil {
 		b.Fatal(err)
 	}
+	gen, err := replay.Compile("generated", reqs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	traces := []*replay.Trace{gen}
+	b.Run("mooncake", func(b *testing.B) {
+		reqs := policytest.SharedTrace(b, "mooncake_synthetic_trace.jsonl")
+		tr, err := replay.Compile("mooncake", reqs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		benchReplay(b, tr)
+	})
+	for _, tr := range traces {
+		b.Run(tr.Name, func(b *testing.B) { benchReplay(b, tr) })
+	}
+}
+
+func benchReplay(b *testing.B, tr *replay.Trace) {
 	for _, p := range []struct {
 		name string
 		mk   func() policy.Evictor
