@@ -155,7 +155,7 @@ func TestClassesAndOrder(t *testing.T) {
 			name: "a new leaf whose tail was evicted is protected (re-fetch)",
 			steps: []step{
 				{op: "insert", n: withTail(info(1, 1, 0, 0, 4), 77)},
-				{op: "remove", n: info(1, 2, 0, 0, 4)}, // page 77 leaves
+				{op: "remove", n: info(1, 2, 0, 0, 4)},  // page 77 leaves
 				{op: "insert", n: info(9, 3, 0, 0, 20)}, // filler: room under the protected share
 				{op: "insert", n: withTail(info(2, 3, 0, 0, 4), 77)},
 				{op: "insert", n: withTail(info(3, 4, 0, 0, 4), 78)},
@@ -170,7 +170,7 @@ func TestClassesAndOrder(t *testing.T) {
 				{op: "remove", n: info(1, 2, 0, 0, 1)}, // page 50 leaves
 				{op: "insert", n: withTail(info(2, 3, 0, 0, 3), 52)},
 				{op: "update", n: withTail(info(2, 4, 0, 0, 2), 51)}, // 52 leaves, 51 is new
-				{op: "insert", n: info(9, 5, 0, 0, 20)}, // filler: room under the protected share
+				{op: "insert", n: info(9, 5, 0, 0, 20)},              // filler: room under the protected share
 				{op: "update", n: withTail(info(2, 6, 0, 0, 1), 50)}, // 50 is a ghost
 			},
 			classes: map[policy.NodeID]int{2: classProtected, 9: classUntouched},
