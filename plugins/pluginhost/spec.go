@@ -137,6 +137,10 @@ type Options struct {
 	CallTimeout time.Duration
 	// CloseTimeout bounds Close, including the last acks. Default 10s.
 	CloseTimeout time.Duration
+	// AckTimeout is how long a Put item may wait for its terminal ack; a
+	// plugin that leaves one longer is hung (its slab spans would never be
+	// released) and is marked down. Default 2m.
+	AckTimeout time.Duration
 	// RestartBackoff is the first restart delay; it doubles per failed
 	// attempt up to MaxRestartBackoff. Defaults 100ms and 30s.
 	RestartBackoff, MaxRestartBackoff time.Duration
@@ -165,6 +169,7 @@ func DefaultOptions() Options {
 		OpenTimeout:       5 * time.Minute,
 		CallTimeout:       10 * time.Second,
 		CloseTimeout:      10 * time.Second,
+		AckTimeout:        2 * time.Minute,
 		RestartBackoff:    100 * time.Millisecond,
 		MaxRestartBackoff: 30 * time.Second,
 		BreakerFailures:   5,
@@ -185,6 +190,7 @@ func (o Options) withDefaults() Options {
 	set(&o.OpenTimeout, d.OpenTimeout)
 	set(&o.CallTimeout, d.CallTimeout)
 	set(&o.CloseTimeout, d.CloseTimeout)
+	set(&o.AckTimeout, d.AckTimeout)
 	set(&o.RestartBackoff, d.RestartBackoff)
 	set(&o.MaxRestartBackoff, d.MaxRestartBackoff)
 	set(&o.BreakerCooldown, d.BreakerCooldown)
@@ -200,7 +206,7 @@ func (o Options) withDefaults() Options {
 // ordered.
 func (o Options) Validate() error {
 	for name, v := range map[string]time.Duration{
-		"start_timeout": o.StartTimeout, "open_timeout": o.OpenTimeout, "call_timeout": o.CallTimeout, "close_timeout": o.CloseTimeout,
+		"start_timeout": o.StartTimeout, "open_timeout": o.OpenTimeout, "call_timeout": o.CallTimeout, "close_timeout": o.CloseTimeout, "ack_timeout": o.AckTimeout,
 		"restart_backoff": o.RestartBackoff, "max_restart_backoff": o.MaxRestartBackoff,
 		"breaker_cooldown": o.BreakerCooldown, "stable_after": o.StableAfter, "log_interval": o.LogInterval,
 	} {
@@ -219,8 +225,8 @@ func (o Options) Validate() error {
 
 // String renders the options in the form of the config keys.
 func (o Options) String() string {
-	return fmt.Sprintf("start_timeout=%v open_timeout=%v call_timeout=%v close_timeout=%v restart_backoff=%v max_restart_backoff=%v breaker_failures=%d breaker_cooldown=%v stable_after=%v log_interval=%v",
-		o.StartTimeout, o.OpenTimeout, o.CallTimeout, o.CloseTimeout, o.RestartBackoff, o.MaxRestartBackoff, o.BreakerFailures, o.BreakerCooldown, o.StableAfter, o.LogInterval)
+	return fmt.Sprintf("start_timeout=%v open_timeout=%v call_timeout=%v close_timeout=%v ack_timeout=%v restart_backoff=%v max_restart_backoff=%v breaker_failures=%d breaker_cooldown=%v stable_after=%v log_interval=%v",
+		o.StartTimeout, o.OpenTimeout, o.CallTimeout, o.CloseTimeout, o.AckTimeout, o.RestartBackoff, o.MaxRestartBackoff, o.BreakerFailures, o.BreakerCooldown, o.StableAfter, o.LogInterval)
 }
 
 // backoff returns the delay before restart attempt n (0-based).

@@ -72,6 +72,7 @@ type hostBatch struct {
 	gen   int
 	state []uint8
 	left  int
+	sent  time.Time // when Put was called, for the ack deadline
 }
 
 // OpenStore starts the plugin binary of spec and opens its Store v1 over
@@ -191,6 +192,7 @@ func (s *Store) startGen(ctx context.Context, cold tiers.ColdStart) error {
 	s.mu.Unlock()
 	go s.pumpAcks(g, stream)
 	go s.watchExit(g)
+	go s.watchAcks(g)
 	s.logger.Info("store plugin serving", "impl", g.impl, "protocol", proc.version, "pid", proc.pid, "cold_start", string(cold))
 	return nil
 }
@@ -222,6 +224,34 @@ func (s *Store) watchExit(g *storeGen) {
 	case <-g.proc.exited.Done():
 		s.fail(g, reasonCrash, errors.New("plugin process exited"))
 	case <-g.stopped:
+	}
+}
+
+// watchAcks marks the store down when a Put item of generation g has
+// waited longer than AckTimeout for its terminal ack: a plugin that stops
+// acknowledging is hung even if every call still answers.
+func (s *Store) watchAcks(g *storeGen) {
+	t := time.NewTicker(max(s.opts.AckTimeout/4, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-g.stopped:
+			return
+		case now := <-t.C:
+			s.mu.Lock()
+			var late tiers.BatchID
+			var age time.Duration
+			for id, b := range s.batches {
+				if b.gen == g.id && now.Sub(b.sent) > s.opts.AckTimeout && now.Sub(b.sent) > age {
+					late, age = id, now.Sub(b.sent)
+				}
+			}
+			s.mu.Unlock()
+			if late != 0 {
+				s.fail(g, reasonTimeout, fmt.Errorf("put batch %d has items without a terminal ack after %v (ack_timeout %v)", late, age.Round(time.Millisecond), s.opts.AckTimeout))
+				return
+			}
+		}
 	}
 }
 
@@ -474,7 +504,7 @@ func (s *Store) Put(ctx context.Context, batch []tiers.PutRequest) (tiers.BatchI
 		s.rl.log(slog.LevelWarn, "degraded-put", "store plugin down: put items failed", "items", len(batch))
 		return id, nil
 	}
-	s.batches[id] = &hostBatch{gen: g.id, state: make([]uint8, len(batch)), left: len(batch)}
+	s.batches[id] = &hostBatch{gen: g.id, state: make([]uint8, len(batch)), left: len(batch), sent: time.Now()}
 	s.mu.Unlock()
 
 	req := &storev1.PutRequest{Batch: uint64(id), Items: make([]*storev1.PutItem, len(batch))}

@@ -621,3 +621,31 @@ func TestPluginLogsBridged(t *testing.T) {
 }
 
 var _ = fmt.Sprint
+
+// TestAcksNeverCome: a plugin that answers every call but never acks a put
+// is hung: past the ack deadline it is marked down and every item of the
+// batch is failed, so the host gets its slab spans back.
+func TestAcksNeverCome(t *testing.T) {
+	t.Setenv("KVTIER_FAULT_DROP_ACKS", "1")
+	opts := fastOptions()
+	opts.AckTimeout = 400 * time.Millisecond
+	h := newHarness(t, opts, 8)
+	ps := h.pages(4)
+	start := time.Now()
+	b := h.put(0, ps)
+	h.drain(map[tiers.BatchID]int{b: 4}, 10*time.Second)
+	if took := time.Since(start); took < opts.AckTimeout {
+		t.Fatalf("items failed after %v, before the %v ack deadline: %v", took, opts.AckTimeout, h.acks[b])
+	}
+	if h.durable(b) {
+		t.Fatalf("batch without acks counted durable: %v", h.acks[b])
+	}
+	for _, a := range h.acks[b] {
+		if !errors.Is(a.Err, ErrDown) {
+			t.Fatalf("ack %+v: want an error wrapping ErrDown", a)
+		}
+	}
+	if got := counter(h.store.m.failures.WithLabelValues(reasonTimeout)); got != 1 {
+		t.Fatalf("timeout failures = %v, want 1", got)
+	}
+}

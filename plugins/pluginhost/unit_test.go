@@ -214,6 +214,7 @@ func TestOptions(t *testing.T) {
 		func(o *Options) { o.CallTimeout = -1 },
 		func(o *Options) { o.MaxRestartBackoff = o.RestartBackoff / 2 },
 		func(o *Options) { o.BreakerFailures = -1 },
+		func(o *Options) { o.AckTimeout = -time.Second },
 	}
 	for i, mut := range bad {
 		o := d

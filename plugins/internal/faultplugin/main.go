@@ -12,6 +12,7 @@
 //	KVTIER_FAULT_GARBAGE_GET=N       answer the Nth Get with a reply of the wrong length
 //	KVTIER_FAULT_GARBAGE_ACKS=N      send the Nth ack batch with an unset stage
 //	KVTIER_FAULT_GARBAGE_INDEX_GET=N answer the Nth index Get with too few results
+//	KVTIER_FAULT_DROP_ACKS=1         never send an ack (every call still answers)
 //	KVTIER_FAULT_NO_SLAB=1           claim in Open that the slab is not mapped
 //	KVTIER_FAULT_STDOUT_MARKER=path  print to stdout before the handshake if path exists
 //	KVTIER_FAULT_STDOUT_ALWAYS=1     print to stdout before the handshake
@@ -47,7 +48,7 @@ func envInt(name string) int64 {
 type faults struct {
 	crashOnPut, hangOnGet, garbageGet, garbageAcks int64
 	garbageIndexGet                                int64
-	noSlab                                         bool
+	noSlab, dropAcks                               bool
 	puts, gets, ackBatches, indexGets              atomic.Int64
 }
 
@@ -70,6 +71,7 @@ func main() {
 		garbageAcks:     envInt("KVTIER_FAULT_GARBAGE_ACKS"),
 		garbageIndexGet: envInt("KVTIER_FAULT_GARBAGE_INDEX_GET"),
 		noSlab:          os.Getenv("KVTIER_FAULT_NO_SLAB") != "",
+		dropAcks:        os.Getenv("KVTIER_FAULT_DROP_ACKS") != "",
 	}
 	sdk.Serve(sdk.Plugin{
 		Name:    "faultplugin",
@@ -141,7 +143,7 @@ func (f *faults) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 }
 
 func (f *faults) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if info.FullMethod == storev1.Store_Acks_FullMethodName && f.garbageAcks > 0 {
+	if info.FullMethod == storev1.Store_Acks_FullMethodName && (f.garbageAcks > 0 || f.dropAcks) {
 		return handler(srv, &garbageAcks{ServerStream: ss, f: f})
 	}
 	return handler(srv, ss)
@@ -153,6 +155,9 @@ type garbageAcks struct {
 }
 
 func (g *garbageAcks) SendMsg(m any) error {
+	if g.f.dropAcks {
+		return nil // the fault under test: acks vanish
+	}
 	if b, ok := m.(*storev1.AckBatch); ok && g.f.ackBatches.Add(1) == g.f.garbageAcks && len(b.Acks) > 0 {
 		b.Acks[0].Stage = storev1.AckStage_ACK_STAGE_UNSPECIFIED
 	}
