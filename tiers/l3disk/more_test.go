@@ -170,3 +170,26 @@ func TestRegisterAndMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestRePutAfterDroppedEntry: when a page's index entry is gone but the
+// writer still holds its slot (a reader dropped a corrupt slot and its
+// notice is in flight), a second put of the page writes it again instead
+// of acking durable over a missing entry.
+func TestRePutAfterDroppedEntry(t *testing.T) {
+	r := newRig(t, testIndexes()[1], 8)
+	r.open(tiers.ColdStartClear)
+	pages := makePages(7, 2, 0, r.geom)
+	r.put(pages, 0)
+	if err := r.index.Delete(context.Background(), []indexes.Key{pages[0].key.IndexKey()}); err != nil {
+		t.Fatal(err)
+	}
+	for i, err := range r.put(pages, 0) {
+		if err != nil {
+			t.Fatalf("re-put %d: %v", i, err)
+		}
+	}
+	if h := countHits(r.get(pages, 4)); h != 2 {
+		t.Fatalf("%d of 2 hit after the re-put", h)
+	}
+	r.checkConsistent()
+}

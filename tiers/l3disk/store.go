@@ -614,16 +614,26 @@ func (s *Store) handleGathered(job *writeJob) {
 		return
 	}
 	if slot, ok := pool.lookup(job.key.Hash); ok {
-		s.releaseStaging(job)
-		s.st.dedups.Add(int64(len(job.items)))
-		if pool.state[slot] == slotLive {
+		switch {
+		case pool.state[slot] == slotInFlight:
+			s.releaseStaging(job)
+			s.st.dedups.Add(int64(len(job.items)))
+			other := s.inflight[job.key]
+			other.items = append(other.items, job.items...)
+			return
+		case s.indexNames(job.key, slot):
+			s.releaseStaging(job)
+			s.st.dedups.Add(int64(len(job.items)))
 			pool.touch(slot, s.clock.Add(1))
 			s.ackDurable(job.items)
 			return
+		default:
+			// NB: a reader dropped this page's entry (its slot failed
+			// verification) and its notice has not reached us yet: a
+			// durable ack now would be a lie. Free the slot and write
+			// the page again.
+			s.freeLive(k, slot)
 		}
-		other := s.inflight[job.key]
-		other.items = append(other.items, job.items...)
-		return
 	}
 	s.collect(k)
 	slot, ok := pool.alloc(job.key.Hash)
@@ -644,6 +654,18 @@ func (s *Store) handleGathered(job *writeJob) {
 			s.handleCommits(res)
 		}
 	}
+}
+
+// indexNames reports whether the index maps key to this store's slot
+// (an index error counts as no: the caller then rewrites the page).
+func (s *Store) indexNames(key tiers.Key, slot int32) bool {
+	recs, found := make([]indexes.Record, 1), make([]bool, 1)
+	if err := s.index.Get(context.Background(), []indexes.Key{key.IndexKey()}, recs, found); err != nil {
+		s.st.indexErrors.Add(1)
+		return false
+	}
+	r := recs[0]
+	return found[0] && int(r.Disk) == s.disk && r.Slot == uint64(slot) && r.Epoch == s.files[key.Kind].epoch()
 }
 
 func (s *Store) ackDurable(items []putItem) {
