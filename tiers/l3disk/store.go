@@ -697,10 +697,13 @@ func (s *Store) handleCommits(jobs []*writeJob) {
 			s.st.liveBytes.Add(s.pageBytes[k])
 			s.st.spillBytes.Add(s.pageBytes[k])
 			if job.dropped {
-				// A reader already removed its index entry.
+				// A reader found the fresh slot failing verification and
+				// removed its index entry: the page is not stored.
 				s.freeLive(k, job.slot)
+				s.failItems(job.items, fmt.Errorf("l3disk put %s: slot %d failed verification right after its write: %w", job.key, job.slot, ErrPayloadCorrupt))
+			} else {
+				s.ackDurable(job.items)
 			}
-			s.ackDurable(job.items)
 		}
 		for _, d := range job.deletes {
 			if job.err == nil && !job.dropped {
