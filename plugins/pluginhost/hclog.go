@@ -239,6 +239,7 @@ func (b *slogBridge) StandardWriter(*hclog.StandardLoggerOptions) io.Writer {
 
 type bridgeWriter struct{ b *slogBridge }
 
+// Write logs p as one info line.
 func (w bridgeWriter) Write(p []byte) (int, error) {
 	w.b.Info(strings.TrimRight(string(p), "\n"))
 	return len(p), nil

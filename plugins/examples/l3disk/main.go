@@ -41,6 +41,7 @@ type storeWithIndex struct {
 	index indexes.Index
 }
 
+// Close closes the store, then the index it writes.
 func (s storeWithIndex) Close() error {
 	return errors.Join(s.Store.Close(), s.index.Close())
 }

@@ -154,6 +154,7 @@ type garbageAcks struct {
 	f *faults
 }
 
+// SendMsg drops or garbles ack batches as the faults say.
 func (g *garbageAcks) SendMsg(m any) error {
 	if g.f.dropAcks {
 		return nil // the fault under test: acks vanish

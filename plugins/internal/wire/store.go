@@ -101,6 +101,7 @@ type errRemote struct {
 	sentinel error
 }
 
+// Error returns the plugin's message.
 func (e *errRemote) Error() string {
 	if e.msg == "" {
 		return e.sentinel.Error()
@@ -108,6 +109,7 @@ func (e *errRemote) Error() string {
 	return e.msg
 }
 
+// Unwrap returns the sentinel the result code names.
 func (e *errRemote) Unwrap() error { return e.sentinel }
 
 // FromResult decodes a per-item result: nil for OK, an error wrapping the
