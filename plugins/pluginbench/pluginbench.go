@@ -68,8 +68,11 @@ func (c *Config) defaults() {
 // Pair is a store opened twice: in process and behind the plugin, over one
 // slab.
 type Pair struct {
-	Slab     tiers.Slab
-	InProc   tiers.Store
+	// Slab is the shared slab both stores read and write through.
+	Slab tiers.Slab
+	// InProc is the memstore opened in this process.
+	InProc tiers.Store
+	// Plugin is the memstore behind the plugin binary.
 	Plugin   tiers.Store
 	payload  tiers.PayloadGeometry
 	batch    int
