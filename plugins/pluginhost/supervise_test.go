@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -647,5 +648,158 @@ func TestAcksNeverCome(t *testing.T) {
 	}
 	if got := counter(h.store.m.failures.WithLabelValues(reasonTimeout)); got != 1 {
 		t.Fatalf("timeout failures = %v, want 1", got)
+	}
+}
+
+// TestConcurrentUseAcrossKills: four writers and readers share the store
+// while its plugin is SIGKILLed twice. Every item of every batch gets
+// exactly one terminal ack, every hit is byte-exact, no call fails as a
+// whole, and the store serves again at the end. Run it under -race.
+func TestConcurrentUseAcrossKills(t *testing.T) {
+	h := newHarness(t, fastOptions(), 9)
+	const workers, rounds, per = 4, 12, 4
+	pages := make([][]testPage, workers)
+	for w := range pages {
+		pages[w] = h.pages(rounds * per)
+	}
+	var mu sync.Mutex
+	acks := map[tiers.BatchID][]tiers.Ack{}
+	sizes := map[tiers.BatchID]int{}
+	stop := make(chan struct{})
+	drained := make(chan struct{})
+	go func() { // one drainer, as a host's tick
+		defer close(drained)
+		for {
+			got := h.store.DrainAcks(nil)
+			mu.Lock()
+			for _, a := range got {
+				acks[a.Batch] = append(acks[a.Batch], a)
+			}
+			mu.Unlock()
+			select {
+			case <-stop:
+				return
+			case <-h.store.AckReady():
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	errs := make(chan error, workers)
+	var wg sync.WaitGroup
+	ctx := context.Background()
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			base := w * 2 * per // each worker owns 2*per slots: put slots, then get slots
+			for r := range rounds {
+				ps := pages[w][r*per : (r+1)*per]
+				reqs := make([]tiers.PutRequest, per)
+				for i, p := range ps {
+					sp := h.span(base + i)
+					b, _ := h.slab.Bytes(sp)
+					copy(b, p.data)
+					reqs[i] = tiers.PutRequest{Key: p.key, Src: sp}
+				}
+				id, err := h.store.Put(ctx, reqs)
+				if err != nil {
+					errs <- fmt.Errorf("worker %d put: %w", w, err)
+					return
+				}
+				mu.Lock()
+				sizes[id] = per
+				mu.Unlock()
+				// Wait for this batch to end before reusing its slots.
+				for deadline := time.Now().Add(20 * time.Second); ; {
+					mu.Lock()
+					n := terminal(acks[id])
+					mu.Unlock()
+					if n == per {
+						break
+					}
+					if time.Now().After(deadline) {
+						errs <- fmt.Errorf("worker %d batch %d: %d of %d terminal acks", w, id, n, per)
+						return
+					}
+					time.Sleep(time.Millisecond)
+				}
+				gets := make([]tiers.GetRequest, per)
+				for i, p := range ps {
+					gets[i] = tiers.GetRequest{Key: p.key, Dst: h.span(base + per + i)}
+				}
+				res := make([]error, per)
+				if err := h.store.Get(ctx, gets, res); err != nil {
+					errs <- fmt.Errorf("worker %d get: %w", w, err)
+					return
+				}
+				for i, e := range res {
+					if e != nil {
+						continue
+					}
+					b, _ := h.slab.Bytes(gets[i].Dst)
+					if !bytes.Equal(b, ps[i].data) {
+						errs <- fmt.Errorf("worker %d: %s hit with wrong bytes", w, ps[i].key)
+						return
+					}
+				}
+			}
+		}()
+	}
+	for range 2 {
+		time.Sleep(30 * time.Millisecond)
+		if pid := h.store.PID(); pid > 0 {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		waitFor(t, "restart after a kill", 20*time.Second, h.store.up)
+	}
+	wg.Wait()
+	close(stop)
+	<-drained
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for id, n := range sizes {
+		checkAckProtocol(t, id, acks[id], n)
+	}
+	waitFor(t, "serving at the end", 20*time.Second, h.store.up)
+	ps := h.pages(2)
+	b := h.put(0, ps)
+	h.drain(map[tiers.BatchID]int{b: 2}, 10*time.Second)
+	if hits, _ := h.get(8, ps); hits != 2 || !h.durable(b) {
+		t.Fatalf("after the kills: %d of 2 hits, durable %v", hits, h.durable(b))
+	}
+}
+
+// TestCloseWhileRestartsFail: Close returns promptly while the plugin is
+// down and every restart attempt fails, and leaves no process behind.
+func TestCloseWhileRestartsFail(t *testing.T) {
+	marker := filepath.Join(t.TempDir(), "print-to-stdout")
+	t.Setenv("KVTIER_FAULT_STDOUT_MARKER", marker)
+	h := newHarness(t, fastOptions(), 10)
+	if err := os.WriteFile(marker, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pid := h.store.PID()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a failed restart", 20*time.Second, func() bool {
+		return counter(h.store.m.failures.WithLabelValues(reasonStart)) >= 1
+	})
+	start := time.Now()
+	if err := h.store.Close(); err != nil {
+		t.Fatalf("close while down: %v", err)
+	}
+	if took := time.Since(start); took > 15*time.Second {
+		t.Fatalf("close while down took %v", took)
+	}
+	if _, err := h.store.Put(context.Background(), nil); !errors.Is(err, tiers.ErrClosed) {
+		t.Fatalf("put after close: %v, want ErrClosed", err)
+	}
+	if err := syscall.Kill(pid, 0); err == nil {
+		t.Fatalf("plugin process %d still exists after close", pid)
 	}
 }
