@@ -747,10 +747,16 @@ func TestConcurrentUseAcrossKills(t *testing.T) {
 	}
 	for range 2 {
 		time.Sleep(30 * time.Millisecond)
-		if pid := h.store.PID(); pid > 0 {
+		pid := h.store.PID()
+		if pid > 0 {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
-		waitFor(t, "restart after a kill", 20*time.Second, h.store.up)
+		// Serving again means a new process, not the killed one before
+		// its death was noticed.
+		waitFor(t, "restart after a kill", 20*time.Second, func() bool {
+			p := h.store.PID()
+			return p != 0 && p != pid
+		})
 	}
 	wg.Wait()
 	close(stop)
@@ -764,7 +770,6 @@ func TestConcurrentUseAcrossKills(t *testing.T) {
 	for id, n := range sizes {
 		checkAckProtocol(t, id, acks[id], n)
 	}
-	waitFor(t, "serving at the end", 20*time.Second, h.store.up)
 	ps := h.pages(2)
 	b := h.put(0, ps)
 	h.drain(map[tiers.BatchID]int{b: 2}, 10*time.Second)
