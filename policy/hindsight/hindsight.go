@@ -44,11 +44,12 @@
 // package must never read a wall clock, a random source, a map iteration
 // order or rank-local state.
 //
-// Memory: per live node one table entry, 48 bytes of state and up to two
+// Memory: per live node one table entry, 40 bytes of state and up to two
 // 36-byte heap entries (victim heap while an evictable leaf, protected heap
-// while protected); a fixed 32-entry signature table; and the ghost, at most
-// ghost x peak cached pages entries of 8 bytes in a ring plus 12 bytes in an
-// open-addressed set at most half full.
+// while protected); a fixed 32-signature table of counters; and the ghost,
+// ghost x peak cached pages remembered pages in a ring of 8-byte keys
+// (rounded up to a power of two) and an open-addressed multiset of twice
+// the ring's length in 12-byte slots: at most 64 bytes per remembered page.
 package hindsight
 
 import (
