@@ -2,6 +2,7 @@ package l2bench
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -11,32 +12,54 @@ import (
 // TestGatherScatterRoundTrip checks the kernels move the right bytes:
 // gathering every page then scattering back restores the layer-first
 // buffer, and page p's gathered bytes are its layers' slices in order.
+// Small slices take internal/memcopy's copy path, large ones its streaming
+// path; the per-slice copy kernels are checked the same way.
 func TestGatherScatterRoundTrip(t *testing.T) {
-	const layers, pages, slice = 5, 7, 24
-	src := make([]byte, layers*pages*slice)
-	for i := range src {
-		src[i] = byte(i*13 + 1)
+	geometries := []struct{ layers, pages, slice int }{
+		{5, 7, 24},
+		{3, 4, 4096},
+		{6, 5, 20_000 + 3},
 	}
-	dst := make([]byte, len(src))
-	if n := GatherAll(dst, src, layers, pages, slice); n != int64(len(src)) {
-		t.Fatalf("GatherAll moved %d bytes, want %d", n, len(src))
+	kernels := []struct {
+		name            string
+		gather, scatter PageMover
+	}{
+		{"memcopy", Gather, Scatter},
+		{"copy", GatherCopy, ScatterCopy},
 	}
-	for p := 0; p < pages; p++ {
-		for l := 0; l < layers; l++ {
-			for i := 0; i < slice; i++ {
-				got := dst[(p*layers+l)*slice+i]
-				want := src[(l*pages+p)*slice+i]
-				if got != want {
-					t.Fatalf("page %d layer %d byte %d: %d, want %d", p, l, i, got, want)
+	for _, g := range geometries {
+		for _, k := range kernels {
+			t.Run(fmt.Sprintf("%s/%dx%dx%d", k.name, g.layers, g.pages, g.slice), func(t *testing.T) {
+				layers, pages, slice := g.layers, g.pages, g.slice
+				src := make([]byte, layers*pages*slice)
+				for i := range src {
+					src[i] = byte(i*13 + i>>8 + 1)
 				}
-			}
-		}
-	}
-	back := make([]byte, len(src))
-	ScatterAll(back, dst, layers, pages, slice)
-	for i := range src {
-		if back[i] != src[i] {
-			t.Fatalf("scatter byte %d: %d, want %d", i, back[i], src[i])
+				dst := make([]byte, len(src))
+				if n := GatherAllWith(k.gather, dst, src, layers, pages, int64(slice)); n != int64(len(src)) {
+					t.Fatalf("gather moved %d bytes, want %d", n, len(src))
+				}
+				for p := 0; p < pages; p++ {
+					for l := 0; l < layers; l++ {
+						for i := 0; i < slice; i++ {
+							got := dst[(p*layers+l)*slice+i]
+							want := src[(l*pages+p)*slice+i]
+							if got != want {
+								t.Fatalf("page %d layer %d byte %d: %d, want %d", p, l, i, got, want)
+							}
+						}
+					}
+				}
+				back := make([]byte, len(src))
+				if n := ScatterAllWith(k.scatter, back, dst, layers, pages, int64(slice)); n != int64(len(src)) {
+					t.Fatalf("scatter moved %d bytes, want %d", n, len(src))
+				}
+				for i := range src {
+					if back[i] != src[i] {
+						t.Fatalf("scatter byte %d: %d, want %d", i, back[i], src[i])
+					}
+				}
+			})
 		}
 	}
 }
@@ -80,8 +103,8 @@ func TestRunSmall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res) != 9 {
-		t.Fatalf("%d results, want 9: %+v", len(res), res)
+	if len(res) != 11 {
+		t.Fatalf("%d results, want 11: %+v", len(res), res)
 	}
 	for _, r := range res {
 		if r.Value <= 0 {
@@ -146,18 +169,24 @@ func BenchmarkGatherScatter(b *testing.B) {
 			copy(pages, layerFirst)
 		}
 	})
-	b.Run("gather", func(b *testing.B) {
-		b.SetBytes(n)
-		for b.Loop() {
-			GatherAll(pages, layerFirst, o.Layers, o.GatherPages, o.SliceBytes)
-		}
-	})
-	b.Run("scatter", func(b *testing.B) {
-		b.SetBytes(n)
-		for b.Loop() {
-			ScatterAll(layerFirst, pages, o.Layers, o.GatherPages, o.SliceBytes)
-		}
-	})
+	for _, k := range []struct {
+		name string
+		all  func(dst, src []byte, layers, pages int, slice int64) int64
+		dst  []byte
+		src  []byte
+	}{
+		{"gather", GatherAll, pages, layerFirst},
+		{"scatter", ScatterAll, layerFirst, pages},
+		{"gather-copy", func(d, s []byte, l, p int, sl int64) int64 { return GatherAllWith(GatherCopy, d, s, l, p, sl) }, pages, layerFirst},
+		{"scatter-copy", func(d, s []byte, l, p int, sl int64) int64 { return ScatterAllWith(ScatterCopy, d, s, l, p, sl) }, layerFirst, pages},
+	} {
+		b.Run(k.name, func(b *testing.B) {
+			b.SetBytes(n)
+			for b.Loop() {
+				k.all(k.dst, k.src, o.Layers, o.GatherPages, o.SliceBytes)
+			}
+		})
+	}
 }
 
 func BenchmarkReserveRelease(b *testing.B) {
