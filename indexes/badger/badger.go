@@ -58,7 +58,7 @@ type Index struct {
 	db   *badgerdb.DB
 	lock *os.File
 	log  *slog.Logger
-	m    *metrics
+	m    *indexes.Metrics
 	dir  string
 
 	// gate admits calls until Close, which waits for those in flight.
@@ -123,7 +123,7 @@ func Open(ctx context.Context, env indexes.Env, cfg Config) (*Index, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("open badger index %s: %w", dir, err)
 	}
-	m, err := newMetrics(env.Registerer)
+	m, err := indexes.NewMetrics(env.Registerer, Name)
 	if err != nil {
 		return nil, fmt.Errorf("open badger index %s: %w", dir, err)
 	}
@@ -235,7 +235,7 @@ func (ix *Index) wrapTxnErr(op string, n int, err error) error {
 
 // Put inserts or replaces the entries in one transaction.
 func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) (err error) {
-	defer ix.m.done(opPut, len(entries), &err)
+	defer ix.m.Done(indexes.OpPut, len(entries), &err)
 	release, err := ix.enter(ctx, "put")
 	if err != nil {
 		return err
@@ -266,7 +266,7 @@ func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) (err error) {
 // is reported absent and named in an error wrapping indexes.ErrCorrupt,
 // returned after every key has been answered.
 func (ix *Index) Get(ctx context.Context, keys []indexes.Key, dst []indexes.Record, found []bool) (err error) {
-	defer ix.m.done(opGet, len(keys), &err)
+	defer ix.m.Done(indexes.OpGet, len(keys), &err)
 	if len(dst) != len(keys) || len(found) != len(keys) {
 		return fmt.Errorf("badger index %s: get %d keys into %d records and %d found flags", ix.dir, len(keys), len(dst), len(found))
 	}
@@ -308,13 +308,13 @@ func (ix *Index) Get(ctx context.Context, keys []indexes.Key, dst []indexes.Reco
 	if err != nil {
 		return fmt.Errorf("badger index %s: get batch of %d: %w", ix.dir, len(keys), err)
 	}
-	ix.m.corrupt.Add(float64(corrupt.n))
+	ix.m.Corrupt.Add(float64(corrupt.n))
 	return corrupt.err(ix.dir, "get")
 }
 
 // Delete removes keys in one transaction; absent keys are ignored.
 func (ix *Index) Delete(ctx context.Context, keys []indexes.Key) (err error) {
-	defer ix.m.done(opDelete, len(keys), &err)
+	defer ix.m.Done(indexes.OpDelete, len(keys), &err)
 	release, err := ix.enter(ctx, "delete")
 	if err != nil {
 		return err
@@ -342,7 +342,7 @@ func (ix *Index) Delete(ctx context.Context, keys []indexes.Key) (err error) {
 // disk, slot and epoch, in one transaction. Entries are applied in order,
 // so a key named twice is deleted at most once.
 func (ix *Index) DeleteIf(ctx context.Context, entries []indexes.Entry, deleted []bool) (err error) {
-	defer ix.m.done(opDeleteIf, len(entries), &err)
+	defer ix.m.Done(indexes.OpDeleteIf, len(entries), &err)
 	if len(deleted) != len(entries) {
 		return fmt.Errorf("badger index %s: delete-if %d entries with %d result flags", ix.dir, len(entries), len(deleted))
 	}
@@ -392,7 +392,7 @@ func (ix *Index) DeleteIf(ctx context.Context, entries []indexes.Entry, deleted 
 
 // Touch sets LastAccess of the present keys to at, in one transaction.
 func (ix *Index) Touch(ctx context.Context, keys []indexes.Key, at uint64) (err error) {
-	defer ix.m.done(opTouch, len(keys), &err)
+	defer ix.m.Done(indexes.OpTouch, len(keys), &err)
 	release, err := ix.enter(ctx, "touch")
 	if err != nil {
 		return err
@@ -440,7 +440,7 @@ func (ix *Index) readRecord(txn *badgerdb.Txn, kb []byte, k indexes.Key) (indexe
 	if err := item.Value(func(v []byte) error {
 		r, err := indexes.DecodeRecord(k, v)
 		if err != nil {
-			ix.m.corrupt.Inc()
+			ix.m.Corrupt.Inc()
 			ix.log.Warn("badger index: treating a corrupt record as absent", "dir", ix.dir, "err", err)
 			return nil
 		}
@@ -457,7 +457,7 @@ func (ix *Index) readRecord(txn *badgerdb.Txn, kb []byte, k indexes.Key) (indexe
 // indexes.ErrCorrupt, returned after the iteration completes.
 func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) (err error) {
 	yielded := 0
-	defer func() { ix.m.done(opIterate, yielded, &err) }()
+	defer func() { ix.m.Done(indexes.OpIterate, yielded, &err) }()
 	release, err := ix.enter(ctx, "iterate")
 	if err != nil {
 		return err
@@ -512,7 +512,7 @@ func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) (err
 	if err != nil {
 		return fmt.Errorf("badger index %s: iterate: %w", ix.dir, err)
 	}
-	ix.m.corrupt.Add(float64(corrupt.n))
+	ix.m.Corrupt.Add(float64(corrupt.n))
 	return corrupt.err(ix.dir, "iterate")
 }
 
@@ -521,7 +521,7 @@ func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) (err
 // allocated to the directory's files. CapacityBytes is 0: Badger has no
 // fixed limit.
 func (ix *Index) Stats(ctx context.Context) (_ indexes.Stats, err error) {
-	defer ix.m.done(opStats, 0, &err)
+	defer ix.m.Done(indexes.OpStats, 0, &err)
 	release, err := ix.enter(ctx, "stats")
 	if err != nil {
 		return indexes.Stats{}, err

@@ -243,7 +243,7 @@ func TestCorruptRecord(t *testing.T) {
 	}
 	// Get, Iterate, DeleteIf and Touch each met the corrupt record once.
 	var m dto.Metric
-	if err := ix.m.corrupt.Write(&m); err != nil || m.GetCounter().GetValue() != 4 {
+	if err := ix.m.Corrupt.Write(&m); err != nil || m.GetCounter().GetValue() != 4 {
 		t.Fatalf("corrupt-record counter = %v (%v), want 4", m.GetCounter().GetValue(), err)
 	}
 	if err := ix.Delete(ctx, []indexes.Key{bad}); err != nil {

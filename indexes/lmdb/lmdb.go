@@ -57,7 +57,7 @@ type Index struct {
 	dbi      mdb.DBI
 	procLock *os.File
 	log      *slog.Logger
-	m        *metrics
+	m        *indexes.Metrics
 	dir      string
 	mapSize  int64
 
@@ -123,7 +123,7 @@ func Open(ctx context.Context, env indexes.Env, cfg Config) (*Index, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("open lmdb index %s: %w", dir, err)
 	}
-	m, err := newMetrics(env.Registerer)
+	m, err := indexes.NewMetrics(env.Registerer, Name)
 	if err != nil {
 		return nil, fmt.Errorf("open lmdb index %s: %w", dir, err)
 	}
@@ -335,7 +335,7 @@ func isErrno(err error, e mdb.Errno) bool {
 
 // Put inserts or replaces the entries in one write transaction.
 func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) (err error) {
-	defer ix.m.done(opPut, len(entries), &err)
+	defer ix.m.Done(indexes.OpPut, len(entries), &err)
 	release, err := ix.enter(ctx, "put")
 	if err != nil {
 		return err
@@ -365,7 +365,7 @@ func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) (err error) {
 // is reported absent and named in an error wrapping indexes.ErrCorrupt,
 // returned after every key has been answered.
 func (ix *Index) Get(ctx context.Context, keys []indexes.Key, dst []indexes.Record, found []bool) (err error) {
-	defer ix.m.done(opGet, len(keys), &err)
+	defer ix.m.Done(indexes.OpGet, len(keys), &err)
 	if len(dst) != len(keys) || len(found) != len(keys) {
 		return fmt.Errorf("lmdb index %s: get %d keys into %d records and %d found flags", ix.dir, len(keys), len(dst), len(found))
 	}
@@ -399,13 +399,13 @@ func (ix *Index) Get(ctx context.Context, keys []indexes.Key, dst []indexes.Reco
 	if err != nil {
 		return err
 	}
-	ix.m.corrupt.Add(float64(corrupt.n))
+	ix.m.Corrupt.Add(float64(corrupt.n))
 	return corrupt.err(ix.dir, "get")
 }
 
 // Delete removes keys in one write transaction; absent keys are ignored.
 func (ix *Index) Delete(ctx context.Context, keys []indexes.Key) (err error) {
-	defer ix.m.done(opDelete, len(keys), &err)
+	defer ix.m.Done(indexes.OpDelete, len(keys), &err)
 	release, err := ix.enter(ctx, "delete")
 	if err != nil {
 		return err
@@ -433,7 +433,7 @@ func (ix *Index) Delete(ctx context.Context, keys []indexes.Key) (err error) {
 // disk, slot and epoch, in one write transaction. Entries are applied in
 // order, so a key named twice is deleted at most once.
 func (ix *Index) DeleteIf(ctx context.Context, entries []indexes.Entry, deleted []bool) (err error) {
-	defer ix.m.done(opDeleteIf, len(entries), &err)
+	defer ix.m.Done(indexes.OpDeleteIf, len(entries), &err)
 	if len(deleted) != len(entries) {
 		return fmt.Errorf("lmdb index %s: delete-if %d entries with %d result flags", ix.dir, len(entries), len(deleted))
 	}
@@ -484,7 +484,7 @@ func (ix *Index) DeleteIf(ctx context.Context, entries []indexes.Entry, deleted 
 // Touch sets LastAccess of the present keys to at, in one write
 // transaction.
 func (ix *Index) Touch(ctx context.Context, keys []indexes.Key, at uint64) (err error) {
-	defer ix.m.done(opTouch, len(keys), &err)
+	defer ix.m.Done(indexes.OpTouch, len(keys), &err)
 	release, err := ix.enter(ctx, "touch")
 	if err != nil {
 		return err
@@ -530,7 +530,7 @@ func (ix *Index) readRecord(txn *mdb.Txn, kb []byte, k indexes.Key) (indexes.Rec
 	}
 	rec, err := indexes.DecodeRecord(k, v)
 	if err != nil {
-		ix.m.corrupt.Inc()
+		ix.m.Corrupt.Inc()
 		ix.log.Warn("lmdb index: treating a corrupt record as absent", "dir", ix.dir, "err", err)
 		return indexes.Record{}, false, nil
 	}
@@ -544,7 +544,7 @@ func (ix *Index) readRecord(txn *mdb.Txn, kb []byte, k indexes.Key) (indexes.Rec
 // long as fn takes.
 func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) (err error) {
 	yielded := 0
-	defer func() { ix.m.done(opIterate, yielded, &err) }()
+	defer func() { ix.m.Done(indexes.OpIterate, yielded, &err) }()
 	release, err := ix.enter(ctx, "iterate")
 	if err != nil {
 		return err
@@ -601,7 +601,7 @@ func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) (err
 	if err != nil {
 		return err
 	}
-	ix.m.corrupt.Add(float64(corrupt.n))
+	ix.m.Corrupt.Add(float64(corrupt.n))
 	return corrupt.err(ix.dir, "iterate")
 }
 
@@ -609,7 +609,7 @@ func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) (err
 // use (pages up to the last used one; freed pages are reused, never
 // returned) and the map size.
 func (ix *Index) Stats(ctx context.Context) (_ indexes.Stats, err error) {
-	defer ix.m.done(opStats, 0, &err)
+	defer ix.m.Done(indexes.OpStats, 0, &err)
 	release, err := ix.enter(ctx, "stats")
 	if err != nil {
 		return indexes.Stats{}, err

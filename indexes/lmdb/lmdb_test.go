@@ -20,7 +20,6 @@ import (
 	mdb "github.com/PowerDNS/lmdb-go/lmdb"
 	"github.com/goccy/go-yaml"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/indexes/indextest"
@@ -601,53 +600,49 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	tests := []struct {
-		name string
-		c    prometheus.Counter
-		want float64
+		metric, op string
+		want       float64
 	}{
-		{"full", ix.m.full, 1},
-		{"put errors", ix.m.errs[opPut], 1},
-		{"get calls", ix.m.calls[opGet], 1},
-		{"get entries", ix.m.entries[opGet], 3},
-		{"corrupt", ix.m.corrupt, 0},
+		{"kvtier_index_full_total", "", 1},
+		{"kvtier_index_errors_total", "put", 1},
+		{"kvtier_index_calls_total", "get", 1},
+		{"kvtier_index_entries_total", "get", 3},
+		{"kvtier_index_corrupt_records_total", "", 0},
 	}
 	for _, tt := range tests {
-		if got := counterValue(t, tt.c); got != tt.want {
-			t.Errorf("%s = %v, want %v", tt.name, got, tt.want)
+		if got := gathered(t, reg, tt.metric, tt.op); got != tt.want {
+			t.Errorf("%s{op=%q} = %v, want %v", tt.metric, tt.op, got, tt.want)
 		}
 	}
-	puts := counterValue(t, ix.m.calls[opPut])
-	if puts < 4 {
+	if puts := gathered(t, reg, "kvtier_index_calls_total", "put"); puts < 4 {
 		t.Errorf("put calls = %v, want the batches before the map filled", puts)
 	}
-	// The counters are the registered ones, and a second index on the
-	// same registerer reuses them.
+}
+
+// gathered returns the value of the lmdb index's counter metric (with
+// label op, when op is not empty) from reg.
+func gathered(t *testing.T, reg *prometheus.Registry, metric, op string) float64 {
+	t.Helper()
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	series := 0
 	for _, f := range families {
-		if f.GetName() == "kvtier_index_calls_total" {
-			series = len(f.GetMetric())
+		if f.GetName() != metric {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["index"] == Name && labels["op"] == op {
+				return m.GetCounter().GetValue()
+			}
 		}
 	}
-	if series != numOps {
-		t.Errorf("gathered %d call series, want %d", series, numOps)
-	}
-	m2, err := newMetrics(reg)
-	if err != nil || m2.calls[opPut] != ix.m.calls[opPut] {
-		t.Errorf("second registration: %v, shared counter %v", err, m2.calls[opPut] == ix.m.calls[opPut])
-	}
-}
-
-func counterValue(t *testing.T, c prometheus.Counter) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
+	t.Fatalf("metric %s{index=%q,op=%q} not gathered", metric, Name, op)
+	return 0
 }
 
 // FuzzConfigString checks that String is a YAML encoding Validate and the

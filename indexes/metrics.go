@@ -1,40 +1,41 @@
-package lmdb
+package indexes
 
 import (
 	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/kvtier/kvtier/indexes"
 )
 
-// Operations counted by the index metrics, as the "op" label.
+// Operations counted by Metrics, as the "op" label.
 const (
-	opPut = iota
-	opGet
-	opDelete
-	opDeleteIf
-	opTouch
-	opIterate
-	opStats
+	OpPut = iota
+	OpGet
+	OpDelete
+	OpDeleteIf
+	OpTouch
+	OpIterate
+	OpStats
 	numOps
 )
 
 var opNames = [numOps]string{"put", "get", "delete", "delete_if", "touch", "iterate", "stats"}
 
-// metrics are the index's Prometheus counters, resolved per operation at
-// open so that counting a call is a few atomic adds.
-type metrics struct {
+// Metrics are an Index v1 implementation's Prometheus counters, the same
+// for every implementation (labelled by index name), resolved per operation
+// at open so that counting a call is a few atomic adds.
+type Metrics struct {
 	calls, entries, errs [numOps]prometheus.Counter
-	full, corrupt        prometheus.Counter
+	full                 prometheus.Counter
+	// Corrupt counts stored records that failed to decode.
+	Corrupt prometheus.Counter
 }
 
-// newMetrics builds the counters and registers them with reg when reg is
-// not nil. A second index of this kind on the same registerer shares the
-// already registered counters.
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	labels := prometheus.Labels{"index": Name}
+// NewMetrics builds the counters of the index called name and registers
+// them with reg when reg is not nil. A second index of the same name on
+// the same registerer shares the already registered counters.
+func NewMetrics(reg prometheus.Registerer, name string) (*Metrics, error) {
+	labels := prometheus.Labels{"index": name}
 	calls := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvtier_index_calls_total", Help: "Index v1 calls (batches), by operation.", ConstLabels: labels,
 	}, []string{"op"})
@@ -52,23 +53,23 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	})
 	if reg != nil {
 		var err error
-		if calls, err = registerOrReuse(reg, calls); err != nil {
+		if calls, err = registerOrReuse(reg, name, calls); err != nil {
 			return nil, err
 		}
-		if entries, err = registerOrReuse(reg, entries); err != nil {
+		if entries, err = registerOrReuse(reg, name, entries); err != nil {
 			return nil, err
 		}
-		if errs, err = registerOrReuse(reg, errs); err != nil {
+		if errs, err = registerOrReuse(reg, name, errs); err != nil {
 			return nil, err
 		}
-		if full, err = registerOrReuse(reg, full); err != nil {
+		if full, err = registerOrReuse(reg, name, full); err != nil {
 			return nil, err
 		}
-		if corrupt, err = registerOrReuse(reg, corrupt); err != nil {
+		if corrupt, err = registerOrReuse(reg, name, corrupt); err != nil {
 			return nil, err
 		}
 	}
-	m := &metrics{full: full, corrupt: corrupt}
+	m := &Metrics{full: full, Corrupt: corrupt}
 	for op, name := range opNames {
 		m.calls[op] = calls.WithLabelValues(name)
 		m.entries[op] = entries.WithLabelValues(name)
@@ -77,7 +78,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-func registerOrReuse[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+func registerOrReuse[C prometheus.Collector](reg prometheus.Registerer, name string, c C) (C, error) {
 	err := reg.Register(c)
 	if err == nil {
 		return c, nil
@@ -88,16 +89,17 @@ func registerOrReuse[C prometheus.Collector](reg prometheus.Registerer, c C) (C,
 			return existing, nil
 		}
 	}
-	return c, fmt.Errorf("register %s index metrics: %w", Name, err)
+	return c, fmt.Errorf("register %s index metrics: %w", name, err)
 }
 
-// done counts one call of op over n keys that returned *errp.
-func (m *metrics) done(op, n int, errp *error) {
+// Done counts one call of op over n keys that returned *errp (use it
+// deferred, with the address of the named error result).
+func (m *Metrics) Done(op, n int, errp *error) {
 	m.calls[op].Inc()
 	m.entries[op].Add(float64(n))
 	if err := *errp; err != nil {
 		m.errs[op].Inc()
-		if errors.Is(err, indexes.ErrFull) {
+		if errors.Is(err, ErrFull) {
 			m.full.Inc()
 		}
 	}
