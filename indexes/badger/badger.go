@@ -62,7 +62,7 @@ type Index struct {
 	dir  string
 
 	// gate admits calls until Close, which waits for those in flight.
-	gate gate
+	gate indexes.CloseGate
 	// writeMu serializes write transactions; it is why conflict detection
 	// can be off (see the package comment).
 	writeMu sync.Mutex
@@ -187,14 +187,14 @@ func lockDir(dir string) (*os.File, error) {
 // enter admits a call unless the index is closed or ctx is done; the
 // caller runs the returned release when the call ends.
 func (ix *Index) enter(ctx context.Context, op string) (release func(), err error) {
-	if !ix.gate.enter() {
+	if !ix.gate.Enter() {
 		return nil, fmt.Errorf("%s index %s: %s: %w", Name, ix.dir, op, indexes.ErrClosed)
 	}
 	if err := ctx.Err(); err != nil {
-		ix.gate.exit()
+		ix.gate.Exit()
 		return nil, fmt.Errorf("%s index %s: %s: %w", Name, ix.dir, op, err)
 	}
-	return ix.gate.exit, nil
+	return ix.gate.Exit, nil
 }
 
 // update runs fn in one write transaction under writeMu and commits it.
@@ -566,7 +566,7 @@ func (ix *Index) Stats(ctx context.Context) (_ indexes.Stats, err error) {
 // Close returns nil. Close must not be called from inside an Iterate
 // callback of the same Index: it would wait for that very call.
 func (ix *Index) Close() error {
-	if !ix.gate.close() {
+	if !ix.gate.Close() {
 		return nil
 	}
 	var errs []error

@@ -65,7 +65,7 @@ type Index struct {
 	staleReaders int
 
 	// gate admits calls until Close, which waits for those in flight.
-	gate gate
+	gate indexes.CloseGate
 	// writeMu serializes this process's write transactions before they
 	// queue on LMDB's cross-process writer mutex, so at most one OS thread
 	// per process is parked on it.
@@ -257,14 +257,14 @@ func (ix *Index) ClearStaleReaders() (int, error) {
 // enter admits a call unless the index is closed or ctx is done; the
 // caller runs the returned release when the call ends.
 func (ix *Index) enter(ctx context.Context, op string) (release func(), err error) {
-	if !ix.gate.enter() {
+	if !ix.gate.Enter() {
 		return nil, fmt.Errorf("%s index %s: %s: %w", Name, ix.dir, op, indexes.ErrClosed)
 	}
 	if err := ctx.Err(); err != nil {
-		ix.gate.exit()
+		ix.gate.Exit()
 		return nil, fmt.Errorf("%s index %s: %s: %w", Name, ix.dir, op, err)
 	}
-	return ix.gate.exit, nil
+	return ix.gate.Exit, nil
 }
 
 // update runs fn in one write transaction and commits it; an error from fn
@@ -646,7 +646,7 @@ func (ix *Index) Stats(ctx context.Context) (_ indexes.Stats, err error) {
 // Close must not be called from inside an Iterate callback of the same
 // Index: it would wait for that very call.
 func (ix *Index) Close() error {
-	if !ix.gate.close() {
+	if !ix.gate.Close() {
 		return nil
 	}
 	var errs []error

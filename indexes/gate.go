@@ -1,21 +1,21 @@
-package lmdb
+package indexes
 
 import (
 	"sync/atomic"
 	"time"
 )
 
-// gate admits calls until Close and lets Close wait for the calls in
-// flight. Unlike a RWMutex it never blocks a call while Close waits, so a
+// CloseGate admits calls until Close and lets Close wait for the calls in
+// flight; Index v1 implementations embed one. Unlike a RWMutex it never blocks a call while Close waits, so a
 // call made from inside an Iterate callback cannot deadlock against a
 // concurrent Close; it gets ErrClosed instead.
-type gate struct {
+type CloseGate struct {
 	inflight atomic.Int64
 	closed   atomic.Bool
 }
 
-// enter admits a call, or reports false once the gate is closed.
-func (g *gate) enter() bool {
+// Enter admits a call, or reports false once the gate is closed.
+func (g *CloseGate) Enter() bool {
 	g.inflight.Add(1)
 	// NB: Close stores closed before it reads inflight and this call added
 	// to inflight before it reads closed, so one of the two sees the other.
@@ -26,12 +26,12 @@ func (g *gate) enter() bool {
 	return true
 }
 
-// exit ends a call that enter admitted.
-func (g *gate) exit() { g.inflight.Add(-1) }
+// Exit ends a call that Enter admitted.
+func (g *CloseGate) Exit() { g.inflight.Add(-1) }
 
-// close shuts the gate and waits until no admitted call is in flight. It
+// Close shuts the gate and waits until no admitted call is in flight. It
 // reports false, without waiting, if the gate was already closed.
-func (g *gate) close() bool {
+func (g *CloseGate) Close() bool {
 	if !g.closed.CompareAndSwap(false, true) {
 		return false
 	}
