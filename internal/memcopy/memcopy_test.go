@@ -2,6 +2,7 @@ package memcopy
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -17,15 +18,22 @@ const guard = 256
 // page-aligns them and the offsets set the alignment.
 func buffers(r *rand.Rand, n, srcOff, dstOff int) (src, dst, dstAll []byte, dstAt int) {
 	srcAll := make([]byte, srcOff+n+guard)
-	for i := range srcAll {
-		srcAll[i] = byte(r.Uint32())
-	}
+	fill(r, srcAll)
 	dstAll = make([]byte, guard+dstOff+n+guard)
-	for i := range dstAll {
-		dstAll[i] = byte(r.Uint32())
-	}
+	fill(r, dstAll)
 	dstAt = guard + dstOff
 	return srcAll[srcOff : srcOff+n], dstAll[dstAt : dstAt+n], dstAll, dstAt
+}
+
+// fill sets b to pseudo-random bytes from r.
+func fill(r *rand.Rand, b []byte) {
+	for len(b) >= 8 {
+		binary.LittleEndian.PutUint64(b, r.Uint64())
+		b = b[8:]
+	}
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
 }
 
 // expect returns what dstAll holds after copying src to its window at
