@@ -84,3 +84,19 @@ func BenchmarkCopy46K(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkGatherKernels gathers with each kernel of the build, plain copy
+// included, to compare SSE2 with AVX2 streaming.
+func BenchmarkGatherKernels(b *testing.B) {
+	for _, k := range kernels() {
+		b.Run(k.name, func(b *testing.B) {
+			lf, pk := benchBuffers(b)
+			per := benchLayers * benchSlice
+			for b.Loop() {
+				for p := 0; p < benchPages; p++ {
+					gatherWith(&k, pk[p*per:(p+1)*per], lf[p*benchSlice:], benchLayers, benchSlice, benchPages*benchSlice)
+				}
+			}
+		})
+	}
+}
