@@ -156,8 +156,9 @@ func checkGeometry(op string, contiguous, strided, n, slice, stride int) {
 	if n == 0 || slice == 0 {
 		return
 	}
-	// Compare by division so a huge n or stride cannot overflow.
-	if slice > contiguous/n || (n-1) > (strided-slice)/max(stride, 1) || slice > strided {
+	// Compare by division so a huge n or stride cannot overflow; with
+	// stride 0 every slice is the same bytes, which need only fit once.
+	if slice > contiguous/n || slice > strided || (stride > 0 && n-1 > (strided-slice)/stride) {
 		panic(fmt.Sprintf("memcopy: %s of %d slices of %d bytes at stride %d: contiguous side has %d bytes, strided side %d", op, n, slice, stride, contiguous, strided))
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 )
@@ -177,6 +178,7 @@ func TestGatherScatterStrided(t *testing.T) {
 		{"zero slices", 0, 4096, 8192, 0, 0, 0},
 		{"zero-byte slices", 5, 0, 100, 0, 0, 0},
 		{"one slice", 1, 20_000, 0, 3, 5, 0},
+		{"stride zero", 4, 20_000, 0, 0, 9, 0},
 		{"small total", 4, 1000, 3000, 0, 0, 7},
 		{"small slices", 64, MinStreamSlice - 1, 1024, 1, 2, 0},
 		{"layers aligned", 61, 4 << 10, 48 << 10, 0, 0, 0},
@@ -196,8 +198,8 @@ func TestGatherScatterStrided(t *testing.T) {
 				packedLen := tc.n*tc.slice + tc.tail
 
 				// Gather: strided source, packed destination.
-				src, dst, all, at := buffers(r, stridedLen, tc.srcOff, tc.dstOff)
-				_ = dst
+				src, _, all, at := buffers(r, max(stridedLen, packedLen), tc.srcOff, tc.dstOff)
+				src = src[:stridedLen]
 				want := bytes.Clone(all)
 				gatherRef(want[at:at+packedLen], src, tc.n, tc.slice, tc.stride)
 				var got int
@@ -214,8 +216,7 @@ func TestGatherScatterStrided(t *testing.T) {
 				}
 
 				// Scatter: packed source, strided destination.
-				src, dst, all, at = buffers(r, max(stridedLen, packedLen), tc.srcOff, tc.dstOff)
-				_ = dst
+				src, _, all, at = buffers(r, max(stridedLen, packedLen), tc.srcOff, tc.dstOff)
 				src = src[:packedLen]
 				want = bytes.Clone(all)
 				scatterRef(want[at:at+stridedLen], src, tc.n, tc.slice, tc.stride)
@@ -271,8 +272,9 @@ func TestGeometryPanics(t *testing.T) {
 		{"gather src short", 100, 189, 10, 10, 20, true},
 		{"scatter dst short", 189, 100, 10, 10, 20, false},
 		{"scatter src short", 1000, 99, 10, 10, 20, false},
-		{"huge n", 100, 100, 1 << 62, 1 << 10, 1 << 10, true},
-		{"huge stride", 1 << 20, 1 << 20, 2, 1 << 10, 1 << 62, false},
+		{"huge n", 100, 100, math.MaxInt / 2, 1 << 10, 1 << 10, true},
+		{"huge stride", 1 << 20, 1 << 20, 2, 1 << 10, math.MaxInt / 2, false},
+		{"stride zero src short", 40, 9, 4, 10, 0, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -301,6 +303,9 @@ func TestGeometryPanics(t *testing.T) {
 
 // TestBoundaryFits checks geometries that exactly fit do not panic.
 func TestBoundaryFits(t *testing.T) {
+	if got := GatherStrided(make([]byte, 40), make([]byte, 10), 4, 10, 0); got != 40 {
+		t.Fatalf("stride 0 gather returned %d", got)
+	}
 	dst, src := make([]byte, 100), make([]byte, 190)
 	if got := GatherStrided(dst, src, 10, 10, 20); got != 100 {
 		t.Fatalf("gather returned %d", got)
