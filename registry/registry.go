@@ -110,3 +110,35 @@ func (r *Registry[F]) All() []Registration[F] {
 	slices.SortFunc(out, func(a, b Registration[F]) int { return strings.Compare(a.FullID(), b.FullID()) })
 	return out
 }
+
+// NewConfigOf returns a Registration.NewConfig that yields a pointer to a
+// fresh defaults() value, for the config loader to decode YAML into.
+func NewConfigOf[C any](defaults func() C) func() any {
+	return func() any {
+		c := defaults()
+		return &c
+	}
+}
+
+// ErrConfigType is wrapped by ConfigAs when a factory receives a config of
+// another module's type.
+var ErrConfigType = errors.New("config of the wrong type")
+
+// ConfigAs converts the config a factory receives — the value NewConfigOf
+// made, filled from YAML — into C: nil means defaults(), *C and C are taken
+// as they are, anything else is an error naming the module.
+func ConfigAs[C any](module string, cfg any, defaults func() C) (C, error) {
+	switch v := cfg.(type) {
+	case nil:
+		return defaults(), nil
+	case *C:
+		if v == nil {
+			return defaults(), nil
+		}
+		return *v, nil
+	case C:
+		return v, nil
+	}
+	var zero C
+	return zero, fmt.Errorf("%s: config is %T, want %T: %w", module, cfg, &zero, ErrConfigType)
+}

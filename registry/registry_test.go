@@ -86,3 +86,44 @@ func TestLookup(t *testing.T) {
 		t.Fatalf("fresh registry found a registration of another: %v", err)
 	}
 }
+
+type moduleConfig struct{ Size int }
+
+func defaults() moduleConfig { return moduleConfig{Size: 7} }
+
+func TestConfigAs(t *testing.T) {
+	newCfg := registry.NewConfigOf(defaults)
+	decoded := newCfg().(*moduleConfig)
+	if decoded.Size != 7 {
+		t.Fatalf("NewConfigOf gave %+v, want defaults", decoded)
+	}
+	decoded.Size = 9
+	if again := newCfg().(*moduleConfig); again.Size != 7 {
+		t.Fatalf("NewConfigOf shares its value between calls: %+v", again)
+	}
+	var nilPtr *moduleConfig
+	for _, tc := range []struct {
+		name string
+		cfg  any
+		want int
+		err  bool
+	}{
+		{"nil", nil, 7, false},
+		{"nil pointer", nilPtr, 7, false},
+		{"pointer", decoded, 9, false},
+		{"value", moduleConfig{Size: 3}, 3, false},
+		{"other type", struct{ Size int }{1}, 0, true},
+		{"string", "size: 3", 0, true},
+	} {
+		got, err := registry.ConfigAs("m", tc.cfg, defaults)
+		if tc.err {
+			if !errors.Is(err, registry.ErrConfigType) || !strings.Contains(err.Error(), "m: config is") {
+				t.Errorf("%s: err = %v, want ErrConfigType naming the module", tc.name, err)
+			}
+			continue
+		}
+		if err != nil || got.Size != tc.want {
+			t.Errorf("%s: ConfigAs = %+v, %v; want size %d", tc.name, got, err, tc.want)
+		}
+	}
+}

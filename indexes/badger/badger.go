@@ -77,23 +77,14 @@ var _ indexes.Index = (*Index)(nil)
 // Register adds the Badger index to r under indexes.IndexV1 and Name.
 func Register(r *indexes.Registry) error {
 	return r.Register(registry.Registration[indexes.Factory]{
-		Type: indexes.IndexV1,
-		Name: Name,
-		Doc:  "single-process Badger (LSM) index in one directory",
-		NewConfig: func() any {
-			c := DefaultConfig()
-			return &c
-		},
+		Type:      indexes.IndexV1,
+		Name:      Name,
+		Doc:       "single-process Badger (LSM) index in one directory",
+		NewConfig: registry.NewConfigOf(DefaultConfig),
 		Factory: func(ctx context.Context, env indexes.Env, cfg any) (indexes.Index, error) {
-			c := DefaultConfig()
-			switch v := cfg.(type) {
-			case nil:
-			case *Config:
-				c = *v
-			case Config:
-				c = v
-			default:
-				return nil, fmt.Errorf("badger index: config of type %T, want *badger.Config", cfg)
+			c, err := registry.ConfigAs(Name+" index", cfg, DefaultConfig)
+			if err != nil {
+				return nil, err
 			}
 			return Open(ctx, env, c)
 		},

@@ -77,23 +77,14 @@ var _ indexes.Index = (*Index)(nil)
 // Register adds the LMDB index to r under indexes.IndexV1 and Name.
 func Register(r *indexes.Registry) error {
 	return r.Register(registry.Registration[indexes.Factory]{
-		Type: indexes.IndexV1,
-		Name: Name,
-		Doc:  "LMDB index shared by every rank process of a node, fixed map size",
-		NewConfig: func() any {
-			c := DefaultConfig()
-			return &c
-		},
+		Type:      indexes.IndexV1,
+		Name:      Name,
+		Doc:       "LMDB index shared by every rank process of a node, fixed map size",
+		NewConfig: registry.NewConfigOf(DefaultConfig),
 		Factory: func(ctx context.Context, env indexes.Env, cfg any) (indexes.Index, error) {
-			c := DefaultConfig()
-			switch v := cfg.(type) {
-			case nil:
-			case *Config:
-				c = *v
-			case Config:
-				c = v
-			default:
-				return nil, fmt.Errorf("lmdb index: config of type %T, want *lmdb.Config", cfg)
+			c, err := registry.ConfigAs(Name+" index", cfg, DefaultConfig)
+			if err != nil {
+				return nil, err
 			}
 			return Open(ctx, env, c)
 		},

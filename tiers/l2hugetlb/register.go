@@ -14,19 +14,16 @@ const Name = "l2hugetlb"
 // Register adds the l2hugetlb slab to r (role kvtier.tier.slab.v1).
 func Register(r *tiers.Registry) error {
 	return r.Slabs.Register(registry.Registration[tiers.Factory[tiers.Slab]]{
-		Type: tiers.SlabV1,
-		Name: Name,
-		Doc:  "shared L2 slab files on hugetlbfs (2 MiB pages), with an explicit shm fallback",
-		NewConfig: func() any {
-			c := DefaultConfig()
-			return &c
-		},
+		Type:      tiers.SlabV1,
+		Name:      Name,
+		Doc:       "shared L2 slab files on hugetlbfs (2 MiB pages), with an explicit shm fallback",
+		NewConfig: registry.NewConfigOf(DefaultConfig),
 		Factory: func(ctx context.Context, env tiers.Env, cfg any) (tiers.Slab, error) {
-			c, ok := cfg.(*Config)
-			if !ok || c == nil {
-				return nil, fmt.Errorf("l2hugetlb: config is %T, want *l2hugetlb.Config: %w", cfg, tiers.ErrInvalid)
+			c, err := registry.ConfigAs(Name, cfg, DefaultConfig)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %w", err, tiers.ErrInvalid)
 			}
-			return Open(ctx, env, *c)
+			return Open(ctx, env, c)
 		},
 	})
 }

@@ -14,22 +14,14 @@ const Name = "l3disk"
 // Register adds the disk store to r as kvtier.tier.store.v1/l3disk.
 func Register(r *tiers.Registry) error {
 	return r.Stores.Register(registry.Registration[tiers.Factory[tiers.Store]]{
-		Type: tiers.StoreV1,
-		Name: Name,
-		Doc:  "O_DIRECT slot store on local disks, located through an index (lmdb or badger)",
-		NewConfig: func() any {
-			c := DefaultConfig()
-			return &c
-		},
+		Type:      tiers.StoreV1,
+		Name:      Name,
+		Doc:       "O_DIRECT slot store on local disks, located through an index (lmdb or badger)",
+		NewConfig: registry.NewConfigOf(DefaultConfig),
 		Factory: func(ctx context.Context, env tiers.Env, cfg any) (tiers.Store, error) {
-			var c Config
-			switch v := cfg.(type) {
-			case *Config:
-				c = *v
-			case Config:
-				c = v
-			default:
-				return nil, fmt.Errorf("l3disk: config of type %T, want *l3disk.Config: %w", cfg, tiers.ErrInvalid)
+			c, err := registry.ConfigAs(Name, cfg, DefaultConfig)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %w", err, tiers.ErrInvalid)
 			}
 			return Open(ctx, env, c)
 		},

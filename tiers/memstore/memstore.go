@@ -51,13 +51,13 @@ func Register(r *tiers.Registry) error {
 		Type:      tiers.StoreV1,
 		Name:      Name,
 		Doc:       "content-addressed pages in process memory under a byte budget (LRU); not persistent",
-		NewConfig: func() any { c := DefaultConfig(); return &c },
+		NewConfig: registry.NewConfigOf(DefaultConfig),
 		Factory: func(ctx context.Context, env tiers.Env, cfg any) (tiers.Store, error) {
-			c, ok := cfg.(*Config)
-			if !ok {
-				return nil, fmt.Errorf("memstore: config is %T, want *memstore.Config", cfg)
+			c, err := registry.ConfigAs(Name, cfg, DefaultConfig)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %w", err, tiers.ErrInvalid)
 			}
-			return Open(env, *c)
+			return Open(env, c)
 		},
 	})
 }
