@@ -105,16 +105,30 @@ func adjustPool(delta int) (int, error) {
 	return after - before, nil
 }
 
+// mountPrefix starts the name of every mount point hugetest makes; the
+// owner's pid follows, so a later run can tell a mount whose owner died
+// (a SIGKILLed test binary never runs its cleanup) from a live one.
+const mountPrefix = "hugetlbfs-kvtier-"
+
 // NewMount reserves pages 2 MiB hugepages and mounts hugetlbfs on a new
 // directory under parent, with size and min_size both set to those pages
 // so that the mount's statfs reports them and no other user can take them.
-// It needs root. On error nothing is left reserved or mounted.
+// It needs root. On error nothing is left reserved or mounted. First it
+// sweeps mounts left by hugetest users that died without cleaning up
+// (SweepStale), so killed runs do not leak hugepages across runs.
 func NewMount(parent string, pages int) (*Mount, error) {
+	return newMount(parent, pages, os.Getpid())
+}
+
+func newMount(parent string, pages, owner int) (*Mount, error) {
 	if pages < 1 {
 		return nil, fmt.Errorf("hugetlbfs mount: %d pages, want at least 1", pages)
 	}
 	if os.Geteuid() != 0 {
 		return nil, errors.New("hugetlbfs mount: not root (reserving hugepages and mounting need it)")
+	}
+	if _, err := SweepStale(); err != nil {
+		return nil, fmt.Errorf("hugetlbfs mount: %w", err)
 	}
 	added, err := adjustPool(pages)
 	if err != nil {
@@ -125,7 +139,7 @@ func NewMount(parent string, pages int) (*Mount, error) {
 		err := fmt.Errorf("hugetlbfs mount: the kernel granted %d of %d 2 MiB hugepages (memory too fragmented or limited)", added, pages)
 		return nil, errors.Join(err, m.Close())
 	}
-	dir, err := os.MkdirTemp(parent, "hugetlbfs-")
+	dir, err := os.MkdirTemp(parent, fmt.Sprintf("%s%d-", mountPrefix, owner))
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("hugetlbfs mount: %w", err), m.Close())
 	}
@@ -136,6 +150,75 @@ func NewMount(parent string, pages int) (*Mount, error) {
 	}
 	m.mounted = true
 	return m, nil
+}
+
+// SweepStale unmounts every hugetlbfs mount that hugetest made for a
+// process that no longer exists, removes its mount point and returns its
+// pages to the pool, under the pool lock. It returns the mount points it
+// removed. A mount whose owner pid is alive (or was reused by another
+// process) is left alone: sweeping errs on the side of leaking.
+func SweepStale() ([]string, error) {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return nil, fmt.Errorf("sweep stale hugetlbfs mounts: %w", err)
+	}
+	unlock, err := lockPool()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	var swept []string
+	var errs []error
+	for _, line := range strings.Split(string(b), "\n") {
+		dir, pages, owner, ok := parseStaleCandidate(line)
+		if !ok || unix.Kill(owner, 0) != unix.ESRCH {
+			continue
+		}
+		if err := unix.Unmount(dir, 0); err != nil {
+			errs = append(errs, fmt.Errorf("unmount stale hugetlbfs %s (owner pid %d gone): %w", dir, owner, err))
+			continue
+		}
+		_ = os.Remove(dir)
+		n, err := readPool()
+		if err == nil {
+			err = writePool(max(0, n-pages))
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("return %d hugepages of stale mount %s: %w", pages, dir, err))
+		}
+		swept = append(swept, dir)
+	}
+	return swept, errors.Join(errs...)
+}
+
+// parseStaleCandidate reads one /proc/self/mounts line and reports a
+// hugetlbfs mount made by hugetest: its mount point, its reserved pages
+// (min_size) and its owner's pid.
+func parseStaleCandidate(line string) (dir string, pages, owner int, ok bool) {
+	f := strings.Fields(line)
+	if len(f) < 4 || f[2] != "hugetlbfs" {
+		return "", 0, 0, false
+	}
+	dir = f[1]
+	name := filepath.Base(dir)
+	if !strings.HasPrefix(name, mountPrefix) {
+		return "", 0, 0, false
+	}
+	pidText, _, found := strings.Cut(strings.TrimPrefix(name, mountPrefix), "-")
+	owner, err := strconv.Atoi(pidText)
+	if !found || err != nil || owner <= 0 {
+		return "", 0, 0, false
+	}
+	for _, opt := range strings.Split(f[3], ",") {
+		if v, ok := strings.CutPrefix(opt, "min_size="); ok {
+			size, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || size <= 0 || size%PageSize != 0 {
+				return "", 0, 0, false
+			}
+			return dir, int(size / PageSize), owner, true
+		}
+	}
+	return "", 0, 0, false
 }
 
 // Close unmounts (the files on the mount go with it) and returns the pages
