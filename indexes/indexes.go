@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -125,6 +126,29 @@ type Env struct {
 	// Dir is the directory the index keeps its files in when its config
 	// does not name one.
 	Dir string
+}
+
+// PrepareDir is the common start of an implementation's Open: it checks ctx
+// and the env, picks the directory (configured, else e.Dir) and creates
+// it. Errors begin with "open NAME index".
+func (e Env) PrepareDir(ctx context.Context, name, configured string) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", fmt.Errorf("open %s index: %w", name, err)
+	}
+	if e.Logger == nil {
+		return "", fmt.Errorf("open %s index: env logger is nil", name)
+	}
+	dir := configured
+	if dir == "" {
+		dir = e.Dir
+	}
+	if dir == "" {
+		return "", fmt.Errorf("open %s index: neither the config nor the env names a directory", name)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("open %s index %s: %w", name, dir, err)
+	}
+	return dir, nil
 }
 
 // Factory opens an index from its decoded config.

@@ -95,24 +95,12 @@ func Register(r *indexes.Registry) error {
 // cfg.Dir is empty. It returns indexes.ErrInUse when another opener holds
 // the directory.
 func Open(ctx context.Context, env indexes.Env, cfg Config) (*Index, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("open badger index: %w", err)
-	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if env.Logger == nil {
-		return nil, fmt.Errorf("open badger index: env logger is nil")
-	}
-	dir := cfg.Dir
-	if dir == "" {
-		dir = env.Dir
-	}
-	if dir == "" {
-		return nil, fmt.Errorf("open badger index: neither the config nor the env names a directory")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("open badger index %s: %w", dir, err)
+	dir, err := env.PrepareDir(ctx, Name, cfg.Dir)
+	if err != nil {
+		return nil, err
 	}
 	m, err := indexes.NewMetrics(env.Registerer, Name)
 	if err != nil {

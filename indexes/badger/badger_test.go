@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 	"unicode/utf8"
 
 	badgerdb "github.com/dgraph-io/badger/v4"
@@ -368,47 +367,13 @@ func TestChecksFire(t *testing.T) {
 	ix.checkOrder(&prev, []byte{3})
 }
 
-// TestCloseWaitsForIterate checks this implementation's stronger promise:
-// Close does not release the database while an iteration is still reading
-// it; calls from the callback meanwhile get ErrClosed.
+// TestCloseWaitsForIterate: Close waits for an iteration in flight.
 func TestCloseWaitsForIterate(t *testing.T) {
-	ix := openAt(t, t.TempDir(), DefaultConfig())
-	entries := entriesForTest(20)
-	if err := ix.Put(context.Background(), entries); err != nil {
-		t.Fatal(err)
-	}
-	closed := make(chan error, 1)
-	seen := 0
-	err := ix.Iterate(context.Background(), func(indexes.Entry) error {
-		seen++
-		if seen > 1 {
-			return nil
-		}
-		go func() { closed <- ix.Close() }()
-		for {
-			_, err := ix.Stats(context.Background())
-			if errors.Is(err, indexes.ErrClosed) {
-				break
-			}
-			if err != nil {
-				return err
-			}
-			time.Sleep(time.Millisecond)
-		}
-		time.Sleep(20 * time.Millisecond)
-		select {
-		case err := <-closed:
-			return fmt.Errorf("close returned (%v) while the iteration was running", err)
-		default:
-			return nil
-		}
+	indextest.CloseWaitsForIterate(t, func(t *testing.T) indexes.Index {
+		ix := openAt(t, t.TempDir(), DefaultConfig())
+		t.Cleanup(func() { ix.Close() })
+		return ix
 	})
-	if err != nil || seen != len(entries) {
-		t.Fatalf("iterate: %v after %d of %d entries", err, seen, len(entries))
-	}
-	if err := <-closed; err != nil {
-		t.Fatalf("close: %v", err)
-	}
 }
 
 func entriesForTest(n int) []indexes.Entry {

@@ -894,3 +894,47 @@ func waitForClose(ix indexes.Index, patience time.Duration) error {
 	}
 	return fmt.Errorf("close took no effect within %v", patience)
 }
+
+// CloseWaitsForIterate checks a stronger promise than Run's: Close does not
+// release the index while an iteration is still reading it (the iteration
+// sees every entry), and calls from the callback meanwhile get ErrClosed.
+// Implementations that keep it (those built on indexes.CloseGate) run it
+// beside Run.
+func CloseWaitsForIterate(t *testing.T, open Opener) {
+	t.Helper()
+	ix := open(t)
+	entries := randomEntries(newRand(t, 23), 20)
+	mustPut(t, ix, entries)
+	closed := make(chan error, 1)
+	seen := 0
+	err := ix.Iterate(context.Background(), func(indexes.Entry) error {
+		seen++
+		if seen > 1 {
+			return nil
+		}
+		go func() { closed <- ix.Close() }()
+		for {
+			_, err := ix.Stats(context.Background())
+			if errors.Is(err, indexes.ErrClosed) {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(20 * time.Millisecond)
+		select {
+		case err := <-closed:
+			return fmt.Errorf("close returned (%v) while the iteration was running", err)
+		default:
+			return nil
+		}
+	})
+	if err != nil || seen != len(entries) {
+		t.Fatalf("iterate: %v after %d of %d entries", err, seen, len(entries))
+	}
+	if err := <-closed; err != nil {
+		t.Fatalf("close: %v", err)
+	}
+}

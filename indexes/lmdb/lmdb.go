@@ -95,24 +95,12 @@ func Register(r *indexes.Registry) error {
 // when cfg.Dir is empty, and clears stale reader slots. Other processes may
 // have it open at the same time.
 func Open(ctx context.Context, env indexes.Env, cfg Config) (*Index, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("open lmdb index: %w", err)
-	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if env.Logger == nil {
-		return nil, fmt.Errorf("open lmdb index: env logger is nil")
-	}
-	dir := cfg.Dir
-	if dir == "" {
-		dir = env.Dir
-	}
-	if dir == "" {
-		return nil, fmt.Errorf("open lmdb index: neither the config nor the env names a directory")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("open lmdb index %s: %w", dir, err)
+	dir, err := env.PrepareDir(ctx, Name, cfg.Dir)
+	if err != nil {
+		return nil, err
 	}
 	m, err := indexes.NewMetrics(env.Registerer, Name)
 	if err != nil {
