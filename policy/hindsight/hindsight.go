@@ -127,16 +127,13 @@ type node struct {
 
 // Hindsight is the hindsight Evictor. Use New.
 type Hindsight struct {
-	share    float64
 	ghostX   float64
 	lowRatio uint64 // low_ratio x lowRatioScale
 
-	nodes          *leafheap.Table[node]
-	victims        leafheap.Heap // evictable leaves by (class, last access)
-	protectedHeap  leafheap.Heap // protected nodes by last access
-	pages          int64
-	protectedPages int64
-	peak           int64
+	nodes   *leafheap.Table[node]
+	victims leafheap.Heap // evictable leaves by (class, last access)
+	prot    leafheap.Protection
+	peak    int64
 
 	// Reuse counts per signature and overall.
 	inserted   [2 * sigPagesBuckets]uint64
@@ -160,14 +157,14 @@ func New(opts policy.Options) (*Hindsight, error) {
 	if err := policy.CheckParams(Name, opts.Params, "protected_share", "ghost", "low_ratio"); err != nil {
 		return nil, fmt.Errorf("new hindsight: %w", err)
 	}
-	h := &Hindsight{share: DefaultProtectedShare, ghostX: DefaultGhost, nodes: leafheap.NewTable[node]()}
+	h := &Hindsight{ghostX: DefaultGhost, nodes: leafheap.NewTable[node](), prot: leafheap.Protection{Share: DefaultProtectedShare}}
 	lowRatio := DefaultLowRatio
 	for _, p := range []struct {
 		name string
 		max  float64
 		dst  *float64
 	}{
-		{"protected_share", 1, &h.share},
+		{"protected_share", 1, &h.prot.Share},
 		{"ghost", MaxGhost, &h.ghostX},
 		{"low_ratio", 1, &lowRatio},
 	} {
@@ -319,21 +316,17 @@ func (h *Hindsight) ghostLimit() int {
 
 func (h *Hindsight) apply(slot int32, n policy.NodeInfo, at uint64, protect bool) {
 	v := h.nodes.At(slot)
-	d := int64(n.Pages) - v.pages
-	h.pages += d
-	h.peak = max(h.peak, h.pages)
-	if v.protected {
-		h.protectedPages += d
-	}
+	h.prot.Resize(int64(n.Pages)-v.pages, v.protected)
+	h.peak = max(h.peak, h.prot.Pages())
 	v.pages = int64(n.Pages)
 	v.lastAccess = at
 	if protect && !v.protected {
 		v.protected = true
 		v.low = false
-		h.protectedPages += v.pages
+		h.prot.Protect(v.pages)
 	}
 	if v.protected {
-		h.protectedHeap.Set(slot, n.ID, leafheap.Key{A: at})
+		h.prot.Touch(slot, n.ID, at)
 	}
 	if h.victims.Contains(slot) {
 		h.victims.Set(slot, n.ID, key(v))
@@ -357,15 +350,14 @@ func key(v *node) leafheap.Key {
 // demote moves the oldest protected nodes to probation while protected
 // nodes hold more than their share of the cached pages.
 func (h *Hindsight) demote() {
-	for float64(h.protectedPages) > h.share*float64(h.pages) {
-		slot, id, _, ok := h.protectedHeap.Min()
+	for {
+		slot, id, ok := h.prot.Overfull()
 		if !ok {
 			return
 		}
 		v := h.nodes.At(slot)
-		h.protectedHeap.Remove(slot)
+		h.prot.Demote(slot, v.pages)
 		v.protected = false
-		h.protectedPages -= v.pages
 		if h.victims.Contains(slot) {
 			h.victims.Set(slot, id, key(v))
 		}
@@ -380,12 +372,8 @@ func (h *Hindsight) Remove(id policy.NodeID) {
 	}
 	v := h.nodes.At(slot)
 	h.ghost.add(v.tail, h.ghostLimit())
-	h.pages -= v.pages
-	if v.protected {
-		h.protectedPages -= v.pages
-	}
+	h.prot.Forget(slot, v.pages, v.protected)
 	h.victims.Remove(slot)
-	h.protectedHeap.Remove(slot)
 	h.nodes.Delete(id)
 	if id == h.splitID {
 		h.splitID = 0
@@ -429,14 +417,8 @@ func (h *Hindsight) Check() string {
 	if msg := h.victims.Check(); msg != "" {
 		return "victim heap: " + msg
 	}
-	if msg := h.protectedHeap.Check(); msg != "" {
-		return "protected heap: " + msg
-	}
-	if h.protectedPages < 0 || h.protectedPages > h.pages {
-		return fmt.Sprintf("protected pages %d outside [0, %d]", h.protectedPages, h.pages)
-	}
-	if float64(h.protectedPages) > h.share*float64(h.pages) {
-		return fmt.Sprintf("protected pages %d exceed share %.2f of %d", h.protectedPages, h.share, h.pages)
+	if msg := h.prot.Check(); msg != "" {
+		return msg
 	}
 	return h.ghost.check()
 }

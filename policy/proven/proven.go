@@ -69,12 +69,9 @@ type node struct {
 
 // Proven is the proven Evictor. Use New.
 type Proven struct {
-	share          float64
-	nodes          *leafheap.Table[node]
-	victims        leafheap.Heap // evictable leaves by (class, last access)
-	protectedHeap  leafheap.Heap // protected nodes by last access
-	pages          int64
-	protectedPages int64
+	nodes   *leafheap.Table[node]
+	victims leafheap.Heap // evictable leaves by (class, last access)
+	prot    leafheap.Protection
 }
 
 // New returns an empty Proven. It accepts Params["protected_share"] in
@@ -90,7 +87,7 @@ func New(opts policy.Options) (*Proven, error) {
 		}
 		share = v
 	}
-	return &Proven{share: share, nodes: leafheap.NewTable[node]()}, nil
+	return &Proven{nodes: leafheap.NewTable[node](), prot: leafheap.Protection{Share: share}}, nil
 }
 
 // Name returns "proven".
@@ -141,19 +138,15 @@ func (p *Proven) Update(n policy.NodeInfo) {
 
 func (p *Proven) apply(slot int32, n policy.NodeInfo, at uint64, protect bool) {
 	v := p.nodes.At(slot)
-	d := int64(n.Pages) - v.pages
-	p.pages += d
-	if v.protected {
-		p.protectedPages += d
-	}
+	p.prot.Resize(int64(n.Pages)-v.pages, v.protected)
 	v.pages = int64(n.Pages)
 	v.lastAccess = at
 	if protect && !v.protected {
 		v.protected = true
-		p.protectedPages += v.pages
+		p.prot.Protect(v.pages)
 	}
 	if v.protected {
-		p.protectedHeap.Set(slot, n.ID, leafheap.Key{A: at})
+		p.prot.Touch(slot, n.ID, at)
 	}
 	if p.victims.Contains(slot) {
 		p.victims.Set(slot, n.ID, key(v))
@@ -175,15 +168,14 @@ func key(v *node) leafheap.Key {
 // demote moves the oldest protected nodes to probation while protected
 // nodes hold more than their share of the cached pages.
 func (p *Proven) demote() {
-	for float64(p.protectedPages) > p.share*float64(p.pages) {
-		slot, id, _, ok := p.protectedHeap.Min()
+	for {
+		slot, id, ok := p.prot.Overfull()
 		if !ok {
 			return
 		}
 		v := p.nodes.At(slot)
-		p.protectedHeap.Remove(slot)
+		p.prot.Demote(slot, v.pages)
 		v.protected = false
-		p.protectedPages -= v.pages
 		if p.victims.Contains(slot) {
 			p.victims.Set(slot, id, key(v))
 		}
@@ -197,12 +189,8 @@ func (p *Proven) Remove(id policy.NodeID) {
 		return
 	}
 	v := p.nodes.At(slot)
-	p.pages -= v.pages
-	if v.protected {
-		p.protectedPages -= v.pages
-	}
+	p.prot.Forget(slot, v.pages, v.protected)
 	p.victims.Remove(slot)
-	p.protectedHeap.Remove(slot)
 	p.nodes.Delete(id)
 	p.demote()
 }
@@ -242,14 +230,5 @@ func (p *Proven) Check() string {
 	if msg := p.victims.Check(); msg != "" {
 		return "victim heap: " + msg
 	}
-	if msg := p.protectedHeap.Check(); msg != "" {
-		return "protected heap: " + msg
-	}
-	if p.protectedPages < 0 || p.protectedPages > p.pages {
-		return fmt.Sprintf("protected pages %d outside [0, %d]", p.protectedPages, p.pages)
-	}
-	if float64(p.protectedPages) > p.share*float64(p.pages) {
-		return fmt.Sprintf("protected pages %d exceed share %.2f of %d", p.protectedPages, p.share, p.pages)
-	}
-	return ""
+	return p.prot.Check()
 }
