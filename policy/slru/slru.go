@@ -47,12 +47,9 @@ type node struct {
 
 // SLRU is the slru Evictor. Use New.
 type SLRU struct {
-	share          float64
-	nodes          *leafheap.Table[node]
-	victims        leafheap.Heap // evictable leaves by (protected, last access)
-	protected      leafheap.Heap // protected nodes by (last access)
-	pages          int64
-	protectedPages int64
+	nodes   *leafheap.Table[node]
+	victims leafheap.Heap // evictable leaves by (protected, last access)
+	prot    leafheap.Protection
 }
 
 // New returns an empty SLRU. It accepts Params["protected_share"] in
@@ -68,7 +65,7 @@ func New(opts policy.Options) (*SLRU, error) {
 		}
 		share = v
 	}
-	return &SLRU{share: share, nodes: leafheap.NewTable[node]()}, nil
+	return &SLRU{nodes: leafheap.NewTable[node](), prot: leafheap.Protection{Share: share}}, nil
 }
 
 // Name returns "slru".
@@ -94,18 +91,15 @@ func (s *SLRU) apply(n policy.NodeInfo, at uint64, protect bool) {
 
 func (s *SLRU) set(slot int32, n policy.NodeInfo, at uint64, protect bool) {
 	v := s.nodes.At(slot)
-	s.pages += int64(n.Pages) - v.pages
-	if v.protected {
-		s.protectedPages += int64(n.Pages) - v.pages
-	}
+	s.prot.Resize(int64(n.Pages)-v.pages, v.protected)
 	v.pages = int64(n.Pages)
 	v.lastAccess = at
 	if protect && !v.protected {
 		v.protected = true
-		s.protectedPages += v.pages
+		s.prot.Protect(v.pages)
 	}
 	if v.protected {
-		s.protected.Set(slot, n.ID, leafheap.Key{A: at})
+		s.prot.Touch(slot, n.ID, at)
 	}
 	if s.victims.Contains(slot) {
 		s.victims.Set(slot, n.ID, s.key(v))
@@ -124,15 +118,14 @@ func (s *SLRU) key(v *node) leafheap.Key {
 // demote moves the oldest protected nodes back to probation while they
 // hold more than the protected share of the cached pages.
 func (s *SLRU) demote() {
-	for float64(s.protectedPages) > s.share*float64(s.pages) {
-		slot, id, _, ok := s.protected.Min()
+	for {
+		slot, id, ok := s.prot.Overfull()
 		if !ok {
 			return
 		}
 		v := s.nodes.At(slot)
-		s.protected.Remove(slot)
+		s.prot.Demote(slot, v.pages)
 		v.protected = false
-		s.protectedPages -= v.pages
 		if s.victims.Contains(slot) {
 			s.victims.Set(slot, id, s.key(v))
 		}
@@ -146,12 +139,8 @@ func (s *SLRU) Remove(id policy.NodeID) {
 		return
 	}
 	v := s.nodes.At(slot)
-	s.pages -= v.pages
-	if v.protected {
-		s.protectedPages -= v.pages
-	}
+	s.prot.Forget(slot, v.pages, v.protected)
 	s.victims.Remove(slot)
-	s.protected.Remove(slot)
 	s.nodes.Delete(id)
 	s.demote()
 }
@@ -187,14 +176,5 @@ func (s *SLRU) Check() string {
 	if msg := s.victims.Check(); msg != "" {
 		return "victim heap: " + msg
 	}
-	if msg := s.protected.Check(); msg != "" {
-		return "protected heap: " + msg
-	}
-	if s.protectedPages < 0 || s.protectedPages > s.pages {
-		return fmt.Sprintf("protected pages %d outside [0, %d]", s.protectedPages, s.pages)
-	}
-	if float64(s.protectedPages) > s.share*float64(s.pages) {
-		return fmt.Sprintf("protected pages %d exceed share %.2f of %d", s.protectedPages, s.share, s.pages)
-	}
-	return ""
+	return s.prot.Check()
 }
