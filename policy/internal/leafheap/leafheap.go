@@ -1,8 +1,9 @@
-// Package leafheap holds the two data structures every built-in eviction
-// policy of kvtier is made of: a Table that maps node ids to dense slots
-// (reused after removal, so memory follows the live node count, not the
-// number of nodes ever created) and an indexed min-heap over slots keyed by a
-// total order (Key.A, Key.B, node id).
+// Package leafheap holds the data structures the built-in eviction policies
+// of kvtier are made of: a Table that maps node ids to dense slots (reused
+// after removal, so memory follows the live node count, not the number of
+// nodes ever created), an indexed min-heap over slots keyed by a total order
+// (Key.A, Key.B, node id), and Protection, the capped protected segment of
+// slru, proven and hindsight.
 //
 // Both are plain deterministic values: no goroutines, no clock, no map
 // iteration. In steady state (slots and heap capacity already grown) no
