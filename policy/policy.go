@@ -126,3 +126,16 @@ func CheckParams(name string, params map[string]float64, known ...string) error 
 	}
 	return nil
 }
+
+// RangeParam returns params[key] when it is present and within [0, hi], def
+// when it is absent, and an error naming the key and the range otherwise.
+func RangeParam(params map[string]float64, key string, def, hi float64) (float64, error) {
+	v, ok := params[key]
+	if !ok {
+		return def, nil
+	}
+	if !(v >= 0 && v <= hi) {
+		return 0, fmt.Errorf("%s %v is outside [0, %v]", key, v, hi)
+	}
+	return v, nil
+}

@@ -168,12 +168,11 @@ func New(opts policy.Options) (*Hindsight, error) {
 		{"ghost", MaxGhost, &h.ghostX},
 		{"low_ratio", 1, &lowRatio},
 	} {
-		if v, ok := opts.Params[p.name]; ok {
-			if !(v >= 0 && v <= p.max) {
-				return nil, fmt.Errorf("new hindsight: %s %v is outside [0, %v]", p.name, v, p.max)
-			}
-			*p.dst = v
+		v, err := policy.RangeParam(opts.Params, p.name, *p.dst, p.max)
+		if err != nil {
+			return nil, fmt.Errorf("new hindsight: %w", err)
 		}
+		*p.dst = v
 	}
 	h.lowRatio = uint64(lowRatio*lowRatioScale + 0.5)
 	return h, nil

@@ -80,12 +80,9 @@ func New(opts policy.Options) (*Proven, error) {
 	if err := policy.CheckParams(Name, opts.Params, "protected_share"); err != nil {
 		return nil, fmt.Errorf("new proven: %w", err)
 	}
-	share := DefaultProtectedShare
-	if v, ok := opts.Params["protected_share"]; ok {
-		if !(v >= 0 && v <= 1) {
-			return nil, fmt.Errorf("new proven: protected_share %v is outside [0, 1]", v)
-		}
-		share = v
+	share, err := policy.RangeParam(opts.Params, "protected_share", DefaultProtectedShare, 1)
+	if err != nil {
+		return nil, fmt.Errorf("new proven: %w", err)
 	}
 	return &Proven{nodes: leafheap.NewTable[node](), prot: leafheap.Protection{Share: share}}, nil
 }

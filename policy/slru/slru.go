@@ -58,12 +58,9 @@ func New(opts policy.Options) (*SLRU, error) {
 	if err := policy.CheckParams(Name, opts.Params, "protected_share"); err != nil {
 		return nil, fmt.Errorf("new slru: %w", err)
 	}
-	share := DefaultProtectedShare
-	if v, ok := opts.Params["protected_share"]; ok {
-		if !(v >= 0 && v <= 1) {
-			return nil, fmt.Errorf("new slru: protected_share %v is outside [0, 1]", v)
-		}
-		share = v
+	share, err := policy.RangeParam(opts.Params, "protected_share", DefaultProtectedShare, 1)
+	if err != nil {
+		return nil, fmt.Errorf("new slru: %w", err)
 	}
 	return &SLRU{nodes: leafheap.NewTable[node](), prot: leafheap.Protection{Share: share}}, nil
 }
