@@ -139,3 +139,28 @@ func RangeParam(params map[string]float64, key string, def, hi float64) (float64
 	}
 	return v, nil
 }
+
+// RequestInfo is the replicated description of a finished request whose
+// pages the tree holds: every rank sees the same request, prompt and
+// generated tokens, so these facts are as replicated as the tree's events.
+type RequestInfo struct {
+	// Leaf is the node holding the request's last cached page (0 when
+	// nothing of it is cached).
+	Leaf NodeID
+	// Time is the tree's logical time when the request finished.
+	Time uint64
+	// InputTokens is the prompt's length in tokens.
+	InputTokens int
+	// OutputTokens is the number of tokens the request generated.
+	OutputTokens int
+	// MatchedPages is how many of the prompt's pages were already cached.
+	MatchedPages int
+}
+
+// RequestObserver is an optional ability of an Evictor: the host reports
+// each finished request once, after the tree has inserted its pages and
+// before any later event. Policies use it to learn which kinds of request
+// leave pages that are asked for again.
+type RequestObserver interface {
+	Finished(r RequestInfo)
+}

@@ -223,6 +223,23 @@ func (t *Tree) InsertHashesBorrowed(hs []pagehash.Hash) (last *Node, added int) 
 	return last, added
 }
 
+// Finished reports a finished request to the evictor when it is a
+// policy.RequestObserver: last is the node holding the request's last
+// cached page (the root or nil when none is cached). It does not bump the
+// clock.
+func (t *Tree) Finished(last *Node, r policy.RequestInfo) {
+	obs, ok := t.ev.(policy.RequestObserver)
+	if !ok {
+		return
+	}
+	r.Leaf = 0
+	if last != nil && last != t.root {
+		r.Leaf = last.id
+	}
+	r.Time = t.clock
+	obs.Finished(r)
+}
+
 // ExtendBorrowed inserts hs as the pages that follow n's last page, where
 // n is the root or a live node (typically the last node of a Match path):
 // it is InsertHashesBorrowed of n's whole key followed by hs, without

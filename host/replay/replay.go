@@ -198,12 +198,16 @@ func (r *runner) request(i int) error {
 	// NB: the new pages hang below the matched path (only its locked
 	// nodes were kept by the evictions), so extend from its last node
 	// instead of walking the whole key again.
-	if _, _, err := tree.ExtendBorrowed(last, keys[hit:insert]); err != nil {
+	leaf, _, err := tree.ExtendBorrowed(last, keys[hit:insert])
+	if err != nil {
 		return fmt.Errorf("replay %s: request %d: %w", r.tr.Name, i+1, err)
 	}
 	if err := tree.Unlock(last); err != nil {
 		return fmt.Errorf("replay %s: request %d: %w", r.tr.Name, i+1, err)
 	}
+	// NB: replay does not model time in flight: a request finishes right
+	// after its insert, before the next one arrives.
+	tree.Finished(leaf, policy.RequestInfo{InputTokens: input, OutputTokens: r.tr.output[i], MatchedPages: hit})
 	return nil
 }
 

@@ -381,3 +381,47 @@ func TestRunPlanCancelled(t *testing.T) {
 		t.Fatalf("got %v, want context.Canceled", err)
 	}
 }
+
+// finishedRecorder is an lru evictor that records finished requests.
+type finishedRecorder struct {
+	policy.Evictor
+	got []policy.RequestInfo
+}
+
+func (f *finishedRecorder) Finished(r policy.RequestInfo) { f.got = append(f.got, r) }
+
+// TestFinishedPerRequest checks that replay reports every request, in
+// order, with its lengths and matched pages, after its insert.
+func TestFinishedPerRequest(t *testing.T) {
+	req := func(out int, ids ...uint64) workload.Request {
+		return workload.Request{InputLength: len(ids)*512 - 100, OutputLength: out, HashIDs: ids}
+	}
+	reqs := []workload.Request{req(5, 1, 2, 3), req(0, 1, 2, 3), req(900, 1, 2, 4, 5), req(7, 6)}
+	tr, err := Compile("finished", reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lru, err := NewEvictor(registry(t), tr, Spec{Name: "lru"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &finishedRecorder{Evictor: lru}
+	if _, err := Run(tr, rec, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.got) != len(reqs) {
+		t.Fatalf("%d reports for %d requests: %+v", len(rec.got), len(reqs), rec.got)
+	}
+	matched := []int{0, 3, 2, 0}
+	for i, r := range rec.got {
+		if r.InputTokens != reqs[i].InputLength || r.OutputTokens != reqs[i].OutputLength || r.MatchedPages != matched[i] {
+			t.Errorf("request %d: report %+v, want input %d output %d matched %d", i+1, r, reqs[i].InputLength, reqs[i].OutputLength, matched[i])
+		}
+		if r.Leaf == 0 {
+			t.Errorf("request %d: report names no leaf, but its pages are cached", i+1)
+		}
+		if want := uint64(2 * (i + 1)); r.Time != want {
+			t.Errorf("request %d: report at time %d, want %d (after the insert)", i+1, r.Time, want)
+		}
+	}
+}

@@ -22,6 +22,8 @@ type Trace struct {
 	offs []int
 	// input is each request's input length in tokens.
 	input []int
+	// output is each request's output length in tokens.
+	output []int
 	// firstSeen marks, per block position in keys, the first time the
 	// trace asks for that block.
 	firstSeen []bool
@@ -81,6 +83,7 @@ func Compile(name string, reqs []workload.Request) (*Trace, error) {
 		}
 		t.offs = append(t.offs, len(t.keys))
 		t.input = append(t.input, r.InputLength)
+		t.output = append(t.output, r.OutputLength)
 		t.total += int64(r.InputLength)
 	}
 	// Compact the use lists (one request may ask for a block once only:

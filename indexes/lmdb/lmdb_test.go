@@ -736,4 +736,3 @@ func TestCloseWaitsForIterate(t *testing.T) {
 		return ix
 	})
 }
-

@@ -6,15 +6,22 @@
 // signals:
 //
 //   - Learned reuse rates. Every new leaf gets a signature (inserted at the
-//     root or below a matched prefix, and log2 of its page count). The
-//     policy counts, per signature, the leaves inserted and the leaves that
-//     were matched at least once while cached, halving both every 4,096
-//     inserts. A new leaf whose signature is reused at less than
-//     Params["low_ratio"] (default 0.5) of the overall rate starts in a
-//     low-reuse probation class that goes before other never-matched nodes.
-//     What is "low" is learned per workload: on the Mooncake trace it is the
-//     continuation of a prefix (reused 1-3% of the time); on conversational
-//     workloads those continuations are the next turns and stay normal.
+//     root or below a matched prefix, log2 of its page count, and — when
+//     the host reports finished requests (policy.RequestObserver) — log2 of
+//     the output length of the request that created it). The policy
+//     counts, per signature, the leaves inserted and the leaves that were
+//     matched at least once while cached, halving both every 4,096 inserts.
+//     A new leaf whose signature is reused at less than Params["low_ratio"]
+//     (default 0.5) of the overall rate starts in a low-reuse probation
+//     class that goes before other never-matched nodes. A signature's rate
+//     is smoothed toward the rate of the same signature without the output
+//     length, which is smoothed toward the overall rate, so a rare output
+//     length is judged by what is known of its kind. What is "low" is
+//     learned per workload: on the Mooncake trace it is the continuation of
+//     a prefix (reused 1-3% of the time) and the document inserts of
+//     requests that generated 128 tokens or more (3-7% against 81-90% for
+//     those that generated under 32); on conversational workloads
+//     continuations are the next turns and stay normal.
 //   - A ghost of evicted pages. The tree frees this policy's victims one
 //     page at a time (TailRanked), so every evicted page was a node's tail
 //     when it left, and its hash was reported. The policy remembers the
@@ -46,7 +53,8 @@
 //
 // Memory: per live node one table entry, 40 bytes of state and up to two
 // 36-byte heap entries (victim heap while an evictable leaf, protected heap
-// while protected); a fixed 32-signature table of counters; and the ghost,
+// while protected); a fixed table of counters for 512 signatures and their
+// 32 output-blind parents (8.7 KiB); and the ghost,
 // ghost x peak cached pages remembered pages in a ring of 8-byte keys
 // (rounded up to a power of two) and an open-addressed multiset of twice
 // the ring's length in 12-byte slots: at most 64 bytes per remembered page.
@@ -99,6 +107,14 @@ const (
 	// sigPagesBuckets is the number of page-count buckets (log2) of a
 	// signature.
 	sigPagesBuckets = 16
+	// baseSigs is the number of output-blind signatures: (inserted at the
+	// root or not) x page-count bucket.
+	baseSigs = 2 * sigPagesBuckets
+	// outBuckets is the number of output-length buckets of a signature:
+	// 0 = not reported, then 1 + log2 of the output tokens, capped.
+	outBuckets = 16
+	// sigs is the number of signatures.
+	sigs = baseSigs * outBuckets
 	// lowRatioScale is the fixed-point scale of low_ratio.
 	lowRatioScale = 1024
 )
@@ -118,7 +134,7 @@ type node struct {
 	pages      int64
 	depth      int
 	tail       uint64
-	sig        uint8
+	sig        uint16
 	untouched  bool
 	protected  bool
 	everHit    bool
@@ -135,9 +151,12 @@ type Hindsight struct {
 	prot    leafheap.Protection
 	peak    int64
 
-	// Reuse counts per signature and overall.
-	inserted   [2 * sigPagesBuckets]uint64
-	reused     [2 * sigPagesBuckets]uint64
+	// Reuse counts per signature, per output-blind signature, and
+	// overall.
+	inserted   [sigs]uint64
+	reused     [sigs]uint64
+	baseIns    [baseSigs]uint64
+	baseReused [baseSigs]uint64
 	allIns     uint64
 	allReuse   uint64
 	sinceHalve int
@@ -192,34 +211,54 @@ func pageKey(n *policy.NodeInfo) uint64 {
 	return max(binary.LittleEndian.Uint64(n.Tail[0:8]), 1)
 }
 
-// signature classes a new leaf: inserted at the root or not, and the
-// log2 bucket of its page count.
-func signature(n *policy.NodeInfo) uint8 {
+// signature classes a new leaf before its request is reported: inserted at
+// the root or not, and the log2 bucket of its page count; output bucket 0.
+func signature(n *policy.NodeInfo) uint16 {
 	s := min(bits.Len(uint(max(n.Pages, 0))), sigPagesBuckets-1)
 	if n.Depth == 0 {
 		s += sigPagesBuckets
 	}
-	return uint8(s)
+	return uint16(s)
+}
+
+// withOutput returns output-blind signature base with the output bucket of
+// a request that generated out tokens.
+func withOutput(base uint16, out int) uint16 {
+	b := 1 + min(bits.Len(uint(max(out, 0))), outBuckets-2)
+	return base + uint16(baseSigs*b)
 }
 
 // predictLow reports whether signature s is reused at less than low_ratio
-// of the overall rate. The signature's rate is smoothed with prior inserts
-// at the overall rate; all in integers, so every replica agrees.
-func (h *Hindsight) predictLow(s uint8) bool {
+// of the overall rate. The output-blind signature's rate is smoothed with
+// prior inserts at the overall rate; a signature with an output bucket is
+// smoothed with prior inserts at that rate. All in integers, so every
+// replica agrees.
+func (h *Hindsight) predictLow(s uint16) bool {
 	if h.lowRatio == 0 {
 		return false
 	}
+	b := s % baseSigs
 	gi, gr := h.allIns+1, h.allReuse+1
-	// (reused + prior*gr/gi) / (inserted + prior) < ratio * gr/gi,
-	// multiplied through by gi*(inserted+prior)*scale.
-	lhs := (h.reused[s]*gi + prior*gr) * lowRatioScale
-	rhs := h.lowRatio * gr * (h.inserted[s] + prior)
+	bi, br := h.baseIns[b], h.baseReused[b]
+	if s < baseSigs {
+		// (br + prior*gr/gi) / (bi + prior) < ratio * gr/gi,
+		// multiplied through by gi*(bi+prior)*scale.
+		return (br*gi+prior*gr)*lowRatioScale < h.lowRatio*gr*(bi+prior)
+	}
+	// With rb = (br*gi + prior*gr) / (gi*(bi+prior)) the parent's rate:
+	// (reused + prior*rb) / (inserted + prior) < ratio * gr/gi,
+	// multiplied through by gi*(bi+prior)*(inserted+prior)*scale.
+	// NB: halving keeps every count below 2*halveEvery, so the products
+	// stay far below 2^64.
+	lhs := (h.reused[s]*gi*(bi+prior) + prior*(br*gi+prior*gr)) * lowRatioScale
+	rhs := h.lowRatio * gr * (bi + prior) * (h.inserted[s] + prior)
 	return lhs < rhs
 }
 
 // learnInsert counts a new leaf of signature s.
-func (h *Hindsight) learnInsert(s uint8) {
+func (h *Hindsight) learnInsert(s uint16) {
 	h.inserted[s]++
+	h.baseIns[s%baseSigs]++
 	h.allIns++
 	h.sinceHalve++
 	if h.sinceHalve >= halveEvery {
@@ -228,9 +267,20 @@ func (h *Hindsight) learnInsert(s uint8) {
 			h.inserted[i] /= 2
 			h.reused[i] /= 2
 		}
+		for i := range h.baseIns {
+			h.baseIns[i] /= 2
+			h.baseReused[i] /= 2
+		}
 		h.allIns /= 2
 		h.allReuse /= 2
 	}
+}
+
+// learnReuse counts the first match of a leaf of signature s.
+func (h *Hindsight) learnReuse(s uint16) {
+	h.reused[s]++
+	h.baseReused[s%baseSigs]++
+	h.allReuse++
 }
 
 // Insert records a new node. A new leaf is classed by its signature and
@@ -268,8 +318,7 @@ func (h *Hindsight) Hit(n policy.NodeInfo) {
 	v := h.nodes.At(slot)
 	if !v.everHit {
 		v.everHit = true
-		h.reused[v.sig]++
-		h.allReuse++
+		h.learnReuse(v.sig)
 	}
 	v.untouched = false
 	v.low = false
@@ -360,6 +409,35 @@ func (h *Hindsight) demote() {
 		if h.victims.Contains(slot) {
 			h.victims.Set(slot, id, key(v))
 		}
+	}
+}
+
+// Finished moves the leaf a finished request created (still never matched,
+// created at the request's insert, output bucket not yet set) to the
+// signature with the request's output bucket, and re-predicts its class.
+// Other reports are ignored: a request that created nothing, or whose leaf
+// was already matched, split or trimmed, teaches nothing new.
+func (h *Hindsight) Finished(r policy.RequestInfo) {
+	slot, ok := h.nodes.Lookup(r.Leaf)
+	if !ok {
+		return
+	}
+	v := h.nodes.At(slot)
+	if v.everHit || !v.untouched || v.sig >= baseSigs || v.lastAccess != r.Time {
+		return
+	}
+	old := v.sig
+	v.sig = withOutput(old, r.OutputTokens)
+	// NB: the base count is unchanged (same output-blind signature); a
+	// halving between the insert and this report may have taken the old
+	// count to zero already.
+	if h.inserted[old] > 0 {
+		h.inserted[old]--
+	}
+	h.inserted[v.sig]++
+	v.low = !v.protected && h.predictLow(v.sig)
+	if h.victims.Contains(slot) {
+		h.victims.Set(slot, r.Leaf, key(v))
 	}
 }
 

@@ -55,8 +55,9 @@ func withTail(n policy.NodeInfo, k uint64) policy.NodeInfo {
 
 // step is one event of an order scenario.
 type step struct {
-	op string // insert, hit, update (trim or split suffix), remove
-	n  policy.NodeInfo
+	op  string // insert, hit, update (trim or split suffix), remove, finished
+	n   policy.NodeInfo
+	out int // finished: the request's output tokens
 }
 
 // teach returns steps that make signature (root, pages) look reused or
@@ -71,15 +72,28 @@ func teach(first policy.NodeID, t0 uint64, count int, root bool, pages int, reus
 			depth = 8
 		}
 		n := info(id, t0+uint64(i), 0, depth, pages)
-		out = append(out, step{"insert", n})
+		out = append(out, step{op: "insert", n: n})
 		if reused {
 			n.Hits, n.Time, n.LastAccess = 1, n.Time+1, n.Time+1
-			out = append(out, step{"hit", n}, step{"remove", n})
+			out = append(out, step{op: "hit", n: n}, step{op: "remove", n: n})
 		} else {
-			out = append(out, step{"remove", n})
+			out = append(out, step{op: "remove", n: n})
 		}
 	}
 	return out
+}
+
+// teachOutput is teach for root leaves of 4 pages whose creating request
+// is reported finished with out output tokens right after the insert.
+func teachOutput(first policy.NodeID, t0 uint64, count, out int, reused bool) []step {
+	var res []step
+	for _, s := range teach(first, t0, count, true, 4, reused) {
+		res = append(res, s)
+		if s.op == "insert" {
+			res = append(res, step{op: "finished", n: s.n, out: out})
+		}
+	}
+	return res
 }
 
 func TestClassesAndOrder(t *testing.T) {
@@ -124,6 +138,58 @@ func TestClassesAndOrder(t *testing.T) {
 				}),
 			classes: map[policy.NodeID]int{1: classLow, 2: classProbation},
 			victims: []policy.NodeID{1, 2},
+		},
+		{
+			name: "the creating request's output length separates leaves of one shape",
+			steps: slices.Concat(
+				teachOutput(100, 10, 64, 2000, false), // long answers: never hit
+				teachOutput(200, 200, 64, 8, true),    // short answers: always hit
+				[]step{
+					{op: "insert", n: info(1, 400, 0, 0, 4)},
+					{op: "finished", n: info(1, 400, 0, 0, 4), out: 1500}, // same log2 bucket as 2000
+					{op: "update", n: info(1, 401, 0, 0, 3)},
+					{op: "insert", n: info(2, 402, 0, 0, 4)},
+					{op: "finished", n: info(2, 402, 0, 0, 4), out: 9},
+					{op: "update", n: info(2, 403, 0, 0, 3)},
+					// Not reported: judged by the output-blind signature,
+					// reused half the time like the whole workload.
+					{op: "insert", n: info(3, 404, 0, 0, 4)},
+					{op: "update", n: info(3, 405, 0, 0, 3)},
+					// An output length never seen: its rate is the
+					// output-blind signature's, not low.
+					{op: "insert", n: info(4, 406, 0, 0, 4)},
+					{op: "finished", n: info(4, 406, 0, 0, 4), out: 100},
+					{op: "update", n: info(4, 407, 0, 0, 3)},
+				}),
+			classes: map[policy.NodeID]int{1: classLow, 2: classProbation, 3: classProbation, 4: classProbation},
+			victims: []policy.NodeID{1, 2, 3, 4},
+		},
+		{
+			name: "a report for a leaf that is not the request's fresh insert is ignored",
+			steps: slices.Concat(
+				teachOutput(100, 10, 64, 2000, false),
+				teachOutput(200, 200, 64, 8, true),
+				[]step{
+					// Trimmed before the report: no longer untouched.
+					{op: "insert", n: info(1, 400, 0, 0, 4)},
+					{op: "update", n: info(1, 401, 0, 0, 3)},
+					{op: "finished", n: info(1, 400, 0, 0, 3), out: 2000},
+					// Matched by the request (no new pages): a hit.
+					{op: "insert", n: info(2, 402, 0, 0, 4)},
+					{op: "hit", n: info(2, 403, 1, 0, 4)},
+					{op: "finished", n: info(2, 403, 1, 0, 4), out: 2000},
+					// A report from an older time.
+					{op: "insert", n: info(3, 404, 0, 0, 4)},
+					{op: "finished", n: info(3, 399, 0, 0, 4), out: 2000},
+					{op: "update", n: info(3, 405, 0, 0, 3)},
+					// Reported twice: the second report changes nothing.
+					{op: "insert", n: info(4, 406, 0, 0, 4)},
+					{op: "finished", n: info(4, 406, 0, 0, 4), out: 8},
+					{op: "finished", n: info(4, 406, 0, 0, 4), out: 2000},
+					{op: "update", n: info(4, 407, 0, 0, 3)},
+				}),
+			classes: map[policy.NodeID]int{1: classProbation, 2: classProtected, 3: classProbation, 4: classProbation},
+			victims: []policy.NodeID{1, 3, 4, 2},
 		},
 		{
 			name:   "low_ratio 0 turns the low class off",
@@ -234,6 +300,8 @@ func TestClassesAndOrder(t *testing.T) {
 				case "remove":
 					h.Remove(s.n.ID)
 					delete(live, s.n.ID)
+				case "finished":
+					h.Finished(policy.RequestInfo{Leaf: s.n.ID, Time: s.n.Time, OutputTokens: s.out})
 				default:
 					t.Fatalf("step %d: unknown op %q", i, s.op)
 				}

@@ -72,8 +72,9 @@ func compare(t *testing.T, tr *replay.Trace, caps []int64) rates {
 
 // TestMooncakeTrace pins hindsight's figures on the shared synthetic trace
 // (used while designing the policy): never more than 0.5 points below lru,
-// and at 3M tokens at least 2 points above lru and 0.5 above proven
-// (measured: 33.84% against lru 31.51% and proven 33.08%).
+// and at 3M tokens at least 3 points above lru and 1.5 above proven
+// (measured: 35.05% against lru 31.51% and proven 33.08%; 33.84% before
+// replay reported finished requests and their output lengths).
 func TestMooncakeTrace(t *testing.T) {
 	reqs := policytest.SharedTrace(t, "mooncake_synthetic_trace.jsonl")
 	tr, err := replay.Compile("mooncake_synthetic_trace.jsonl", reqs)
@@ -81,11 +82,11 @@ func TestMooncakeTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := compare(t, tr, capacities)
-	if d := r.hindsight[1] - r.lru[1]; d < 0.02 {
-		t.Errorf("at 3M tokens hindsight gains %.2f points over lru, want >= 2", 100*d)
+	if d := r.hindsight[1] - r.lru[1]; d < 0.03 {
+		t.Errorf("at 3M tokens hindsight gains %.2f points over lru, want >= 3", 100*d)
 	}
-	if d := r.hindsight[1] - r.proven[1]; d < 0.005 {
-		t.Errorf("at 3M tokens hindsight gains %.2f points over proven, want >= 0.5", 100*d)
+	if d := r.hindsight[1] - r.proven[1]; d < 0.015 {
+		t.Errorf("at 3M tokens hindsight gains %.2f points over proven, want >= 1.5", 100*d)
 	}
 }
 

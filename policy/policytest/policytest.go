@@ -104,6 +104,10 @@ func testUnknown(t *testing.T, f Factory) {
 	ev.SetEvictable(42, true)
 	ev.SetEvictable(42, false)
 	ev.Remove(42)
+	if obs, ok := ev.(policy.RequestObserver); ok {
+		obs.Finished(policy.RequestInfo{Leaf: 42, Time: 1, OutputTokens: 7})
+		obs.Finished(policy.RequestInfo{})
+	}
 	if id, ok := ev.Victim(); ok {
 		t.Fatalf("only unknown ids were reported, yet Victim returned %d", id)
 	}
@@ -210,6 +214,25 @@ func (m *model) remove(ev policy.Evictor, n *mnode) {
 	}
 }
 
+// finished reports the request that created n as finished, the way a
+// host does after its insert; now and then it names no node, another live
+// node, or an output of zero tokens.
+func (m *model) finished(obs policy.RequestObserver, n *mnode) {
+	r := policy.RequestInfo{Leaf: n.info.ID, Time: m.clock, InputTokens: 512 * (n.info.Depth + n.info.Pages), OutputTokens: m.rng.IntN(4096), MatchedPages: n.info.Depth}
+	switch m.rng.IntN(8) {
+	case 0:
+		r.Leaf = 0
+	case 1:
+		if p := m.pick(); p != nil {
+			r.Leaf = p.info.ID
+		}
+	case 2:
+		r.OutputTokens = 0
+	}
+	obs.Finished(r)
+	m.logf("finished leaf=%d output=%d", r.Leaf, r.OutputTokens)
+}
+
 // step applies one random legal event and returns false when the tree
 // became empty and nothing happened.
 func (m *model) step(ev policy.Evictor) {
@@ -220,7 +243,10 @@ func (m *model) step(ev policy.Evictor) {
 		if m.rng.IntN(4) != 0 {
 			parent = m.pick()
 		}
-		m.insert(ev, parent)
+		n := m.insert(ev, parent)
+		if obs, ok := ev.(policy.RequestObserver); ok {
+			m.finished(obs, n)
+		}
 	case r < 50: // hit a random node and its ancestors
 		n := m.pick()
 		if n == nil {
