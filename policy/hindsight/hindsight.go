@@ -54,7 +54,7 @@
 // Memory: per live node one table entry, 40 bytes of state and up to two
 // 36-byte heap entries (victim heap while an evictable leaf, protected heap
 // while protected); a fixed table of counters for 512 signatures and their
-// 32 output-blind parents (8.7 KiB); and the ghost,
+// 32 output-blind parents (8.5 KiB); and the ghost,
 // ghost x peak cached pages remembered pages in a ring of 8-byte keys
 // (rounded up to a power of two) and an open-addressed multiset of twice
 // the ring's length in 12-byte slots: at most 64 bytes per remembered page.

@@ -2,6 +2,8 @@ package hindsight
 
 import (
 	"flag"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/kvtier/kvtier/host/replay"
@@ -196,5 +198,53 @@ func benchReplay(b *testing.B, tr *replay.Trace) {
 			}
 			b.ReportMetric(float64(tr.Blocks())*float64(b.N)/b.Elapsed().Seconds(), "block-ops/s")
 		})
+	}
+}
+
+// TestOutputLengthIsLearned checks that hindsight's gain from the output
+// length is learned from the trace, not a built-in preference: with the
+// shared trace's output lengths inverted (a long answer becomes short) it
+// does as well as with the recorded ones, and with them shuffled across
+// requests (no information left) it falls back to the output-blind level
+// without losing to lru. Measured: recorded 35.05%, inverted 34.93%,
+// shuffled 34.18%, lru 31.51% at 3M tokens.
+func TestOutputLengthIsLearned(t *testing.T) {
+	reqs := policytest.SharedTrace(t, "mooncake_synthetic_trace.jsonl")
+	rate := func(name string, rewrite func([]workload.Request)) float64 {
+		t.Helper()
+		rs := slices.Clone(reqs)
+		rewrite(rs)
+		tr, err := replay.Compile(name, rs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := hitRates(t, tr, newHindsight, capacities[1:2])[0]
+		t.Logf("%s: hindsight %.2f%% at 3M tokens", name, 100*r)
+		return r
+	}
+	recorded := rate("recorded", func([]workload.Request) {})
+	inverted := rate("inverted", func(rs []workload.Request) {
+		for i := range rs {
+			rs[i].OutputLength = 65536 / (rs[i].OutputLength + 1)
+		}
+	})
+	const seed = 12345
+	shuffled := rate("shuffled", func(rs []workload.Request) {
+		rng := rand.New(rand.NewPCG(seed, 0))
+		rng.Shuffle(len(rs), func(i, j int) { rs[i].OutputLength, rs[j].OutputLength = rs[j].OutputLength, rs[i].OutputLength })
+	})
+	tr, err := replay.Compile("lru", reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lruRate := hitRates(t, tr, newLRU, capacities[1:2])[0]
+	if d := recorded - inverted; d > 0.005 || d < -0.005 {
+		t.Errorf("inverted output lengths: %.2f%% against %.2f%% recorded; a learned signal is blind to the direction", 100*inverted, 100*recorded)
+	}
+	if recorded-shuffled < 0.005 {
+		t.Errorf("shuffled output lengths (seed %d): %.2f%%, recorded %.2f%%; the information should be what helps", seed, 100*shuffled, 100*recorded)
+	}
+	if shuffled-lruRate < 0.015 {
+		t.Errorf("shuffled output lengths (seed %d): %.2f%%, only %.2f points over lru", seed, 100*shuffled, 100*(shuffled-lruRate))
 	}
 }
