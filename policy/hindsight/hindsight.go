@@ -167,6 +167,13 @@ type Hindsight struct {
 	splitSlot int32
 
 	ghost ghost
+
+	// deadAtHit, set only by this package's oracle experiments (nil in
+	// every policy New returns), tells Hit that the matched node will not
+	// be used again: Hit then withholds protection, and with deadToLow
+	// sends the node to the low class.
+	deadAtHit func(n policy.NodeInfo) bool
+	deadToLow bool
 }
 
 // New returns an empty Hindsight. It accepts Params["protected_share"] in
@@ -323,7 +330,22 @@ func (h *Hindsight) Hit(n policy.NodeInfo) {
 	v.untouched = false
 	v.low = false
 	v.depth = n.Depth
+	if h.deadAtHit != nil && h.deadAtHit(n) {
+		h.hitDead(slot, n)
+		return
+	}
 	h.apply(slot, n, max(n.LastAccess, n.Time), true)
+}
+
+// hitDead is Hit for a node an oracle experiment knows is dead.
+func (h *Hindsight) hitDead(slot int32, n policy.NodeInfo) {
+	v := h.nodes.At(slot)
+	if v.protected {
+		h.prot.Demote(slot, v.pages)
+		v.protected = false
+	}
+	v.low = h.deadToLow
+	h.apply(slot, n, max(n.LastAccess, n.Time), false)
 }
 
 // Update takes n's new pages, depth and last access. A node that lost
