@@ -19,7 +19,7 @@
 //     length is judged by what is known of its kind. What is "low" is
 //     learned per workload: on the Mooncake trace it is the continuation of
 //     a prefix (reused 1-3% of the time) and the document inserts of
-//     requests that generated 128 tokens or more (3-7% against 81-90% for
+//     requests that generated 128 tokens or more (1-7% against 81-90% for
 //     those that generated under 32); on conversational workloads
 //     continuations are the next turns and stay normal.
 //   - A ghost of evicted pages. The tree frees this policy's victims one
