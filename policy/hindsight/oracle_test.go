@@ -9,6 +9,7 @@ import (
 	"github.com/kvtier/kvtier/host/replay"
 	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/policy/policytest"
+	"github.com/kvtier/kvtier/workload"
 )
 
 // TestOracleHeadroom measures, on the shared trace at 3M tokens, how far
@@ -28,22 +29,9 @@ func TestOracleHeadroom(t *testing.T) {
 	// The insert-time oracle: output 1 when the first page the request
 	// adds is asked for by a later request, 1000 when never.
 	insertOracle := slices.Clone(reqs)
-	last := map[uint64]int{}
-	for i, r := range reqs {
-		for _, id := range r.HashIDs {
-			last[id] = i
-		}
-	}
-	seen := map[uint64]bool{}
+	last, seenBefore := blockUses(reqs)
 	for i := range insertOracle {
-		h := insertOracle[i].HashIDs
-		m := 0
-		for m < len(h) && seen[h[m]] {
-			m++
-		}
-		for _, id := range h {
-			seen[id] = true
-		}
+		h, m := insertOracle[i].HashIDs, seenBefore[i]
 		insertOracle[i].OutputLength = 1000
 		if m < len(h) && last[h[m]] > i {
 			insertOracle[i].OutputLength = 1
@@ -75,7 +63,7 @@ func TestOracleHeadroom(t *testing.T) {
 		}
 		return r.HitRate
 	}
-	real := run(tr, 0, false)
+	shipped := run(tr, 0, false)
 	cases := []struct {
 		name    string
 		tr      *replay.Trace
@@ -90,12 +78,12 @@ func TestOracleHeadroom(t *testing.T) {
 		{"insert oracle + hit oracle (ever), dead to the low class", trInsert, ever, true},
 		{"insert oracle + hit oracle (2,000 ticks), dead to the low class", trInsert, 2000, true},
 	}
-	t.Logf("hindsight as shipped: %.2f%%", 100*real)
+	t.Logf("hindsight as shipped: %.2f%%", 100*shipped)
 	for _, c := range cases {
 		got := run(c.tr, c.horizon, c.toLow)
-		t.Logf("%s: %.2f%% (%+.2f)", c.name, 100*got, 100*(got-real))
-		if got < real {
-			t.Errorf("%s: %.2f%% is below the policy without it (%.2f%%)", c.name, 100*got, 100*real)
+		t.Logf("%s: %.2f%% (%+.2f)", c.name, 100*got, 100*(got-shipped))
+		if got < shipped {
+			t.Errorf("%s: %.2f%% is below the policy without it (%.2f%%)", c.name, 100*got, 100*shipped)
 		}
 	}
 }
@@ -111,12 +99,7 @@ func TestTraceReuseStructure(t *testing.T) {
 	reqs := policytest.SharedTrace(t, "mooncake_synthetic_trace.jsonl")
 
 	// New blocks by the request that inserted them, and later reuse.
-	last := map[uint64]int{}
-	for i, r := range reqs {
-		for _, id := range r.HashIDs {
-			last[id] = i
-		}
-	}
+	last, seenBefore := blockUses(reqs)
 	type tally struct{ n, hit int }
 	outClass := func(out int) string {
 		switch {
@@ -128,13 +111,8 @@ func TestTraceReuseStructure(t *testing.T) {
 		return "output >= 128"
 	}
 	newBlocks := map[string]*tally{}
-	seen := map[uint64]bool{}
 	for i, r := range reqs {
-		h := r.HashIDs
-		m := 0
-		for m < len(h) && seen[h[m]] {
-			m++
-		}
+		h, m := r.HashIDs, seenBefore[i]
 		kind := "continuation"
 		if m == 0 {
 			kind = "new document, " + outClass(r.OutputLength)
@@ -147,9 +125,6 @@ func TestTraceReuseStructure(t *testing.T) {
 			if last[id] > i {
 				newBlocks[kind].hit++
 			}
-		}
-		for _, id := range h {
-			seen[id] = true
 		}
 	}
 	rate := func(x *tally) float64 { return float64(x.hit) / float64(max(x.n, 1)) }
@@ -223,6 +198,26 @@ func TestTraceReuseStructure(t *testing.T) {
 	if c > 0.35 || c < -0.35 {
 		t.Errorf("consecutive gaps correlate %.2f, the docs say |r| < 0.35", c)
 	}
+}
+
+// blockUses returns, per trace block id, the last request that asks for
+// it, and per request how many of its leading blocks an earlier request
+// asked for (the prefix an infinite cache would match; the rest is new).
+func blockUses(reqs []workload.Request) (last map[uint64]int, seenBefore []int) {
+	last = map[uint64]int{}
+	seenBefore = make([]int, len(reqs))
+	seen := map[uint64]bool{}
+	for i, r := range reqs {
+		h := r.HashIDs
+		for seenBefore[i] < len(h) && seen[h[seenBefore[i]]] {
+			seenBefore[i]++
+		}
+		for _, id := range h {
+			last[id] = i
+			seen[id] = true
+		}
+	}
+	return last, seenBefore
 }
 
 // correlation returns Pearson's r of xs and ys.
