@@ -420,18 +420,13 @@ func key(v *node) leafheap.Key {
 // demote moves the oldest protected nodes to probation while protected
 // nodes hold more than their share of the cached pages.
 func (h *Hindsight) demote() {
-	for {
-		slot, id, ok := h.prot.Overfull()
-		if !ok {
-			return
-		}
-		v := h.nodes.At(slot)
-		h.prot.Demote(slot, v.pages)
-		v.protected = false
-		if h.victims.Contains(slot) {
-			h.victims.Set(slot, id, key(v))
-		}
-	}
+	leafheap.DemoteOverfull(&h.prot, h.nodes, &h.victims, demoted)
+}
+
+// demoted takes v out of the protected segment: its pages and new key.
+func demoted(v *node) (int64, leafheap.Key) {
+	v.protected = false
+	return v.pages, key(v)
 }
 
 // Finished moves the leaf a finished request created (still never matched,

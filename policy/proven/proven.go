@@ -165,18 +165,13 @@ func key(v *node) leafheap.Key {
 // demote moves the oldest protected nodes to probation while protected
 // nodes hold more than their share of the cached pages.
 func (p *Proven) demote() {
-	for {
-		slot, id, ok := p.prot.Overfull()
-		if !ok {
-			return
-		}
-		v := p.nodes.At(slot)
-		p.prot.Demote(slot, v.pages)
-		v.protected = false
-		if p.victims.Contains(slot) {
-			p.victims.Set(slot, id, key(v))
-		}
-	}
+	leafheap.DemoteOverfull(&p.prot, p.nodes, &p.victims, demoted)
+}
+
+// demoted takes v out of the protected segment: its pages and new key.
+func demoted(v *node) (int64, leafheap.Key) {
+	v.protected = false
+	return v.pages, key(v)
 }
 
 // Remove forgets id.

@@ -99,12 +99,12 @@ func (s *SLRU) set(slot int32, n policy.NodeInfo, at uint64, protect bool) {
 		s.prot.Touch(slot, n.ID, at)
 	}
 	if s.victims.Contains(slot) {
-		s.victims.Set(slot, n.ID, s.key(v))
+		s.victims.Set(slot, n.ID, key(v))
 	}
 	s.demote()
 }
 
-func (s *SLRU) key(v *node) leafheap.Key {
+func key(v *node) leafheap.Key {
 	k := leafheap.Key{B: v.lastAccess}
 	if v.protected {
 		k.A = 1
@@ -112,21 +112,16 @@ func (s *SLRU) key(v *node) leafheap.Key {
 	return k
 }
 
-// demote moves the oldest protected nodes back to probation while they
-// hold more than the protected share of the cached pages.
+// demote moves the oldest protected nodes to probation while protected
+// nodes hold more than their share of the cached pages.
 func (s *SLRU) demote() {
-	for {
-		slot, id, ok := s.prot.Overfull()
-		if !ok {
-			return
-		}
-		v := s.nodes.At(slot)
-		s.prot.Demote(slot, v.pages)
-		v.protected = false
-		if s.victims.Contains(slot) {
-			s.victims.Set(slot, id, s.key(v))
-		}
-	}
+	leafheap.DemoteOverfull(&s.prot, s.nodes, &s.victims, demoted)
+}
+
+// demoted takes v out of the protected segment: its pages and new key.
+func demoted(v *node) (int64, leafheap.Key) {
+	v.protected = false
+	return v.pages, key(v)
 }
 
 // Remove forgets id.
@@ -150,7 +145,7 @@ func (s *SLRU) SetEvictable(id policy.NodeID, evictable bool) {
 		return
 	}
 	if evictable {
-		s.victims.Set(slot, id, s.key(s.nodes.At(slot)))
+		s.victims.Set(slot, id, key(s.nodes.At(slot)))
 	} else {
 		s.victims.Remove(slot)
 	}

@@ -77,3 +77,22 @@ func (p *Protection) Check() string {
 	}
 	return ""
 }
+
+// DemoteOverfull demotes the least recently used protected nodes while the
+// segment holds more than its share. For each, demote takes the node out
+// of the policy's protected state and returns its pages and its new victim
+// key; a node in victims (an evictable leaf) is re-keyed. demote should be
+// a plain function, not a closure, so the call does not allocate.
+func DemoteOverfull[T any](p *Protection, nodes *Table[T], victims *Heap, demote func(*T) (pages int64, key Key)) {
+	for {
+		slot, id, ok := p.Overfull()
+		if !ok {
+			return
+		}
+		pages, k := demote(nodes.At(slot))
+		p.Demote(slot, pages)
+		if victims.Contains(slot) {
+			victims.Set(slot, id, k)
+		}
+	}
+}
