@@ -76,6 +76,8 @@ type Tree struct {
 	ops uint64
 	// pageByPage: the evictor ranks leaves by their tail page.
 	pageByPage bool
+	// obs is the evictor when it observes finished requests, else nil.
+	obs policy.RequestObserver
 }
 
 // TailRanker is an optional ability of an evictor. TailRanked reports
@@ -100,7 +102,9 @@ func New(opts Options, ev policy.Evictor) (*Tree, error) {
 	}
 	root := &Node{residency: Residency(1<<opts.Tiers - 1)}
 	tr, ok := ev.(TailRanker)
+	obs, _ := ev.(policy.RequestObserver)
 	return &Tree{
+		obs:        obs,
 		pageByPage: ok && tr.TailRanked(),
 		opts:       opts,
 		ev:         ev,
@@ -228,8 +232,7 @@ func (t *Tree) InsertHashesBorrowed(hs []pagehash.Hash) (last *Node, added int) 
 // cached page (the root or nil when none is cached). It does not bump the
 // clock.
 func (t *Tree) Finished(last *Node, r policy.RequestInfo) {
-	obs, ok := t.ev.(policy.RequestObserver)
-	if !ok {
+	if t.obs == nil {
 		return
 	}
 	r.Leaf = 0
@@ -237,7 +240,7 @@ func (t *Tree) Finished(last *Node, r policy.RequestInfo) {
 		r.Leaf = last.id
 	}
 	r.Time = t.clock
-	obs.Finished(r)
+	t.obs.Finished(r)
 }
 
 // ExtendBorrowed inserts hs as the pages that follow n's last page, where
