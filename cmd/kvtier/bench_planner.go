@@ -1,13 +1,14 @@
 package main
 
 import (
+	"github.com/kvtier/kvtier/internal/measure"
+
 	"context"
 	"flag"
 	"fmt"
 	"io"
 	"runtime"
 	"slices"
-	"syscall"
 	"time"
 
 	"github.com/kvtier/kvtier/internal/benchreport"
@@ -92,14 +93,14 @@ func timePlans(ctx context.Context, ps []policy.Planner, in policy.PlanInput, ro
 			}
 			runtime.GC()
 			n := 0
-			start, cpu0 := time.Now(), cpuTime()
+			start, cpu0 := time.Now(), measure.ProcessCPU()
 			for n < 3 || time.Since(start) < round {
 				if _, err := p.Plan(in); err != nil {
 					return nil, fmt.Errorf("bench planner: %s: %w", p.Name(), err)
 				}
 				n++
 			}
-			elapsed := cpuTime() - cpu0
+			elapsed := measure.ProcessCPU() - cpu0
 			if elapsed <= 0 {
 				elapsed = time.Since(start)
 			}
@@ -112,13 +113,4 @@ func timePlans(ctx context.Context, ps []policy.Planner, in policy.PlanInput, ro
 		out[k] = per[k][len(per[k])/2]
 	}
 	return out, nil
-}
-
-// cpuTime returns the user + system CPU time of this process so far.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

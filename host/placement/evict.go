@@ -2,9 +2,6 @@ package placement
 
 import (
 	"fmt"
-	"log/slog"
-	"sync"
-	"time"
 
 	"github.com/kvtier/kvtier/tiers"
 )
@@ -121,51 +118,4 @@ func (a *Allocator) EvictToFit(id ObjectID, pages int64, kinds Kinds, victims []
 	a.place(id, pages, kinds)
 	a.checkInvariants("evict-to-fit")
 	return fitAt, nil
-}
-
-// ExhaustionLog counts reservation failures and logs them at most once per
-// interval, with the number suppressed since the last line, so a genuine
-// exhaustion degrades quietly instead of flooding the log. The caller passes
-// its clock's reading in; neither this type nor the Allocator reads time.
-// It is safe for concurrent use.
-type ExhaustionLog struct {
-	logger   *slog.Logger
-	interval time.Duration
-
-	mu         sync.Mutex
-	last       time.Time
-	logged     bool
-	total      uint64
-	suppressed uint64
-}
-
-// NewExhaustionLog returns a log that writes to logger at most once per
-// interval.
-func NewExhaustionLog(logger *slog.Logger, interval time.Duration) *ExhaustionLog {
-	return &ExhaustionLog{logger: logger, interval: interval}
-}
-
-// Record counts err and logs it at warn level if no line was logged in the
-// interval before now. It reports whether it logged.
-func (l *ExhaustionLog) Record(now time.Time, err error) bool {
-	l.mu.Lock()
-	l.total++
-	if l.logged && now.Sub(l.last) < l.interval {
-		l.suppressed++
-		l.mu.Unlock()
-		return false
-	}
-	suppressed := l.suppressed
-	l.last, l.logged, l.suppressed = now, true, 0
-	total := l.total
-	l.mu.Unlock()
-	l.logger.Warn("l2 reservation skipped: slab exhausted", "err", err, "suppressed", suppressed, "total", total)
-	return true
-}
-
-// Total returns the number of failures recorded.
-func (l *ExhaustionLog) Total() uint64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.total
 }

@@ -1,6 +1,8 @@
 package placement
 
 import (
+	"github.com/kvtier/kvtier/internal/invariants"
+
 	"fmt"
 	"slices"
 )
@@ -164,7 +166,7 @@ func (f *freeList) checkMax(t int32) (int64, error) {
 // compiled in (build tag invariants): a violation is a bug, and the state
 // that proves it is in the message.
 func (a *Allocator) checkInvariants(op string) {
-	if !invariantsEnabled {
+	if !invariants.Enabled {
 		return
 	}
 	if err := a.CheckInvariants(); err != nil {

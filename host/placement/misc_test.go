@@ -1,13 +1,10 @@
 package placement
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"testing"
-	"time"
 )
 
 func TestLayoutValidate(t *testing.T) {
@@ -70,40 +67,6 @@ func TestLayoutSpan(t *testing.T) {
 	}
 	if _, err := l.Span(1, Range{Pages: 1}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("Span of unknown kind: %v, want ErrInvalid", err)
-	}
-}
-
-// TestExhaustionLog checks the rate limit with the caller's clock: one
-// line per interval, the suppressed count carried into the next line, every
-// failure counted.
-func TestExhaustionLog(t *testing.T) {
-	var buf bytes.Buffer
-	l := NewExhaustionLog(slog.New(slog.NewTextHandler(&buf, nil)), 10*time.Second)
-	t0 := time.Unix(1000, 0)
-	err := &ExhaustedError{Object: 1, Pages: 4, Free: 1}
-	steps := []struct {
-		at     time.Duration
-		logged bool
-	}{
-		{0, true}, {time.Second, false}, {9 * time.Second, false}, {10 * time.Second, true},
-		{15 * time.Second, false}, {19 * time.Second, false}, {30 * time.Second, true},
-	}
-	for i, s := range steps {
-		if got := l.Record(t0.Add(s.at), err); got != s.logged {
-			t.Fatalf("step %d at %v: logged %v, want %v", i, s.at, got, s.logged)
-		}
-	}
-	if l.Total() != uint64(len(steps)) {
-		t.Fatalf("total %d, want %d", l.Total(), len(steps))
-	}
-	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	if len(lines) != 3 {
-		t.Fatalf("%d log lines, want 3:\n%s", len(lines), buf.String())
-	}
-	for i, want := range []string{"suppressed=0", "suppressed=2", "suppressed=2"} {
-		if !strings.Contains(lines[i], want) || !strings.Contains(lines[i], "need 4 pages") {
-			t.Errorf("line %d = %q, want %s and the error", i, lines[i], want)
-		}
 	}
 }
 

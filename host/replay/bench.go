@@ -1,11 +1,11 @@
 package replay
 
 import (
+	"github.com/kvtier/kvtier/internal/measure"
+
 	"container/list"
 	"fmt"
 	"runtime"
-	"slices"
-	"syscall"
 	"time"
 
 	"github.com/kvtier/kvtier/pagehash"
@@ -111,7 +111,7 @@ func Bench(tr *Trace, reg *policy.Registry, cfg BenchConfig) (BenchResult, error
 		}{{host, &hostRates, &res.HostHitRate}, {naive, &naiveRates, &res.NaiveHitRate}} {
 			runtime.GC()
 			n := 0
-			start, cpu0 := time.Now(), cpuTime()
+			start, cpu0 := time.Now(), measure.ProcessCPU()
 			for n == 0 || time.Since(start) < cfg.MinRound {
 				hr, err := side.run()
 				if err != nil {
@@ -124,31 +124,16 @@ func Bench(tr *Trace, reg *policy.Registry, cfg BenchConfig) (BenchResult, error
 			// system, GC included), not per wall-second: on a shared
 			// machine the wall clock also counts time spent waiting for a
 			// core, which says nothing about the code.
-			elapsed := cpuTime() - cpu0
+			elapsed := measure.ProcessCPU() - cpu0
 			if elapsed <= 0 {
 				elapsed = time.Since(start)
 			}
 			*side.rates = append(*side.rates, float64(n*tr.Blocks())/elapsed.Seconds())
 		}
 	}
-	res.HostOpsPerSec = median(hostRates)
-	res.NaiveOpsPerSec = median(naiveRates)
+	res.HostOpsPerSec = measure.Median(hostRates)
+	res.NaiveOpsPerSec = measure.Median(naiveRates)
 	return res, nil
-}
-
-// cpuTime returns the user + system CPU time of this process so far.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
 
 // HostReplay replays tr through the host path — radix tree, ev, logical

@@ -21,6 +21,8 @@
 package badger
 
 import (
+	"github.com/kvtier/kvtier/internal/invariants"
+
 	"context"
 	"errors"
 	"fmt"
@@ -234,7 +236,7 @@ func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) (err error) {
 				return fmt.Errorf("set %s: %w", e.Key, err)
 			}
 		}
-		if invariants {
+		if invariants.Enabled {
 			ix.checkWritten(txn, entries)
 		}
 		return nil
@@ -310,7 +312,7 @@ func (ix *Index) Delete(ctx context.Context, keys []indexes.Key) (err error) {
 				return fmt.Errorf("delete %s: %w", k, err)
 			}
 		}
-		if invariants {
+		if invariants.Enabled {
 			ix.checkAbsent(txn, keys)
 		}
 		return nil
@@ -350,7 +352,7 @@ func (ix *Index) DeleteIf(ctx context.Context, entries []indexes.Entry, deleted 
 			}
 			res[i] = true
 		}
-		if invariants {
+		if invariants.Enabled {
 			var gone []indexes.Key
 			for i, e := range entries {
 				if res[i] {
@@ -397,7 +399,7 @@ func (ix *Index) Touch(ctx context.Context, keys []indexes.Key, at uint64) (err 
 				return fmt.Errorf("set %s: %w", k, err)
 			}
 		}
-		if invariants {
+		if invariants.Enabled {
 			ix.checkTouched(txn, keys, at)
 		}
 		return nil
@@ -457,7 +459,7 @@ func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) (err
 				}
 			}
 			item := it.Item()
-			if invariants {
+			if invariants.Enabled {
 				ix.checkOrder(&prev, item.Key())
 			}
 			k, err := indexes.DecodeKey(item.Key())

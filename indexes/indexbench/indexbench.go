@@ -18,6 +18,8 @@
 package indexbench
 
 import (
+	"github.com/kvtier/kvtier/internal/measure"
+
 	"context"
 	"encoding/binary"
 	"errors"
@@ -209,17 +211,8 @@ func compare(ctx context.Context, o Options, index, raw Side) (ip, rp, ig, rg fl
 			return 0, 0, 0, 0, fmt.Errorf("round %d get: %w", r, err)
 		}
 	}
-	return 1 / median(putTimes[0]), 1 / median(putTimes[1]),
-		1 / median(getTimes[0]), 1 / median(getTimes[1]), nil
-}
-
-func median(v []float64) float64 {
-	v = slices.Clone(v)
-	slices.Sort(v)
-	if n := len(v); n%2 == 0 {
-		return (v[n/2-1] + v[n/2]) / 2
-	}
-	return v[len(v)/2]
+	return 1 / measure.Median(putTimes[0]), 1 / measure.Median(putTimes[1]),
+		1 / measure.Median(getTimes[0]), 1 / measure.Median(getTimes[1]), nil
 }
 
 // order returns which side runs first in pair p: they take turns, so that

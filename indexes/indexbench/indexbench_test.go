@@ -1,6 +1,8 @@
 package indexbench
 
 import (
+	"github.com/kvtier/kvtier/internal/measure"
+
 	"context"
 	"flag"
 	"fmt"
@@ -194,8 +196,8 @@ func BenchmarkIndexVsRaw(b *testing.B) {
 				putRatios = append(putRatios, ip/rp)
 				getRatios = append(getRatios, ig/rg)
 			}
-			b.ReportMetric(median(putRatios), "put-ratio")
-			b.ReportMetric(median(getRatios), "get-ratio")
+			b.ReportMetric(measure.Median(putRatios), "put-ratio")
+			b.ReportMetric(measure.Median(getRatios), "get-ratio")
 		})
 	}
 }

@@ -22,6 +22,8 @@
 package lmdb
 
 import (
+	"github.com/kvtier/kvtier/internal/invariants"
+
 	"context"
 	"errors"
 	"fmt"
@@ -333,7 +335,7 @@ func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) (err error) {
 				return err
 			}
 		}
-		if invariants {
+		if invariants.Enabled {
 			ix.checkWritten(txn, entries)
 		}
 		return nil
@@ -401,7 +403,7 @@ func (ix *Index) Delete(ctx context.Context, keys []indexes.Key) (err error) {
 				return fmt.Errorf("delete %s: %w", k, err)
 			}
 		}
-		if invariants {
+		if invariants.Enabled {
 			ix.checkAbsent(txn, keys)
 		}
 		return nil
@@ -441,7 +443,7 @@ func (ix *Index) DeleteIf(ctx context.Context, entries []indexes.Entry, deleted 
 			}
 			res[i] = true
 		}
-		if invariants {
+		if invariants.Enabled {
 			var gone []indexes.Key
 			for i, e := range entries {
 				if res[i] {
@@ -490,7 +492,7 @@ func (ix *Index) Touch(ctx context.Context, keys []indexes.Key, at uint64) (err 
 				return err
 			}
 		}
-		if invariants {
+		if invariants.Enabled {
 			ix.checkTouched(txn, keys, at)
 		}
 		return nil
@@ -552,7 +554,7 @@ func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) (err
 					return err
 				}
 			}
-			if invariants {
+			if invariants.Enabled {
 				ix.checkOrder(&prev, kb)
 			}
 			k, err := indexes.DecodeKey(kb)

@@ -9,6 +9,8 @@
 package pluginbench
 
 import (
+	"github.com/kvtier/kvtier/internal/measure"
+
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -223,7 +225,7 @@ func Run(ctx context.Context, cfg Config) ([]benchreport.Result, error) {
 		inCPU, plCPU time.Duration
 	}
 	pid := p.Plugin.(interface{ PID() int }).PID()
-	measure := func(batch, rounds int, get bool) (series, error) {
+	runSeries := func(batch, rounds int, get bool) (series, error) {
 		var s series
 		for r := range rounds {
 			keys := p.Keys(batch)
@@ -232,8 +234,8 @@ func Run(ctx context.Context, cfg Config) ([]benchreport.Result, error) {
 				order = []tiers.Store{p.Plugin, p.InProc}
 			}
 			for _, st := range order {
-				host0 := selfCPU()
-				plug0, err := procCPU(pid)
+				host0 := measure.ProcessCPU()
+				plug0, err := measure.PidCPU(pid)
 				if err != nil {
 					return s, err
 				}
@@ -251,11 +253,11 @@ func Run(ctx context.Context, cfg Config) ([]benchreport.Result, error) {
 						return s, err
 					}
 				}
-				plug1, err := procCPU(pid)
+				plug1, err := measure.PidCPU(pid)
 				if err != nil {
 					return s, err
 				}
-				cpu := selfCPU() - host0
+				cpu := measure.ProcessCPU() - host0
 				if st == p.InProc {
 					s.in = append(s.in, d)
 					s.inCPU += cpu
@@ -270,21 +272,21 @@ func Run(ctx context.Context, cfg Config) ([]benchreport.Result, error) {
 	var out []benchreport.Result
 	note := fmt.Sprintf("pages of %.2f MiB, memstore in process vs behind the plugin, same slab, %%d rounds interleaved", float64(PageBytes)/(1<<20))
 	for _, op := range []string{"put", "get"} {
-		big, err := measure(cfg.BatchPages, cfg.Rounds, op == "get")
+		big, err := runSeries(cfg.BatchPages, cfg.Rounds, op == "get")
 		if err != nil {
 			return nil, err
 		}
 		bytes := float64(cfg.BatchPages) * PageBytes
-		in := bytes / median(big.in).Seconds() / 1e9
-		pl := bytes / median(big.pl).Seconds() / 1e9
+		in := bytes / measure.Quantile(big.in, 0.5).Seconds() / 1e9
+		pl := bytes / measure.Quantile(big.pl, 0.5).Seconds() / 1e9
 		out = append(out, benchreport.Result{
 			Bench: fmt.Sprintf("plugin/%s-throughput-%dp", op, cfg.BatchPages), Value: pl, Unit: "GB/s",
 			Target: 0.9, Note: fmt.Sprintf(note, cfg.Rounds) + "; median round",
 		}.WithLimit("in-process memstore", in))
 		// The best round of each side: on a shared, loaded machine the
 		// least-disturbed round is the closer view of what each path costs.
-		bin := bytes / quantile(big.in, 0).Seconds() / 1e9
-		bpl := bytes / quantile(big.pl, 0).Seconds() / 1e9
+		bin := bytes / measure.Quantile(big.in, 0).Seconds() / 1e9
+		bpl := bytes / measure.Quantile(big.pl, 0).Seconds() / 1e9
 		out = append(out, benchreport.Result{
 			Bench: fmt.Sprintf("plugin/%s-throughput-%dp-best", op, cfg.BatchPages), Value: bpl, Unit: "GB/s",
 			Target: 0.9, Note: fmt.Sprintf(note, cfg.Rounds) + "; best round of each side",
@@ -306,7 +308,7 @@ func Run(ctx context.Context, cfg Config) ([]benchreport.Result, error) {
 			cpuRes.Ratio = cpuIn / cpuPl
 		}
 		out = append(out, cpuRes)
-		small, err := measure(1, 10*cfg.Rounds, op == "get")
+		small, err := runSeries(1, 10*cfg.Rounds, op == "get")
 		if err != nil {
 			return nil, err
 		}
@@ -319,9 +321,9 @@ func Run(ctx context.Context, cfg Config) ([]benchreport.Result, error) {
 				q    float64
 			}{{"p50", 0.5}, {"p99", 0.99}} {
 				out = append(out, benchreport.Result{
-					Bench: "plugin/put-ack-delay-1p-" + q.name, Value: quantile(small.plAck, q.q).Seconds() * 1e6, Unit: "us",
+					Bench: "plugin/put-ack-delay-1p-" + q.name, Value: measure.Quantile(small.plAck, q.q).Seconds() * 1e6, Unit: "us",
 					Note: fmt.Sprintf("from Put's return to the durable ack over the server-streaming ack RPC, %d rounds; in process (only a drain): %.3g us",
-						len(small.plAck), quantile(small.inAck, q.q).Seconds()*1e6),
+						len(small.plAck), measure.Quantile(small.inAck, q.q).Seconds()*1e6),
 				})
 			}
 		}
@@ -337,8 +339,8 @@ func Run(ctx context.Context, cfg Config) ([]benchreport.Result, error) {
 				if op == "get" {
 					what = "get call"
 				}
-				lin := quantile(c.s.in, q.q).Seconds() * 1e6
-				lpl := quantile(c.s.pl, q.q).Seconds() * 1e6
+				lin := measure.Quantile(c.s.in, q.q).Seconds() * 1e6
+				lpl := measure.Quantile(c.s.pl, q.q).Seconds() * 1e6
 				r := benchreport.Result{
 					Bench: fmt.Sprintf("plugin/%s-latency-%dp-%s", op, c.batch, q.name), Value: lpl, Unit: "us",
 					Note: fmt.Sprintf("%s, %d rounds; ratio is in-process/plugin (lower is better)", what, len(c.s.pl)),
@@ -352,19 +354,6 @@ func Run(ctx context.Context, cfg Config) ([]benchreport.Result, error) {
 		}
 	}
 	return out, nil
-}
-
-func median(ds []time.Duration) time.Duration { return quantile(ds, 0.5) }
-
-// quantile returns the nearest-rank q-quantile.
-func quantile(ds []time.Duration, q float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(q*float64(len(s))+0.5) - 1
-	return s[min(max(i, 0), len(s)-1)]
 }
 
 // FileSHA256 returns the hex SHA-256 of a file.

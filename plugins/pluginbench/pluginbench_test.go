@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kvtier/kvtier/tiers"
 )
@@ -120,29 +119,5 @@ func TestRunReports(t *testing.T) {
 	}
 	for b := range want {
 		t.Errorf("missing figure %s", b)
-	}
-}
-
-func TestQuantile(t *testing.T) {
-	ds := []int{5, 1, 4, 2, 3, 10, 9, 8, 7, 6}
-	in := make([]int64, len(ds))
-	for i, d := range ds {
-		in[i] = int64(d)
-	}
-	cases := []struct {
-		q    float64
-		want int64
-	}{{0.5, 5}, {0.99, 10}, {0.1, 1}, {0, 1}, {1, 10}}
-	for _, c := range cases {
-		durs := make([]time.Duration, len(in))
-		for i, v := range in {
-			durs[i] = time.Duration(v)
-		}
-		if got := quantile(durs, c.q); int64(got) != c.want {
-			t.Errorf("quantile(%v) = %d, want %d", c.q, got, c.want)
-		}
-	}
-	if quantile(nil, 0.5) != 0 {
-		t.Error("quantile of nothing is not 0")
 	}
 }

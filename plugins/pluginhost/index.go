@@ -1,6 +1,8 @@
 package pluginhost
 
 import (
+	"github.com/kvtier/kvtier/internal/ratelog"
+
 	"bytes"
 	"context"
 	"errors"
@@ -30,7 +32,7 @@ type Index struct {
 	config []byte
 	logger *slog.Logger
 	m      *metrics
-	rl     *rateLog
+	rl     *ratelog.Log
 	sup    *supervisor
 
 	mu     sync.Mutex
@@ -70,10 +72,10 @@ func OpenIndex(ctx context.Context, env indexes.Env, spec PluginSpec) (*Index, e
 	if err != nil {
 		return nil, err
 	}
-	x := &Index{spec: spec, opts: opts, env: env, config: config, logger: logger, m: m, rl: newRateLog(logger, opts.LogInterval)}
+	x := &Index{spec: spec, opts: opts, env: env, config: config, logger: logger, m: m, rl: ratelog.New(logger, opts.LogInterval)}
 	// The supervisor exists before the first process, which may die at
 	// once; it acts only when a process goes down.
-	x.sup = newSupervisor(spec.Name, opts, m, x.rl, x.startGen)
+	x.sup = newSupervisor(spec.Name, opts, m, logger, x.rl, x.startGen)
 	if err := x.startGen(ctx); err != nil {
 		x.sup.stop()
 		if m.unregister != nil {
@@ -169,7 +171,7 @@ func (x *Index) fail(g *indexGen, reason string, cause error) {
 	x.m.up.Set(0)
 	x.m.failures.WithLabelValues(reason).Inc()
 	x.mu.Unlock()
-	x.rl.log(slog.LevelError, "down", "index plugin down; lookups miss and writes fail until it restarts",
+	x.rl.Error("down", "index plugin down; lookups miss and writes fail until it restarts",
 		"reason", reason, "error", errString(cause), "pid", g.proc.pid, "plugin_said", g.proc.notes.lastLines())
 	go g.teardown(true)
 	x.sup.wentDown(g.started)
@@ -207,7 +209,7 @@ func (x *Index) call(ctx context.Context, method string, fn func(ctx context.Con
 		return false, fmt.Errorf("plugin %s: index %s: %w", x.spec.Name, method, indexes.ErrClosed)
 	}
 	if g == nil {
-		x.rl.log(slog.LevelWarn, "degraded-"+method, "index plugin down: "+method+" degraded")
+		x.rl.Warn("degraded-"+method, "index plugin down: "+method+" degraded")
 		return true, fmt.Errorf("plugin %s: index %s: %w", x.spec.Name, method, ErrDown)
 	}
 	cctx, cancel := callCtx(ctx, x.opts)

@@ -1,10 +1,7 @@
 package pluginhost
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -79,39 +76,6 @@ func newMetrics(reg prometheus.Registerer, name, role string) (*metrics, error) 
 
 func (m *metrics) observe(method string, start time.Time) {
 	m.calls.WithLabelValues(method).Observe(time.Since(start).Seconds())
-}
-
-// rateLog logs each condition (a key) at most once per interval, with the
-// number of occurrences it held back since the last line.
-type rateLog struct {
-	logger   *slog.Logger
-	interval time.Duration
-
-	mu         sync.Mutex
-	last       map[string]time.Time
-	suppressed map[string]int
-}
-
-func newRateLog(logger *slog.Logger, interval time.Duration) *rateLog {
-	return &rateLog{logger: logger, interval: interval, last: make(map[string]time.Time), suppressed: make(map[string]int)}
-}
-
-// log writes msg unless key was logged within the interval.
-func (r *rateLog) log(level slog.Level, key, msg string, args ...any) {
-	r.mu.Lock()
-	now := time.Now()
-	if t, ok := r.last[key]; ok && now.Sub(t) < r.interval {
-		r.suppressed[key]++
-		r.mu.Unlock()
-		return
-	}
-	n := r.suppressed[key]
-	r.last[key], r.suppressed[key] = now, 0
-	r.mu.Unlock()
-	if n > 0 {
-		args = append(args, "suppressed", n)
-	}
-	r.logger.Log(context.Background(), level, msg, args...)
 }
 
 // errString renders an error for a log attribute.

@@ -1,6 +1,10 @@
 package pluginhost
 
 import (
+	"github.com/kvtier/kvtier/internal/ratelog"
+
+	"github.com/kvtier/kvtier/internal/invariants"
+
 	"context"
 	"errors"
 	"fmt"
@@ -26,7 +30,7 @@ type Store struct {
 	config []byte
 	logger *slog.Logger
 	m      *metrics
-	rl     *rateLog
+	rl     *ratelog.Log
 	sup    *supervisor
 
 	ackReady chan struct{}
@@ -107,14 +111,14 @@ func OpenStore(ctx context.Context, env tiers.Env, spec PluginSpec) (*Store, err
 	}
 	s := &Store{
 		spec: spec, opts: opts, env: env, config: config, logger: logger, m: m,
-		rl:       newRateLog(logger, opts.LogInterval),
+		rl:       ratelog.New(logger, opts.LogInterval),
 		ackReady: make(chan struct{}, 1),
 		batches:  make(map[tiers.BatchID]*hostBatch),
 	}
 	// The supervisor exists before the first process, which may die at
 	// once; it acts only when a process goes down. Restarts keep what the
 	// plugin made durable: cold start "load".
-	s.sup = newSupervisor(spec.Name, opts, m, s.rl, func(ctx context.Context) error { return s.startGen(ctx, tiers.ColdStartLoad) })
+	s.sup = newSupervisor(spec.Name, opts, m, logger, s.rl, func(ctx context.Context) error { return s.startGen(ctx, tiers.ColdStartLoad) })
 	if err := s.startGen(ctx, env.ColdStart); err != nil {
 		s.sup.stop()
 		if m.unregister != nil {
@@ -341,7 +345,7 @@ func (s *Store) applyAcks(g *storeGen, acks []*storev1.Ack) error {
 // ack, and at least one. s.mu must be held. A violation is a bug in this
 // package, not in the plugin: it panics with the state that proves it.
 func (s *Store) checkBatches() {
-	if !invariants {
+	if !invariants.Enabled {
 		return
 	}
 	for id, b := range s.batches {
@@ -410,7 +414,7 @@ func (s *Store) fail(g *storeGen, reason string, cause error) {
 	s.carry.PutFailures += int64(n)
 	s.m.degraded.WithLabelValues("put").Add(float64(n))
 	s.mu.Unlock()
-	s.rl.log(slog.LevelError, "down", "store plugin down; serving misses and failed writes until it restarts",
+	s.rl.Error("down", "store plugin down; serving misses and failed writes until it restarts",
 		"reason", reason, "error", errString(cause), "failed_put_items", n, "pid", g.proc.pid, "plugin_said", g.proc.notes.lastLines())
 	go g.teardown(true)
 	s.sup.wentDown(g.started)
@@ -501,7 +505,7 @@ func (s *Store) Put(ctx context.Context, batch []tiers.PutRequest) (tiers.BatchI
 		s.signal()
 		s.mu.Unlock()
 		s.m.degraded.WithLabelValues("put").Add(float64(len(batch)))
-		s.rl.log(slog.LevelWarn, "degraded-put", "store plugin down: put items failed", "items", len(batch))
+		s.rl.Warn("degraded-put", "store plugin down: put items failed", "items", len(batch))
 		return id, nil
 	}
 	s.batches[id] = &hostBatch{gen: g.id, state: make([]uint8, len(batch)), left: len(batch), sent: time.Now()}
@@ -619,7 +623,7 @@ func (s *Store) missAll(results []error, why error) {
 	s.carry.Misses += int64(len(results))
 	s.mu.Unlock()
 	s.m.degraded.WithLabelValues("get").Add(float64(len(results)))
-	s.rl.log(slog.LevelWarn, "degraded-get", "store plugin down: get items are misses", "items", len(results))
+	s.rl.Warn("degraded-get", "store plugin down: get items are misses", "items", len(results))
 }
 
 // LongestPrefix asks the plugin; while it is down the answer is 0.

@@ -1,6 +1,8 @@
 package pluginhost
 
 import (
+	"github.com/kvtier/kvtier/internal/ratelog"
+
 	"context"
 	"errors"
 	"log/slog"
@@ -20,7 +22,8 @@ type supervisor struct {
 	name string
 	opts Options
 	m    *metrics
-	rl   *rateLog
+	rl   *ratelog.Log
+	log  *slog.Logger
 	// start launches and installs a new process; it returns an error if
 	// the attempt failed (the proxy stays down).
 	start func(ctx context.Context) error
@@ -34,9 +37,9 @@ type supervisor struct {
 	failures int // consecutive
 }
 
-func newSupervisor(name string, opts Options, m *metrics, rl *rateLog, start func(context.Context) error) *supervisor {
+func newSupervisor(name string, opts Options, m *metrics, logger *slog.Logger, rl *ratelog.Log, start func(context.Context) error) *supervisor {
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &supervisor{name: name, opts: opts, m: m, rl: rl, start: start, kick: make(chan struct{}, 1), ctx: ctx, cancel: cancel}
+	s := &supervisor{name: name, opts: opts, m: m, rl: rl, log: logger, start: start, kick: make(chan struct{}, 1), ctx: ctx, cancel: cancel}
 	s.wg.Add(1)
 	go s.loop()
 	return s
@@ -80,7 +83,7 @@ func (s *supervisor) loop() {
 			if breaker {
 				delay = s.opts.BreakerCooldown
 				s.m.breakerOpen.Set(1)
-				s.rl.log(slog.LevelError, "breaker", "plugin restart circuit breaker open; waiting before one trial restart",
+				s.rl.Error("breaker", "plugin restart circuit breaker open; waiting before one trial restart",
 					"plugin", s.name, "consecutive_failures", n, "cooldown", delay)
 			}
 			t := time.NewTimer(delay)
@@ -97,7 +100,7 @@ func (s *supervisor) loop() {
 			if err == nil {
 				s.m.breakerOpen.Set(0)
 				s.m.restarts.Inc()
-				s.rl.logger.Info("plugin restarted", "plugin", s.name, "after_failures", n)
+				s.log.Info("plugin restarted", "plugin", s.name, "after_failures", n)
 				break
 			}
 			if errors.Is(err, context.Canceled) && s.ctx.Err() != nil {
@@ -107,7 +110,7 @@ func (s *supervisor) loop() {
 			s.mu.Lock()
 			s.failures++
 			s.mu.Unlock()
-			s.rl.log(slog.LevelError, "restart", "plugin restart failed; still down", "plugin", s.name, "error", errString(err), "attempt", n+1)
+			s.rl.Error("restart", "plugin restart failed; still down", "plugin", s.name, "error", errString(err), "attempt", n+1)
 		}
 	}
 }

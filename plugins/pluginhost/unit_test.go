@@ -1,6 +1,8 @@
 package pluginhost
 
 import (
+	"github.com/kvtier/kvtier/internal/invariants"
+
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -244,24 +246,6 @@ func TestOptions(t *testing.T) {
 	}
 }
 
-func TestRateLog(t *testing.T) {
-	var buf logBuffer
-	rl := newRateLog(slog.New(slog.NewTextHandler(&buf, nil)), time.Hour)
-	for range 5 {
-		rl.log(slog.LevelWarn, "a", "condition a")
-	}
-	rl.log(slog.LevelWarn, "b", "condition b")
-	out := buf.String()
-	if strings.Count(out, "condition a") != 1 || strings.Count(out, "condition b") != 1 {
-		t.Fatalf("rate-limited log wrote:\n%s", out)
-	}
-	rl.last["a"] = time.Now().Add(-2 * time.Hour)
-	rl.log(slog.LevelWarn, "a", "condition a")
-	if !strings.Contains(buf.String(), "suppressed=4") {
-		t.Fatalf("the next line does not count the 4 held back:\n%s", buf.String())
-	}
-}
-
 func TestStartErrorMessages(t *testing.T) {
 	spec := PluginSpec{Name: "p", Path: "/bin/p"}
 	notes := &bridgeNotes{}
@@ -408,7 +392,7 @@ func FuzzStartError(f *testing.F) {
 }
 
 func TestCheckBatchesCatchesBrokenBookkeeping(t *testing.T) {
-	if !invariants {
+	if !invariants.Enabled {
 		t.Skip("needs -tags invariants or -race")
 	}
 	s, _ := ackStore()

@@ -1,6 +1,10 @@
 package l3disk
 
 import (
+	"github.com/kvtier/kvtier/internal/ratelog"
+
+	"github.com/kvtier/kvtier/internal/invariants"
+
 	"context"
 	"errors"
 	"fmt"
@@ -86,7 +90,7 @@ type Store struct {
 	bgCancel context.CancelFunc
 
 	st      counters
-	limiter logLimiter
+	limiter *ratelog.Log
 }
 
 // counters are the store's statistics.
@@ -217,6 +221,7 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 		stop:      make(chan struct{}),
 		inflight:  make(map[tiers.Key]*writeJob),
 	}
+	s.limiter = ratelog.New(s.log, logInterval)
 	s.st.usedSlots = make([]atomic.Int64, len(env.Payload.Kinds))
 	defer func() {
 		if err != nil {
@@ -578,7 +583,7 @@ func (s *Store) writerLoop() {
 		case <-s.ctlSig:
 			s.handleCtl()
 		}
-		if invariantsOn {
+		if invariants.Enabled {
 			s.checkPools()
 		}
 	}
@@ -795,9 +800,7 @@ func (s *Store) collect(k tiers.PayloadKind) {
 	// another page, never another page's bytes under this key.
 	if err := s.index.DeleteIf(context.Background(), entries, deleted); err != nil {
 		s.st.gcIndexErrors.Add(1)
-		if s.limiter.allow("gc-index") {
-			s.log.Error("l3 gc: index delete failed; nothing reclaimed", "kind", k, "pages", len(entries), "err", err)
-		}
+		s.limiter.Error("gc-index", "l3 gc: index delete failed; nothing reclaimed", "kind", k, "pages", len(entries), "err", err)
 		return
 	}
 	for _, slot := range slots {
@@ -867,9 +870,7 @@ func (s *Store) handleCtl() {
 	if len(touched) > 0 {
 		if err := s.index.Touch(context.Background(), touched, s.clock.Load()); err != nil {
 			s.st.indexErrors.Add(1)
-			if s.limiter.allow("touch-index") {
-				s.log.Warn("l3 touch: index update failed (the in-memory LRU is updated)", "keys", len(touched), "err", err)
-			}
+			s.limiter.Warn("touch-index", "l3 touch: index update failed (the in-memory LRU is updated)", "keys", len(touched), "err", err)
 		}
 	}
 }
@@ -882,9 +883,7 @@ func (s *Store) ioLoop() {
 		if err := f.writeSlot(int64(job.slot), job.buf.Bytes()); err != nil {
 			s.st.writeErrors.Add(1)
 			job.err = fmt.Errorf("l3disk put %s: %w", job.key, err)
-			if s.limiter.allow("write") {
-				s.log.Error("l3 slot write failed", "key", job.key.String(), "slot", job.slot, "path", f.path, "err", err)
-			}
+			s.limiter.Error("write", "l3 slot write failed", "key", job.key.String(), "slot", job.slot, "path", f.path, "err", err)
 		}
 		s.releaseStaging(job)
 		s.written <- job
@@ -972,9 +971,7 @@ func (s *Store) commitGroup(group []*writeJob) {
 	}
 	if err := s.index.Put(context.Background(), entries); err != nil {
 		s.st.indexErrors.Add(1)
-		if s.limiter.allow("put-index") {
-			s.log.Error("l3 index commit failed; pages not stored", "pages", len(entries), "err", err)
-		}
+		s.limiter.Error("put-index", "l3 index commit failed; pages not stored", "pages", len(entries), "err", err)
 		for _, j := range group {
 			if j.err == nil {
 				j.err = fmt.Errorf("l3disk put %s: index: %w", j.key, err)
@@ -1069,9 +1066,7 @@ func (s *Store) Get(ctx context.Context, batch []tiers.GetRequest, results []err
 			if err != nil {
 				s.st.readErrors.Add(1)
 				s.st.corrupt.Add(1)
-				if s.limiter.allow("read") {
-					s.log.Error("l3 slot read failed", "key", r.Key.String(), "slot", rec.Slot, "path", f.path, "err", err)
-				}
+				s.limiter.Error("read", "l3 slot read failed", "key", r.Key.String(), "slot", rec.Slot, "path", f.path, "err", err)
 				results[i] = miss(r.Key, fmt.Sprintf("slot %d of %s unreadable", rec.Slot, f.path), err)
 				dropEntry(i)
 				return
@@ -1103,9 +1098,7 @@ func (s *Store) Get(ctx context.Context, batch []tiers.GetRequest, results []err
 		deleted := make([]bool, len(drop))
 		if err := s.index.DeleteIf(ctx, drop, deleted); err != nil {
 			s.st.indexErrors.Add(1)
-			if s.limiter.allow("get-drop") {
-				s.log.Warn("l3 get: dropping bad entries from the index failed", "entries", len(drop), "err", err)
-			}
+			s.limiter.Warn("get-drop", "l3 get: dropping bad entries from the index failed", "entries", len(drop), "err", err)
 			return nil
 		}
 		for i, e := range drop {
@@ -1228,24 +1221,5 @@ func (s *Store) Close() error {
 	return s.release()
 }
 
-// logLimiter lets one log line per key through every logInterval.
-type logLimiter struct {
-	mu   sync.Mutex
-	last map[string]time.Time
-}
-
+// logInterval is how often one kind of fault is logged at most.
 const logInterval = 10 * time.Second
-
-func (l *logLimiter) allow(key string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := time.Now()
-	if l.last == nil {
-		l.last = map[string]time.Time{}
-	}
-	if t, ok := l.last[key]; ok && now.Sub(t) < logInterval {
-		return false
-	}
-	l.last[key] = now
-	return true
-}

@@ -14,6 +14,8 @@
 package l2bench
 
 import (
+	"github.com/kvtier/kvtier/internal/measure"
+
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -301,9 +303,9 @@ func NewDigestState(pages int64, seed uint64) (*placement.Allocator, error) {
 	return a, nil
 }
 
-// measure runs fn until minTime has passed and returns the units per
+// measureWall runs fn until minTime has passed and returns the units per
 // second (fn returns the units it did).
-func measure(minTime time.Duration, fn func() (int64, error)) (float64, error) {
+func measureWall(minTime time.Duration, fn func() (int64, error)) (float64, error) {
 	var units int64
 	start := time.Now()
 	for {
@@ -318,16 +320,7 @@ func measure(minTime time.Duration, fn func() (int64, error)) (float64, error) {
 	}
 }
 
-// threadCPU returns the CPU time the calling OS thread has used.
-func threadCPU() time.Duration {
-	var ru unix.Rusage
-	if err := unix.Getrusage(unix.RUSAGE_THREAD, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// measureCPU is measure counted in CPU time of the measuring thread
+// measureCPU is measureWall counted in CPU time of the measuring thread
 // instead of wall time: on a machine shared with other work it shows what
 // the code costs, not how often it got a core. It locks the goroutine to
 // its thread for the measurement.
@@ -335,14 +328,14 @@ func measureCPU(minTime time.Duration, fn func() (int64, error)) (float64, error
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var units int64
-	start := threadCPU()
+	start := measure.ThreadCPU()
 	for {
 		n, err := fn()
 		if err != nil {
 			return 0, err
 		}
 		units += n
-		if el := threadCPU() - start; el >= minTime {
+		if el := measure.ThreadCPU() - start; el >= minTime {
 			return float64(units) / el.Seconds(), nil
 		}
 	}
@@ -359,7 +352,7 @@ const rounds = 5
 // thread waited for a core on a shared machine.
 func compare(minTime time.Duration, cpu bool, fns ...func() (int64, error)) ([]float64, error) {
 	best := make([]float64, len(fns))
-	m := measure
+	m := measureWall
 	if cpu {
 		m = measureCPU
 	}

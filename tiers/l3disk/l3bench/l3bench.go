@@ -8,6 +8,8 @@
 package l3bench
 
 import (
+	"github.com/kvtier/kvtier/internal/measure"
+
 	"bytes"
 	"context"
 	"encoding/binary"
@@ -19,9 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
-	"syscall"
 	"time"
 
 	hostconfig "github.com/kvtier/kvtier/host/config"
@@ -126,8 +126,8 @@ func Run(ctx context.Context, o Options) (res []benchreport.Result, err error) {
 	perPage := func(d time.Duration) string {
 		return fmt.Sprintf("%.0f µs", float64(d.Microseconds())/float64(o.Rounds*o.Pages))
 	}
-	spill, reload := median(spills), median(reloads)
-	fw, fr := median(fws), median(frs)
+	spill, reload := measure.Median(spills), measure.Median(reloads)
+	fw, fr := measure.Median(fws), measure.Median(frs)
 	slot := l3disk.SlotBytes(o.PageBytes)
 	note := fmt.Sprintf("%d pages of %.2f MiB (slot %d B), batch %d, depth %d, index %s, %s, median of %d rounds interleaved with fio",
 		o.Pages, float64(o.PageBytes)/mib, slot, o.Batch, o.Depth, o.Index,
@@ -145,7 +145,7 @@ func Run(ctx context.Context, o Options) (res []benchreport.Result, err error) {
 	rr = rr.WithLimit(fmt.Sprintf("fio read direct=1 bs=%d iodepth=%d libaio", slot, o.Depth), fr)
 	rsync := benchreport.Result{Bench: "l3/spill-same-syncs", Value: spill, Unit: "MiB/s",
 		Note: fmt.Sprintf("the store's spill against fio issuing an fdatasync every %d writes, the store's average group commit (%.1f writes per fdatasync); informative, no target", syncEvery, group)}
-	rsync = rsync.WithLimit(fmt.Sprintf("fio write direct=1 bs=%d iodepth=%d libaio fdatasync=%d", slot, o.Depth, syncEvery), median(fsyncs))
+	rsync = rsync.WithLimit(fmt.Sprintf("fio write direct=1 bs=%d iodepth=%d libaio fdatasync=%d", slot, o.Depth, syncEvery), measure.Median(fsyncs))
 	return []benchreport.Result{rs, rr, rsync}, nil
 }
 
@@ -271,7 +271,7 @@ func runStore(ctx context.Context, o Options, tmp string, between func() error, 
 			}
 			return nil
 		}
-		t0, c0 := time.Now(), processCPU()
+		t0, c0 := time.Now(), measure.ProcessCPU()
 		batchNo := 0
 		for base := 0; base < o.Pages; base += o.Batch {
 			region := batchNo % 2
@@ -304,7 +304,7 @@ func runStore(ctx context.Context, o Options, tmp string, between func() error, 
 			return nil, nil, direct, err
 		}
 		spillDur := time.Since(t0)
-		*cpuSpill += processCPU() - c0
+		*cpuSpill += measure.ProcessCPU() - c0
 		if failed > 0 {
 			return nil, nil, direct, fmt.Errorf("l3 bench: %d of %d puts failed, first: %w", failed, o.Pages, firstErr)
 		}
@@ -319,12 +319,12 @@ func runStore(ctx context.Context, o Options, tmp string, between func() error, 
 				reqs[i] = tiers.GetRequest{Key: pageKey(o.Seed, round, base+i), Dst: span(0, i)}
 			}
 			results := make([]error, n)
-			t, c := time.Now(), processCPU()
+			t, c := time.Now(), measure.ProcessCPU()
 			if err := st.Get(ctx, reqs, results); err != nil {
 				return nil, nil, direct, fmt.Errorf("l3 bench: get: %w", err)
 			}
 			reloadDur += time.Since(t)
-			*cpuReload += processCPU() - c
+			*cpuReload += measure.ProcessCPU() - c
 			for i := range n {
 				if results[i] != nil {
 					return nil, nil, direct, fmt.Errorf("l3 bench: reload of page %d: %w", base+i, results[i])
@@ -356,29 +356,6 @@ func runStore(ctx context.Context, o Options, tmp string, between func() error, 
 		*group = float64(writes) / float64(syncs)
 	}
 	return spill, reload, direct, nil
-}
-
-// processCPU returns the process's user+system CPU time so far.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// median returns the median of xs (the mean of the middle two for an
-// even count), 0 for none.
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func fillPattern(b []byte, seed uint64) {

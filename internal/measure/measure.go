@@ -1,0 +1,98 @@
+// Package measure holds the small statistics and CPU-time readings every
+// benchmark of kvtier needs: a median, and the CPU time of this process,
+// of the calling thread or of another process. Rates are measured per
+// CPU-second where it matters because the machines are shared: the wall
+// clock also counts time spent waiting for a core, which says nothing
+// about the code. It must never be imported by non-benchmark code paths.
+package measure
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Median returns the median of xs (the mean of the middle two for an even
+// count), 0 for none. xs is not modified.
+func Median[T ~int64 | ~float64](xs []T) T {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// Quantile returns the q-quantile of xs (0 < q <= 1) as the element of
+// rank round(q*n) (at least the first), 0 for none. xs is not modified.
+func Quantile[T ~int64 | ~float64](xs []T, q float64) T {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	i := int(q*float64(len(s))+0.5) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+// ProcessCPU returns the user + system CPU time of this process so far,
+// 0 if the kernel refuses to say.
+func ProcessCPU() time.Duration { return rusage(unix.RUSAGE_SELF) }
+
+// ThreadCPU returns the user + system CPU time of the calling OS thread;
+// lock the goroutine to its thread around a measurement.
+func ThreadCPU() time.Duration { return rusage(unix.RUSAGE_THREAD) }
+
+func rusage(who int) time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(who, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// userHZ is the clock-tick rate of /proc/<pid>/stat, fixed at 100 by the
+// Linux user-space ABI whatever the kernel's HZ.
+const userHZ = 100
+
+// PidCPU returns the user + system CPU time of process pid from
+// /proc/<pid>/stat (10 ms resolution).
+func PidCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("cpu of pid %d: %w", pid, err)
+	}
+	return ParseStatCPU(b)
+}
+
+// ParseStatCPU reads utime and stime (fields 14 and 15) of a
+// /proc/<pid>/stat line; the command name (field 2) may hold spaces and
+// parentheses, so fields are counted after its last ')'.
+func ParseStatCPU(b []byte) (time.Duration, error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("proc stat %.40q: no command field", b)
+	}
+	f := bytes.Fields(b[i+1:])
+	// f[0] is field 3 (state); utime is field 14, stime 15.
+	if len(f) < 13 {
+		return 0, fmt.Errorf("proc stat %.40q: %d fields after the command", b, len(f))
+	}
+	var ticks int64
+	for _, s := range f[11:13] {
+		n, err := strconv.ParseInt(string(s), 10, 64)
+		if err != nil || n < 0 || n > 1<<40 {
+			return 0, fmt.Errorf("proc stat: cpu field %.40q", s)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / userHZ, nil
+}

@@ -1,0 +1,101 @@
+package measure
+
+import (
+	"os"
+	"testing"
+	"time"
+)
+
+func TestParseStatCPU(t *testing.T) {
+	cases := []struct {
+		line string
+		want time.Duration
+		bad  bool
+	}{
+		{"1234 (kvtier-plugin) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 1 0", 3 * time.Second, false},
+		{"1234 (a (b) c) R 1 2 3 4 5 6 7 8 9 10 1 2 0", 30 * time.Millisecond, false},
+		{"1234 (x) S 1 2", 0, true},
+		{"no command field", 0, true},
+		{"1 (x) S 1 2 3 4 5 6 7 8 9 10 -1 2 0", 0, true},
+	}
+	for _, c := range cases {
+		got, err := ParseStatCPU([]byte(c.line))
+		if (err != nil) != c.bad || (!c.bad && got != c.want) {
+			t.Errorf("%q: %v %v, want %v (bad %v)", c.line, got, err, c.want, c.bad)
+		}
+	}
+	if _, err := PidCPU(os.Getpid()); err != nil {
+		t.Fatalf("own stat: %v", err)
+	}
+	if ProcessCPU() <= 0 {
+		t.Fatal("no CPU time for this process")
+	}
+}
+
+func FuzzParseStatCPU(f *testing.F) {
+	f.Add([]byte("1234 (kvtier-plugin) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 1 0"))
+	f.Add([]byte("1 ()) ) 2"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if d, err := ParseStatCPU(b); err == nil && d < 0 {
+			t.Fatalf("negative cpu %v from %q", d, b)
+		}
+	})
+}
+
+func TestMedianAndQuantile(t *testing.T) {
+	cases := []struct {
+		xs       []float64
+		median   float64
+		quantile float64 // q = 0.99
+	}{
+		{nil, 0, 0},
+		{[]float64{3}, 3, 3},
+		{[]float64{4, 1, 3, 2}, 2.5, 4},
+		{[]float64{5, 1, 4, 2, 3}, 3, 5},
+	}
+	for _, c := range cases {
+		in := append([]float64(nil), c.xs...)
+		if got := Median(c.xs); got != c.median {
+			t.Errorf("Median(%v) = %v, want %v", c.xs, got, c.median)
+		}
+		if got := Quantile(c.xs, 0.99); got != c.quantile {
+			t.Errorf("Quantile(%v, 0.99) = %v, want %v", c.xs, got, c.quantile)
+		}
+		for i := range in {
+			if in[i] != c.xs[i] {
+				t.Fatalf("input reordered: %v", c.xs)
+			}
+		}
+	}
+	ds := []time.Duration{3, 1, 2, 4}
+	if got := Quantile(ds, 0.5); got != 2 {
+		t.Errorf("Quantile(durations, 0.5) = %v, want 2 (the lower middle)", got)
+	}
+	if ThreadCPU() < 0 {
+		t.Error("negative thread CPU time")
+	}
+}
+
+func TestQuantileRanks(t *testing.T) {
+	ds := []int{5, 1, 4, 2, 3, 10, 9, 8, 7, 6}
+	in := make([]int64, len(ds))
+	for i, d := range ds {
+		in[i] = int64(d)
+	}
+	cases := []struct {
+		q    float64
+		want int64
+	}{{0.5, 5}, {0.99, 10}, {0.1, 1}, {0, 1}, {1, 10}}
+	for _, c := range cases {
+		durs := make([]time.Duration, len(in))
+		for i, v := range in {
+			durs[i] = time.Duration(v)
+		}
+		if got := Quantile(durs, c.q); int64(got) != c.want {
+			t.Errorf("Quantile(%v) = %d, want %d", c.q, got, c.want)
+		}
+	}
+	if Quantile([]time.Duration(nil), 0.5) != 0 {
+		t.Error("quantile of nothing is not 0")
+	}
+}
