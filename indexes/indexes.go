@@ -36,6 +36,9 @@ var (
 	ErrCorrupt = errors.New("index record corrupt")
 	// ErrClosed is returned by every method called after Close.
 	ErrClosed = errors.New("index closed")
+	// ErrInvalid means a call broke the contract (slices of different
+	// lengths, a malformed key); nothing was read or written.
+	ErrInvalid = errors.New("invalid index call")
 )
 
 // Key addresses one payload of one page: the page hash and the payload kind

@@ -607,14 +607,14 @@ func testMismatchedLengths(t *testing.T, ix indexes.Index) {
 	entries := randomEntries(rng, 4)
 	mustPut(t, ix, entries)
 	keys := keysOf(entries)
-	if err := ix.Get(ctx, keys, make([]indexes.Record, 3), make([]bool, 4)); err == nil {
-		t.Errorf("get with 3 records for 4 keys: no error")
+	if err := ix.Get(ctx, keys, make([]indexes.Record, 3), make([]bool, 4)); !errors.Is(err, indexes.ErrInvalid) {
+		t.Errorf("get with 3 records for 4 keys: %v, want ErrInvalid", err)
 	}
-	if err := ix.Get(ctx, keys, make([]indexes.Record, 4), make([]bool, 5)); err == nil {
-		t.Errorf("get with 5 found flags for 4 keys: no error")
+	if err := ix.Get(ctx, keys, make([]indexes.Record, 4), make([]bool, 5)); !errors.Is(err, indexes.ErrInvalid) {
+		t.Errorf("get with 5 found flags for 4 keys: %v, want ErrInvalid", err)
 	}
-	if err := ix.DeleteIf(ctx, entries, make([]bool, 3)); err == nil {
-		t.Errorf("delete-if with 3 flags for 4 entries: no error")
+	if err := ix.DeleteIf(ctx, entries, make([]bool, 3)); !errors.Is(err, indexes.ErrInvalid) {
+		t.Errorf("delete-if with 3 flags for 4 entries: %v, want ErrInvalid", err)
 	}
 	// Nothing was deleted by the refused batch.
 	expectEntries(t, ix, entries)

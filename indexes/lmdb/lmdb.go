@@ -348,7 +348,7 @@ func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) (err error) {
 func (ix *Index) Get(ctx context.Context, keys []indexes.Key, dst []indexes.Record, found []bool) (err error) {
 	defer ix.m.Done(indexes.OpGet, len(keys), &err)
 	if len(dst) != len(keys) || len(found) != len(keys) {
-		return fmt.Errorf("lmdb index %s: get %d keys into %d records and %d found flags", ix.dir, len(keys), len(dst), len(found))
+		return fmt.Errorf("lmdb index %s: get %d keys into %d records and %d found flags: %w", ix.dir, len(keys), len(dst), len(found), indexes.ErrInvalid)
 	}
 	release, err := ix.enter(ctx, "get")
 	if err != nil {
@@ -416,7 +416,7 @@ func (ix *Index) Delete(ctx context.Context, keys []indexes.Key) (err error) {
 func (ix *Index) DeleteIf(ctx context.Context, entries []indexes.Entry, deleted []bool) (err error) {
 	defer ix.m.Done(indexes.OpDeleteIf, len(entries), &err)
 	if len(deleted) != len(entries) {
-		return fmt.Errorf("lmdb index %s: delete-if %d entries with %d result flags", ix.dir, len(entries), len(deleted))
+		return fmt.Errorf("lmdb index %s: delete-if %d entries with %d result flags: %w", ix.dir, len(entries), len(deleted), indexes.ErrInvalid)
 	}
 	release, err := ix.enter(ctx, "delete-if")
 	if err != nil {

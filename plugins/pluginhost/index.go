@@ -190,7 +190,7 @@ func (x *Index) indexError(method string, err error) error {
 	case wire.CallCorrupt:
 		return fmt.Errorf("plugin %s: index %s: %s: %w", x.spec.Name, method, msg, indexes.ErrCorrupt)
 	case wire.CallInvalid:
-		return fmt.Errorf("plugin %s: index %s: plugin refused the request: %s", x.spec.Name, method, msg)
+		return fmt.Errorf("plugin %s: index %s: plugin refused the request: %s: %w", x.spec.Name, method, msg, indexes.ErrInvalid)
 	}
 	return fmt.Errorf("plugin %s: index %s: %s: %w", x.spec.Name, method, msg, ErrDown)
 }
@@ -259,7 +259,7 @@ func (x *Index) Put(ctx context.Context, entries []indexes.Entry) error {
 // reported absent and the call succeeds.
 func (x *Index) Get(ctx context.Context, keys []indexes.Key, dst []indexes.Record, found []bool) error {
 	if len(dst) != len(keys) || len(found) != len(keys) {
-		return fmt.Errorf("plugin %s: index get: %d records and %d flags for %d keys", x.spec.Name, len(dst), len(found), len(keys))
+		return fmt.Errorf("plugin %s: index get: %d records and %d flags for %d keys: %w", x.spec.Name, len(dst), len(found), len(keys), indexes.ErrInvalid)
 	}
 	degraded, err := x.call(ctx, "get", func(ctx context.Context, c indexv1.IndexClient) error {
 		reply, err := c.Get(ctx, &indexv1.GetRequest{Keys: wire.IndexKeys(keys)})
@@ -308,7 +308,7 @@ func (x *Index) Delete(ctx context.Context, keys []indexes.Key) error {
 // DeleteIf removes keys whose records still match, through the plugin.
 func (x *Index) DeleteIf(ctx context.Context, entries []indexes.Entry, deleted []bool) error {
 	if len(deleted) != len(entries) {
-		return fmt.Errorf("plugin %s: index delete-if: %d flags for %d entries", x.spec.Name, len(deleted), len(entries))
+		return fmt.Errorf("plugin %s: index delete-if: %d flags for %d entries: %w", x.spec.Name, len(deleted), len(entries), indexes.ErrInvalid)
 	}
 	degraded, err := x.call(ctx, "delete_if", func(ctx context.Context, c indexv1.IndexClient) error {
 		reply, err := c.DeleteIf(ctx, &indexv1.DeleteIfRequest{Entries: wire.Entries(entries)})
