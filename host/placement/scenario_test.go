@@ -1,120 +1,34 @@
 package placement
 
 import (
-	"bufio"
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/cockroachdb/datadriven"
+
 	"github.com/kvtier/kvtier/tiers"
 )
 
-var rewrite = flag.Bool("rewrite", false, "rewrite testdata/*.txt scenario expectations from the current output")
-
-// scenarioCase is one command of a scenario file and its expected output.
-type scenarioCase struct {
-	line    int
-	cmd     string
-	want    string
-	comment []string
-}
-
-// parseScenario reads blocks of the form
-//
-//	# comment
-//	command args
-//	----
-//	expected output (no blank lines)
-//	<blank line>
-func parseScenario(path string) ([]scenarioCase, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var cases []scenarioCase
-	var cur *scenarioCase
-	inWant := false
-	var comments []string
-	sc := bufio.NewScanner(f)
-	for n := 1; sc.Scan(); n++ {
-		line := sc.Text()
-		switch {
-		case inWant && line == "":
-			inWant, cur = false, nil
-		case inWant:
-			cur.want += line + "\n"
-		case line == "":
-		case strings.HasPrefix(line, "#"):
-			comments = append(comments, line)
-		case line == "----":
-			if cur == nil {
-				return nil, fmt.Errorf("%s:%d: ---- without a command", path, n)
-			}
-			inWant = true
-		default:
-			if cur != nil {
-				return nil, fmt.Errorf("%s:%d: command %q follows command %q without ----", path, n, line, cur.cmd)
-			}
-			cases = append(cases, scenarioCase{line: n, cmd: line, comment: comments})
-			cur, comments = &cases[len(cases)-1], nil
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, err
-	}
-	return cases, nil
-}
-
-func writeScenario(path string, cases []scenarioCase) error {
-	var b strings.Builder
-	for i, c := range cases {
-		if i > 0 {
-			b.WriteString("\n")
-		}
-		for _, cm := range c.comment {
-			b.WriteString(cm + "\n")
-		}
-		b.WriteString(c.cmd + "\n----\n" + c.want)
-	}
-	return os.WriteFile(path, []byte(b.String()), 0o644)
-}
-
-// TestScenarios runs testdata/*.txt; -rewrite regenerates the expectations.
+// TestScenarios runs the data-driven scenario files in testdata
+// (cockroachdb/datadriven): each block is a command, a "----" line and its
+// expected output. Run with -rewrite to regenerate the expectations, then
+// review the diff.
 func TestScenarios(t *testing.T) {
-	files, _ := filepath.Glob("testdata/*.txt")
-	if len(files) == 0 {
-		t.Fatal("no scenario files in testdata")
+	files, err := filepath.Glob("testdata/*.txt")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scenario files in testdata (err %v)", err)
 	}
 	for _, path := range files {
 		t.Run(filepath.Base(path), func(t *testing.T) {
-			cases, err := parseScenario(path)
-			if err != nil {
-				t.Fatal(err)
-			}
 			var s scenario
-			for i := range cases {
-				c := &cases[i]
-				got := s.run(c.cmd)
-				if *rewrite {
-					c.want = got
-					continue
-				}
-				if got != c.want {
-					t.Errorf("%s:%d: %s\ngot:\n%swant:\n%s", path, c.line, c.cmd, got, c.want)
-				}
-			}
-			if *rewrite {
-				if err := writeScenario(path, cases); err != nil {
-					t.Fatal(err)
-				}
-			}
+			datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+				return s.run(d.FullCmd())
+			})
 		})
 	}
 }

@@ -2,99 +2,35 @@ package radix
 
 import (
 	"crypto/sha256"
-	"flag"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/cockroachdb/datadriven"
+
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/policy"
 )
 
-var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testdata/*.txt scenarios")
-
-// TestScenarios runs the data-driven scenario files in testdata: each block
-// is a command, a "----" line and its expected output, ended by a blank
-// line. Run with -rewrite to regenerate the expected output, then review
-// the diff.
+// TestScenarios runs the data-driven scenario files in testdata
+// (cockroachdb/datadriven): each block is a command, a "----" line and its
+// expected output. Run with -rewrite to regenerate the expected output,
+// then review the diff.
 func TestScenarios(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.txt")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no scenario files in testdata (err %v)", err)
 	}
-	for _, f := range files {
-		t.Run(filepath.Base(f), func(t *testing.T) { runScenario(t, f) })
-	}
-}
-
-type scenarioBlock struct {
-	pre     []string // comments and blank lines before the command
-	cmd     string
-	line    int
-	want    string
-	hasWant bool
-}
-
-func parseScenario(t *testing.T, path string) []scenarioBlock {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	var blocks []scenarioBlock
-	var cur scenarioBlock
-	for i := 0; i < len(lines); i++ {
-		l := lines[i]
-		if cur.cmd == "" {
-			if l == "" || strings.HasPrefix(l, "#") {
-				cur.pre = append(cur.pre, l)
-				continue
-			}
-			cur.cmd, cur.line = l, i+1
-			continue
-		}
-		if l != "----" {
-			t.Fatalf("%s:%d: want ---- after command %q, found %q", path, i+1, cur.cmd, l)
-		}
-		var want []string
-		for i++; i < len(lines) && lines[i] != ""; i++ {
-			want = append(want, lines[i])
-		}
-		cur.want, cur.hasWant = strings.Join(want, "\n"), true
-		blocks = append(blocks, cur)
-		cur = scenarioBlock{}
-		if i < len(lines) {
-			cur.pre = append(cur.pre, "")
-		}
-	}
-	if cur.cmd != "" {
-		t.Fatalf("%s:%d: command %q has no ---- line", path, cur.line, cur.cmd)
-	}
-	return blocks
-}
-
-func runScenario(t *testing.T, path string) {
-	blocks := parseScenario(t, path)
-	s := &scenario{names: map[pagehash.Hash]string{}}
-	var out strings.Builder
-	for _, b := range blocks {
-		got := s.run(b.cmd)
-		for _, p := range b.pre {
-			out.WriteString(p + "\n")
-		}
-		fmt.Fprintf(&out, "%s\n----\n%s\n", b.cmd, got)
-		if !*rewrite && got != b.want {
-			t.Errorf("%s:%d: %s\n--- got:\n%s\n--- want:\n%s", path, b.line, b.cmd, got, b.want)
-		}
-	}
-	if *rewrite {
-		if err := os.WriteFile(path, []byte(out.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
+	for _, path := range files {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			s := &scenario{names: map[pagehash.Hash]string{}}
+			datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+				return s.run(d.FullCmd())
+			})
+		})
 	}
 }
 
