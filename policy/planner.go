@@ -5,6 +5,21 @@ import "github.com/kvtier/kvtier/registry"
 // PlannerV1 is the role ID of Planner v1.
 const PlannerV1 registry.TypeID = "kvtier.policy.planner.v1"
 
+// PlannerFactory builds a fresh planner. A planner holds scratch space
+// between calls, so each Machine (rank) gets its own.
+type PlannerFactory func() Planner
+
+// PlannerRegistration is a planner module's registry entry.
+type PlannerRegistration = registry.Registration[PlannerFactory]
+
+// PlannerRegistry is the planner registry of one host. Planners register
+// apart from evictors because their factories differ; both are chosen by
+// name under the `policy` block of a stack config.
+type PlannerRegistry = registry.Registry[PlannerFactory]
+
+// NewPlannerRegistry returns an empty planner registry.
+func NewPlannerRegistry() *PlannerRegistry { return registry.New[PlannerFactory]() }
+
 // PlanNode is one node a Planner may choose as a victim: an evictable leaf
 // now, or an ancestor that becomes one once every child is planned away.
 type PlanNode struct {

@@ -13,6 +13,8 @@ package policy
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/registry"
@@ -108,19 +110,14 @@ type Registry = registry.Registry[Factory]
 // NewRegistry returns an empty policy registry.
 func NewRegistry() *Registry { return registry.New[Factory]() }
 
-// CheckParams returns an error naming the first parameter in params that is
-// not one of known. Offline policies (those that need Options.Future) refuse
+// CheckParams returns an error naming the first parameter of params, in
+// sorted order, that is not one of known. Offline policies (those that need Options.Future) refuse
 // to build without one, so `kvtier serve` rejects them by name.
 func CheckParams(name string, params map[string]float64, known ...string) error {
-	for k := range params {
-		ok := false
-		for _, kn := range known {
-			if k == kn {
-				ok = true
-				break
-			}
-		}
-		if !ok {
+	// NB: map order is random; the keys are sorted so that the same
+	// config names the same parameter on every run.
+	for _, k := range slices.Sorted(maps.Keys(params)) {
+		if !slices.Contains(known, k) {
 			return fmt.Errorf("policy %s: unknown parameter %q (known: %v)", name, k, known)
 		}
 	}

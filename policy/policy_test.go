@@ -41,4 +41,15 @@ func TestCheckParams(t *testing.T) {
 	if err := CheckParams("p", map[string]float64{"c": 1}, "a", "b"); err == nil || !strings.Contains(err.Error(), `unknown parameter "c"`) {
 		t.Fatalf("unknown parameter: %v", err)
 	}
+	// Several unknown parameters: the error names the same one every run
+	// (the first in sorted order), whatever the map's iteration order.
+	many := map[string]float64{}
+	for _, k := range []string{"zeta", "mu", "alpha2", "omega", "beta"} {
+		many[k] = 1
+	}
+	for range 50 {
+		if err := CheckParams("p", many, "a"); err == nil || !strings.Contains(err.Error(), `unknown parameter "alpha2"`) {
+			t.Fatalf("error %v does not name alpha2, the first unknown key in sorted order", err)
+		}
+	}
 }

@@ -101,7 +101,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return ctx.Err()
 	}
 
-	capacities := replay.DefaultCapacities
+	capacities := replay.DefaultCapacities()
 	switch {
 	case *sweep:
 		capacities = replay.SweepCapacities(tr, *points)

@@ -14,6 +14,7 @@ import (
 	"github.com/kvtier/kvtier/policy/belady"
 	"github.com/kvtier/kvtier/policy/hindsight"
 	"github.com/kvtier/kvtier/policy/lru"
+	"github.com/kvtier/kvtier/policy/planner"
 	"github.com/kvtier/kvtier/policy/proven"
 	"github.com/kvtier/kvtier/policy/s3fifo"
 	"github.com/kvtier/kvtier/policy/sieve"
@@ -71,6 +72,16 @@ func Policies() (*policy.Registry, error) {
 		if err := register(r); err != nil {
 			return nil, fmt.Errorf("built-in policies: %w", err)
 		}
+	}
+	return r, nil
+}
+
+// Planners returns a planner registry holding every built-in owner-lane
+// planner (greedy, heap).
+func Planners() (*policy.PlannerRegistry, error) {
+	r := policy.NewPlannerRegistry()
+	if err := planner.Register(r); err != nil {
+		return nil, fmt.Errorf("built-in planners: %w", err)
 	}
 	return r, nil
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/kvtier/kvtier/host/builtin"
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/policy"
+	"github.com/kvtier/kvtier/policy/planner"
 	"github.com/kvtier/kvtier/tiers"
 )
 
@@ -25,6 +26,10 @@ func TestBuiltins(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pl, err := builtin.Planners()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		what string
 		got  []string
@@ -34,9 +39,19 @@ func TestBuiltins(t *testing.T) {
 		{"stores", tr.Stores.Names(tiers.StoreV1), []string{"l3disk", "memstore"}},
 		{"indexes", ix.Names(indexes.IndexV1), []string{"badger", "lmdb"}},
 		{"policies", pr.Names(policy.EvictorV1), []string{"belady", "hindsight", "lru", "proven", "s3fifo", "sieve", "slru"}},
+		{"planners", pl.Names(policy.PlannerV1), planner.Names()},
 	} {
 		if !slices.Equal(tc.got, tc.want) {
 			t.Errorf("built-in %s = %v, want %v", tc.what, tc.got, tc.want)
+		}
+	}
+	for _, name := range planner.Names() {
+		reg, err := pl.Lookup(policy.PlannerV1, name)
+		if err != nil {
+			t.Fatalf("planner %s: %v", name, err)
+		}
+		if got := reg.Factory(); got == nil || got.Name() != name {
+			t.Fatalf("planner %s factory built %v", name, got)
 		}
 	}
 	// Registries are values: a second call builds fresh, independent ones.

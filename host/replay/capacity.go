@@ -8,9 +8,10 @@ import (
 	"github.com/kvtier/kvtier/host/config"
 )
 
-// DefaultCapacities is the capacity list of `kvtier replay` when none is
-// given: 1M, 3M and 10M tokens, plus the infinite bound.
-var DefaultCapacities = []int64{1_000_000, 3_000_000, 10_000_000, 0}
+// DefaultCapacities returns the capacity list of `kvtier replay` when none
+// is given: 1M, 3M and 10M tokens, plus the infinite bound (0). Each call
+// returns a fresh slice, so no caller can change another's default.
+func DefaultCapacities() []int64 { return []int64{1_000_000, 3_000_000, 10_000_000, 0} }
 
 // ParseCapacities parses a comma-separated list of capacities in tokens
 // with the stack config's token syntax (config.ParseTokenList: "1M",

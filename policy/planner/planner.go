@@ -40,6 +40,22 @@ func ByName(name string) (policy.Planner, error) {
 	return nil, fmt.Errorf("planner %q: %w (known: %v)", name, ErrUnknown, Names())
 }
 
+// Register adds the built-in planners, greedy and heap, to r under
+// policy.PlannerV1.
+func Register(r *policy.PlannerRegistry) error {
+	for _, reg := range []policy.PlannerRegistration{
+		{Type: policy.PlannerV1, Name: "greedy", Doc: "rescans the candidates for each victim (the reference)",
+			Factory: func() policy.Planner { return NewGreedy() }},
+		{Type: policy.PlannerV1, Name: "heap", Doc: "pops victims from a heap ordered like greedy's scan (the default)",
+			Factory: func() policy.Planner { return NewHeap() }},
+	} {
+		if err := r.Register(reg); err != nil {
+			return fmt.Errorf("planner %s: %w", reg.Name, err)
+		}
+	}
+	return nil
+}
+
 // OwnerCounts returns, for a node of pages pages starting at page index
 // depth, how many pages each of cpSize owner lanes holds (owner(i) =
 // i mod cpSize). Callers compute it once per node per planning call.
