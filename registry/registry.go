@@ -62,8 +62,10 @@ func New[F any]() *Registry[F] {
 	return &Registry[F]{regs: make(map[key]Registration[F])}
 }
 
-// Register adds reg. It fails on an empty type or name, a nil factory
-// check is left to the role package, and on a duplicate (type, name).
+// Register adds reg. It fails on an empty type or name, on a name with a
+// '/' or a space, and on a (type, name) already registered (ErrDuplicate).
+// It does not check that reg.Factory is set: each role package decides
+// what a missing factory means.
 func (r *Registry[F]) Register(reg Registration[F]) error {
 	if reg.Type == "" || reg.Name == "" {
 		return fmt.Errorf("register %q: type and name must both be set", reg.FullID())

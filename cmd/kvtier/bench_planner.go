@@ -16,8 +16,9 @@ import (
 	"github.com/kvtier/kvtier/policy/planner"
 )
 
-// runBenchPlanner times the owner-lane eviction planners on the seed's
-// scenario (2,000 candidates, a 7,877-page deficit) at cp_size 1, 4 and 8:
+// runBenchPlanner times the owner-lane eviction planners on the production
+// scenario of planner.BenchScenarios (2,000 candidates, a 7,877-page
+// deficit) at cp_size 1, 4 and 8:
 // the heap planner against the greedy reference in the same run, after
 // checking that both choose the same plan.
 func runBenchPlanner(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -414,8 +414,9 @@ func (t *Tree) walkTokens(tokens []uint32, path []*Node) ([]*Node, int, pagehash
 // split cuts c after its first k pages (0 < k < pages) and returns the new
 // prefix node, which takes c's place under c's parent; c keeps its id and
 // becomes the prefix's only child. Both halves keep c's hit count, last
-// access, residency and backup-pending marker (the seed's _split_node
-// propagates the marker); the prefix carries c's lock refs, since every
+// access, residency and backup-pending marker (a split must never drop the
+// marker, or the half without it could be evicted before its backup is
+// committed); the prefix carries c's lock refs, since every
 // lock through c also runs through it.
 func (t *Tree) split(c *Node, k int) *Node {
 	if k <= 0 || k >= len(c.hashes) {

@@ -4,7 +4,7 @@
 // rates side by side with the Belady and infinite-capacity bounds. It is
 // the engine of `kvtier replay` and of `kvtier bench radix`.
 //
-// Semantics (issue 2 part 7): one trace block is one page; a request's
+// Semantics: one trace block is one page; a request's
 // prefix hit is the longest run of its leading blocks present in the tree;
 // then its whole input is inserted, its own blocks locked until the insert
 // completes, evicting the policy's victims (leaves, trimmed from the tail

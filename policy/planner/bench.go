@@ -1,8 +1,8 @@
 package planner
 
 // BenchScenarios returns the scenarios of `kvtier bench planner` and the
-// package benchmarks: the seed's hang (2,000 candidates, one lane short of
-// 7,877 pages) at cp_size 1, 4 and 8, and the same deficit spread over
+// package benchmarks: the production case that hung the Python planner
+// (2,000 candidates, one lane short of 7,877 pages) at cp_size 1, 4 and 8, and the same deficit spread over
 // every lane at cp_size 4 and 8.
 func BenchScenarios() []Scenario {
 	return []Scenario{

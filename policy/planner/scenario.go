@@ -6,9 +6,10 @@ import (
 	"github.com/kvtier/kvtier/policy"
 )
 
-// Scenario describes a synthetic planning call shaped like the seed's
-// production hang: many evictable leaves of tens of pages under a forest of
-// shared prefixes, with an owner-lane deficit.
+// Scenario describes a synthetic planning call shaped like a production
+// one that made the Python predecessor's planner hang for seconds: many
+// evictable leaves of tens of pages under a forest of shared prefixes,
+// with an owner-lane deficit.
 type Scenario struct {
 	// Seed makes the scenario reproducible.
 	Seed uint64
@@ -24,12 +25,12 @@ type Scenario struct {
 }
 
 // Build returns the scenario's planning input. Nodes hold 1-32 pages (2,000
-// leaves then hold about 33,000 pages, the size of the seed's 31,507-page
-// lane, and about 200 of them cover its 7,877-page deficit, as in the
-// seed's hang); one
-// leaf in four hangs under an evictable parent (itself possibly under
-// another), so planning unlocks ancestors; priorities are last-access
-// times with an slru-style protected bit on one node in five.
+// leaves then hold about 33,000 pages, the size of a 31,507-page owner
+// lane seen in production, and about 200 of them cover a 7,877-page
+// deficit, as in that case); one leaf in four hangs under an evictable
+// parent (itself possibly under another), so planning unlocks ancestors;
+// priorities are last-access times with an slru-style protected bit on one
+// node in five.
 func (s Scenario) Build() policy.PlanInput {
 	rng := rand.New(rand.NewPCG(s.Seed, 0x5eed))
 	in := policy.PlanInput{Deficits: make([]int, s.CPSize)}
