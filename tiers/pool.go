@@ -30,14 +30,6 @@ type PoolCopy struct {
 	Span Span
 }
 
-// Completion is the handle of an asynchronous batch.
-type Completion interface {
-	// Done is closed when the batch has finished, successfully or not.
-	Done() <-chan struct{}
-	// Err reports the batch's result once Done is closed.
-	Err() error
-}
-
 // PoolStats counts pool traffic.
 type PoolStats struct {
 	// PagesToSlab and PagesFromSlab count copied payload pages.
@@ -49,17 +41,46 @@ type PoolStats struct {
 // Pool v1 is a fixed array of device pages that the host allocates into.
 // The host decides which pool page holds what; the pool only copies.
 //
-// Buffers: the slab spans named in a batch are read (ToSlab: written) until
-// the batch's Completion is done; the host must not reuse them before.
-// A pool whose fast path cannot run fails at open, never falls back
-// silently to a slower one.
+// Completions have the shape of a Store's, so the driver sees one kind:
+// CopyToSlab and CopyFromSlab are asynchronous and return the batch's id
+// (ids increase from 1, shared by both directions). Each item of a batch
+// gets exactly one ack, AckCopied or AckFailed (with Err), queued inside
+// the pool until the host drains them with DrainAcks at its ticks, as it
+// drains a Store's acks; AckReady is signalled when the queue goes
+// non-empty. The driver tags both streams with the tier and feeds them to
+// the control machine as Done(op, stage, ok).
+//
+// Buffers: the slab span of an item is read (CopyToSlab: written) and the
+// pool page written (CopyToSlab: read) until the item's ack is queued; the
+// host must not reuse either before it drains that ack.
+//
+// A malformed batch (a page or kind out of range, a span whose length is
+// not the kind's page_bytes or that lies outside the slab, two items of a
+// CopyFromSlab batch writing the same page and kind) is refused whole with
+// ErrInvalid: nothing is copied and no ack is queued. An empty batch
+// returns id 0, copies nothing and queues nothing.
+//
+// A pool whose configured fast path cannot run fails at open; it never
+// falls back silently to a slower one.
+//
+// Concurrency: all methods are safe for concurrent use. Close waits for
+// in-flight copies (their acks stay drainable) and releases the pool;
+// calls after Close fail with ErrClosed.
 type Pool interface {
 	// Geometry returns the pool's shape.
 	Geometry() PoolGeometry
-	// CopyToSlab copies pool pages into slab spans (device to host).
-	CopyToSlab(ctx context.Context, batch []PoolCopy) (Completion, error)
-	// CopyFromSlab copies slab spans into pool pages (host to device).
-	CopyFromSlab(ctx context.Context, batch []PoolCopy) (Completion, error)
+	// CopyToSlab starts copying pool pages into slab spans (device to
+	// host) and returns the batch id.
+	CopyToSlab(ctx context.Context, batch []PoolCopy) (BatchID, error)
+	// CopyFromSlab starts copying slab spans into pool pages (host to
+	// device) and returns the batch id.
+	CopyFromSlab(ctx context.Context, batch []PoolCopy) (BatchID, error)
+	// DrainAcks appends all queued acks to dst and returns it. It never
+	// blocks.
+	DrainAcks(dst []Ack) []Ack
+	// AckReady returns a channel that receives a value whenever acks were
+	// queued since the last drain.
+	AckReady() <-chan struct{}
 	// Stats returns counters.
 	Stats() PoolStats
 	// Close waits for in-flight copies and releases the pool.

@@ -10,7 +10,8 @@ import (
 // StoreV1 is the role ID of content-addressed tiers below the slab.
 const StoreV1 registry.TypeID = "kvtier.tier.store.v1"
 
-// BatchID identifies one Put call on one Store; ids increase from 1.
+// BatchID identifies one Put call on one Store, or one copy call on one
+// Pool; ids increase from 1.
 type BatchID uint64
 
 // PutRequest writes one payload of one page from a slab span.
@@ -42,9 +43,14 @@ const (
 	// AckDurable: the item is stored and indexed; a Get after a restart
 	// with cold start "load" finds it. Terminal.
 	AckDurable
-	// AckFailed: the item was not stored; Err says why. Terminal. If it
-	// comes before AckGathered the slab span is released all the same.
+	// AckFailed: the item was not stored (a Pool: not copied); Err says
+	// why. Terminal. If it comes before AckGathered the slab span is
+	// released all the same.
 	AckFailed
+	// AckCopied: a Pool copy item finished; the destination holds the
+	// bytes and both the source and the destination may be reused.
+	// Terminal. Only pools send it.
+	AckCopied
 )
 
 // String returns the stage name.
@@ -56,13 +62,16 @@ func (s AckStage) String() string {
 		return "durable"
 	case AckFailed:
 		return "failed"
+	case AckCopied:
+		return "copied"
 	}
 	return "unknown"
 }
 
-// Ack reports the progress of one item of one Put batch.
+// Ack reports the progress of one item of one Put batch (a Store) or one
+// copy batch (a Pool).
 type Ack struct {
-	// Batch is the id Put returned.
+	// Batch is the id Put (a Pool: the copy call) returned.
 	Batch BatchID
 	// Index is the item's position in that batch.
 	Index int
