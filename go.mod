@@ -6,6 +6,7 @@ require (
 	github.com/PowerDNS/lmdb-go v1.9.3
 	github.com/cockroachdb/datadriven v1.0.3
 	github.com/dgraph-io/badger/v4 v4.9.6
+	github.com/ebitengine/purego v0.11.3
 	github.com/goccy/go-yaml v1.19.2
 	github.com/hashicorp/go-hclog v1.6.3
 	github.com/hashicorp/go-plugin v1.8.0

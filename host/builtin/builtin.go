@@ -20,6 +20,7 @@ import (
 	"github.com/kvtier/kvtier/policy/sieve"
 	"github.com/kvtier/kvtier/policy/slru"
 	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/l1cuda"
 	"github.com/kvtier/kvtier/tiers/l2hugetlb"
 	"github.com/kvtier/kvtier/tiers/l3disk"
 	"github.com/kvtier/kvtier/tiers/memstore"
@@ -31,6 +32,7 @@ func Tiers() (*tiers.Registry, error) {
 	for _, register := range []func(*tiers.Registry) error{
 		// One line per built-in tier package: pkg.Register,
 		memstore.Register,
+		l1cuda.Register,
 		l2hugetlb.Register,
 		l3disk.Register,
 	} {

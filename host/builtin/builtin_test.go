@@ -35,6 +35,7 @@ func TestBuiltins(t *testing.T) {
 		got  []string
 		want []string
 	}{
+		{"pools", tr.Pools.Names(tiers.PoolV1), []string{"cuda", "engine", "host"}},
 		{"slabs", tr.Slabs.Names(tiers.SlabV1), []string{"l2hugetlb"}},
 		{"stores", tr.Stores.Names(tiers.StoreV1), []string{"l3disk", "memstore"}},
 		{"indexes", ix.Names(indexes.IndexV1), []string{"badger", "lmdb"}},

@@ -1,0 +1,173 @@
+package l1cuda
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// layout is the layer-first geometry shared by the pools.
+type layout struct {
+	pages  int
+	layers int
+	kinds  []tiers.PayloadSpec
+}
+
+// newLayout checks that every payload splits into layers equal slices.
+func newLayout(pages, layers int, g tiers.PayloadGeometry) (layout, error) {
+	if pages < 1 {
+		return layout{}, fmt.Errorf("pool pages %d: must be at least 1: %w", pages, tiers.ErrInvalid)
+	}
+	if layers < 1 {
+		return layout{}, fmt.Errorf("pool layers %d: must be at least 1: %w", layers, tiers.ErrInvalid)
+	}
+	if len(g.Kinds) == 0 {
+		return layout{}, fmt.Errorf("pool: payload geometry has no kinds: %w", tiers.ErrInvalid)
+	}
+	for k, spec := range g.Kinds {
+		if spec.PageBytes <= 0 || spec.PageBytes%int64(layers) != 0 {
+			return layout{}, fmt.Errorf("pool: payload %q (kind %d) of %d bytes does not split into %d equal layer slices: %w",
+				spec.Name, k, spec.PageBytes, layers, tiers.ErrInvalid)
+		}
+	}
+	return layout{pages: pages, layers: layers, kinds: g.Kinds}, nil
+}
+
+// slice returns the bytes of one layer slice of kind k.
+func (l layout) slice(k tiers.PayloadKind) int64 {
+	return l.kinds[k].PageBytes / int64(l.layers)
+}
+
+// kindBytes returns the pool memory of kind k: pages * page_bytes.
+func (l layout) kindBytes(k tiers.PayloadKind) int64 {
+	return int64(l.pages) * l.kinds[k].PageBytes
+}
+
+// check refuses a malformed batch whole: a page or kind out of range, a
+// span whose length is not the kind's page_bytes or that the slab does
+// not hold, two items of a CopyFromSlab batch writing one page and kind.
+func (l layout) check(slab tiers.Slab, batch []tiers.PoolCopy, toSlab bool) error {
+	type dst struct {
+		page int
+		kind tiers.PayloadKind
+	}
+	var written map[dst]int
+	if !toSlab {
+		written = make(map[dst]int, len(batch))
+	}
+	for i, c := range batch {
+		if int(c.Kind) >= len(l.kinds) {
+			return fmt.Errorf("pool copy item %d: payload kind %d of %d: %w", i, c.Kind, len(l.kinds), tiers.ErrInvalid)
+		}
+		if c.Page < 0 || c.Page >= l.pages {
+			return fmt.Errorf("pool copy item %d: page %d outside the pool's %d pages: %w", i, c.Page, l.pages, tiers.ErrInvalid)
+		}
+		if want := l.kinds[c.Kind].PageBytes; c.Span.Length != want {
+			return fmt.Errorf("pool copy item %d: span of %d bytes for a %d-byte %s page: %w", i, c.Span.Length, want, l.kinds[c.Kind].Name, tiers.ErrInvalid)
+		}
+		if _, err := slab.Bytes(c.Span); err != nil {
+			return fmt.Errorf("pool copy item %d: %w", i, err)
+		}
+		if !toSlab {
+			d := dst{c.Page, c.Kind}
+			if j, dup := written[d]; dup {
+				return fmt.Errorf("pool copy items %d and %d both write page %d kind %d: %w", j, i, c.Page, c.Kind, tiers.ErrInvalid)
+			}
+			written[d] = i
+		}
+	}
+	return nil
+}
+
+// ackQueue is the Pool v1 completion machinery every pool of this package
+// shares: batch ids, the ack queue and its ready signal, stats and the
+// closed state. Batches in flight are counted so Close can wait for them.
+type ackQueue struct {
+	mu       sync.Mutex
+	next     tiers.BatchID
+	acks     []tiers.Ack
+	stats    tiers.PoolStats
+	closed   bool
+	inflight sync.WaitGroup
+	ready    chan struct{}
+}
+
+func newAckQueue() *ackQueue { return &ackQueue{ready: make(chan struct{}, 1)} }
+
+// begin assigns the next batch id unless the pool is closed; the caller
+// must call the returned id's items' acks and then end exactly once.
+func (q *ackQueue) begin(what string) (tiers.BatchID, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return 0, fmt.Errorf("%s: %w", what, tiers.ErrClosed)
+	}
+	q.next++
+	q.inflight.Add(1)
+	return q.next, nil
+}
+
+// end marks a batch begun with begin as finished (all its items acked).
+func (q *ackQueue) end() { q.inflight.Done() }
+
+// ack queues the ack of item index of batch id and counts a copied item.
+func (q *ackQueue) ack(id tiers.BatchID, index int, c tiers.PoolCopy, toSlab bool, err error) {
+	a := tiers.Ack{Batch: id, Index: index, Stage: tiers.AckCopied}
+	if err != nil {
+		a.Stage, a.Err = tiers.AckFailed, err
+	}
+	q.mu.Lock()
+	if err == nil {
+		if toSlab {
+			q.stats.PagesToSlab++
+			q.stats.BytesToSlab += c.Span.Length
+		} else {
+			q.stats.PagesFromSlab++
+			q.stats.BytesFromSlab += c.Span.Length
+		}
+	}
+	q.acks = append(q.acks, a)
+	q.mu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+// DrainAcks appends the queued acks to dst.
+func (q *ackQueue) DrainAcks(dst []tiers.Ack) []tiers.Ack {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	dst = append(dst, q.acks...)
+	q.acks = q.acks[:0]
+	return dst
+}
+
+// AckReady is signalled when acks were queued since the last drain.
+func (q *ackQueue) AckReady() <-chan struct{} { return q.ready }
+
+// Stats returns the copy counters.
+func (q *ackQueue) Stats() tiers.PoolStats {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.stats
+}
+
+// refuse makes begin fail from now on without waiting for anything.
+func (q *ackQueue) refuse() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+}
+
+// shut refuses new batches and waits for those in flight; it reports
+// whether this call was the one that closed the queue.
+func (q *ackQueue) shut() bool {
+	q.mu.Lock()
+	first := !q.closed
+	q.closed = true
+	q.mu.Unlock()
+	q.inflight.Wait()
+	return first
+}

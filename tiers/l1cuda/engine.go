@@ -1,0 +1,207 @@
+package l1cuda
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// EngineConfig configures the engine pool.
+type EngineConfig struct {
+	// Pages is the number of pages of the engine's KV pool that kvtier may
+	// name in a plan (the engine's block count).
+	Pages int `yaml:"pages"`
+	// Layers is the number of layer slices of a page in the engine's
+	// layout (documentation for the engine's copy kernel; every payload's
+	// page_bytes must be a multiple of it).
+	Layers int `yaml:"layers"`
+	// MaxPending bounds the copy items planned but not yet reported
+	// finished by the engine; a batch that would exceed it is refused with
+	// ErrBusy, so a stalled engine cannot grow the queue without limit.
+	MaxPending int `yaml:"max_pending"`
+}
+
+// DefaultEngineConfig returns the defaults.
+func DefaultEngineConfig() EngineConfig {
+	return EngineConfig{Pages: 4096, Layers: 1, MaxPending: 1 << 16}
+}
+
+// Validate checks the config without the payload geometry.
+func (c *EngineConfig) Validate() error {
+	switch {
+	case c.Pages < 1 || c.Pages > 1<<24:
+		return fmt.Errorf("l1 engine pool: pages %d outside [1, %d]", c.Pages, 1<<24)
+	case c.Layers < 1 || c.Layers > 4096:
+		return fmt.Errorf("l1 engine pool: layers %d outside [1, 4096]", c.Layers)
+	case c.MaxPending < 1 || c.MaxPending > 1<<24:
+		return fmt.Errorf("l1 engine pool: max_pending %d outside [1, %d]", c.MaxPending, 1<<24)
+	}
+	return nil
+}
+
+// ErrBusy means the engine has too many planned copies outstanding; the
+// batch was not accepted.
+var ErrBusy = errors.New("engine copy queue full")
+
+// PlannedCopy is one copy the engine must run: the item Index of batch
+// Batch, in direction ToSlab (engine page to slab span) or not.
+type PlannedCopy struct {
+	Batch  tiers.BatchID
+	Index  int
+	ToSlab bool
+	Copy   tiers.PoolCopy
+}
+
+// EnginePool is Pool v1 whose copies the engine runs: CopyToSlab and
+// CopyFromSlab only plan; the engine takes the plans with TakePlans, does
+// the copies with its own kernels and reports each finished item with
+// Complete, and the acks follow. kvtier links no CUDA for it.
+type EnginePool struct {
+	*ackQueue
+	geo  tiers.PoolGeometry
+	lay  layout
+	slab tiers.Slab
+	max  int
+
+	mu      sync.Mutex
+	plans   []PlannedCopy
+	pending map[itemKey]PlannedCopy // planned, not completed
+	batches map[tiers.BatchID]int   // items not yet completed per batch
+	once    sync.Once
+}
+
+type itemKey struct {
+	batch tiers.BatchID
+	index int
+}
+
+// OpenEngine opens an engine pool over env's slab.
+func OpenEngine(env tiers.Env, cfg EngineConfig) (*EnginePool, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", err, tiers.ErrInvalid)
+	}
+	if env.Slab == nil {
+		return nil, fmt.Errorf("l1 engine pool: no slab to copy through: %w", tiers.ErrInvalid)
+	}
+	lay, err := newLayout(cfg.Pages, cfg.Layers, env.Payload)
+	if err != nil {
+		return nil, fmt.Errorf("l1 engine pool: %w", err)
+	}
+	return &EnginePool{
+		ackQueue: newAckQueue(),
+		geo:      tiers.PoolGeometry{Pages: cfg.Pages, Payload: env.Payload, Device: "engine"},
+		lay:      lay,
+		slab:     env.Slab,
+		max:      cfg.MaxPending,
+		pending:  make(map[itemKey]PlannedCopy),
+		batches:  make(map[tiers.BatchID]int),
+	}, nil
+}
+
+// Geometry returns the pool's shape.
+func (p *EnginePool) Geometry() tiers.PoolGeometry { return p.geo }
+
+// CopyToSlab plans copies of engine pages into slab spans.
+func (p *EnginePool) CopyToSlab(ctx context.Context, batch []tiers.PoolCopy) (tiers.BatchID, error) {
+	return p.plan(batch, true)
+}
+
+// CopyFromSlab plans copies of slab spans into engine pages.
+func (p *EnginePool) CopyFromSlab(ctx context.Context, batch []tiers.PoolCopy) (tiers.BatchID, error) {
+	return p.plan(batch, false)
+}
+
+func (p *EnginePool) plan(batch []tiers.PoolCopy, toSlab bool) (tiers.BatchID, error) {
+	if len(batch) == 0 {
+		return 0, nil
+	}
+	if err := p.lay.check(p.slab, batch, toSlab); err != nil {
+		return 0, fmt.Errorf("l1 engine pool: %w", err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.pending)+len(batch) > p.max {
+		return 0, fmt.Errorf("l1 engine pool: %d copies outstanding + %d > max_pending %d: %w", len(p.pending), len(batch), p.max, ErrBusy)
+	}
+	id, err := p.begin("l1 engine pool")
+	if err != nil {
+		return 0, err
+	}
+	for i, c := range batch {
+		pc := PlannedCopy{Batch: id, Index: i, ToSlab: toSlab, Copy: c}
+		p.plans = append(p.plans, pc)
+		p.pending[itemKey{id, i}] = pc
+	}
+	p.batches[id] = len(batch)
+	return id, nil
+}
+
+// TakePlans appends the copies planned since the last call to dst, in
+// plan order, and returns it. The engine runs them and reports each with
+// Complete.
+func (p *EnginePool) TakePlans(dst []PlannedCopy) []PlannedCopy {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	dst = append(dst, p.plans...)
+	p.plans = p.plans[:0]
+	return dst
+}
+
+// Complete reports that the engine finished item index of batch (err nil)
+// or failed it. A report for an item never planned, or reported before,
+// is refused with ErrInvalid and changes nothing.
+func (p *EnginePool) Complete(batch tiers.BatchID, index int, err error) error {
+	p.mu.Lock()
+	k := itemKey{batch, index}
+	pc, ok := p.pending[k]
+	if !ok {
+		p.mu.Unlock()
+		return fmt.Errorf("l1 engine pool: completion of batch %d item %d, which is not outstanding: %w", batch, index, tiers.ErrInvalid)
+	}
+	delete(p.pending, k)
+	p.batches[batch]--
+	last := p.batches[batch] == 0
+	if last {
+		delete(p.batches, batch)
+	}
+	p.mu.Unlock()
+	if err != nil {
+		err = fmt.Errorf("l1 engine pool: engine failed page %d kind %d: %w", pc.Copy.Page, pc.Copy.Kind, err)
+	}
+	p.ack(batch, index, pc.Copy, pc.ToSlab, err)
+	if last {
+		p.end()
+	}
+	return nil
+}
+
+// Close fails every copy the engine has not reported (AckFailed with
+// ErrClosed: the engine is gone or no longer reports) and refuses new
+// plans.
+func (p *EnginePool) Close() error {
+	p.once.Do(func() {
+		p.mu.Lock()
+		p.refuse()
+		left := make([]PlannedCopy, 0, len(p.pending))
+		for _, pc := range p.pending {
+			left = append(left, pc)
+		}
+		p.plans = nil
+		p.mu.Unlock()
+		slices.SortFunc(left, func(a, b PlannedCopy) int {
+			return cmp.Or(cmp.Compare(a.Batch, b.Batch), cmp.Compare(a.Index, b.Index))
+		})
+		for _, pc := range left {
+			if err := p.Complete(pc.Batch, pc.Index, tiers.ErrClosed); err != nil {
+				panic(fmt.Sprintf("l1 engine pool: closing an outstanding item failed: %v", err))
+			}
+		}
+		p.shut()
+	})
+	return nil
+}
