@@ -1,6 +1,7 @@
 package l1cuda
 
 import (
+	"context"
 	"fmt"
 	"sync"
 
@@ -170,4 +171,51 @@ func (q *ackQueue) shut() bool {
 	q.mu.Unlock()
 	q.inflight.Wait()
 	return first
+}
+
+// base is what the three pools share in front of their copy engines:
+// the ack queue, the geometry and the batch admission. start runs an
+// admitted, non-empty batch and returns its id.
+type base struct {
+	*ackQueue
+	name  string
+	geo   tiers.PoolGeometry
+	lay   layout
+	slab  tiers.Slab
+	start func(batch []tiers.PoolCopy, toSlab bool) (tiers.BatchID, error)
+}
+
+func newBase(name, device string, env tiers.Env, lay layout) base {
+	return base{
+		ackQueue: newAckQueue(),
+		name:     name,
+		geo:      tiers.PoolGeometry{Pages: lay.pages, Payload: env.Payload, Device: device},
+		lay:      lay,
+		slab:     env.Slab,
+	}
+}
+
+// Geometry returns the pool's shape.
+func (b *base) Geometry() tiers.PoolGeometry { return b.geo }
+
+// CopyToSlab copies pool pages into slab spans (device to host).
+func (b *base) CopyToSlab(ctx context.Context, batch []tiers.PoolCopy) (tiers.BatchID, error) {
+	return b.submit(batch, true)
+}
+
+// CopyFromSlab copies slab spans into pool pages (host to device).
+func (b *base) CopyFromSlab(ctx context.Context, batch []tiers.PoolCopy) (tiers.BatchID, error) {
+	return b.submit(batch, false)
+}
+
+// submit answers an empty batch with id 0, refuses a malformed one whole
+// and hands the rest to the pool's start.
+func (b *base) submit(batch []tiers.PoolCopy, toSlab bool) (tiers.BatchID, error) {
+	if len(batch) == 0 {
+		return 0, nil
+	}
+	if err := b.lay.check(b.slab, batch, toSlab); err != nil {
+		return 0, fmt.Errorf("%s: %w", b.name, err)
+	}
+	return b.start(batch, toSlab)
 }

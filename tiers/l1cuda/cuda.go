@@ -1,7 +1,6 @@
 package l1cuda
 
 import (
-	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -83,11 +82,8 @@ type registration struct {
 
 // CUDAPool is Pool v1 on a GPU through libcudart loaded at run time.
 type CUDAPool struct {
-	*ackQueue
+	base
 	rt     *cudart
-	geo    tiers.PoolGeometry
-	lay    layout
-	slab   tiers.Slab
 	dev    []uintptr // per kind: device base address
 	ipc    bool      // dev came from IPC handles (close them, do not free)
 	regs   []registration
@@ -133,14 +129,8 @@ func OpenCUDA(env tiers.Env, cfg CUDAConfig) (p *CUDAPool, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("l1 cuda pool: %w", err)
 	}
-	p = &CUDAPool{
-		ackQueue: newAckQueue(),
-		rt:       rt,
-		geo:      tiers.PoolGeometry{Pages: cfg.Pages, Payload: env.Payload, Device: fmt.Sprintf("cuda:%d", cfg.Device)},
-		lay:      lay,
-		slab:     env.Slab,
-		waits:    make(chan cudaBatch, 256),
-	}
+	p = &CUDAPool{base: newBase("l1 cuda pool", fmt.Sprintf("cuda:%d", cfg.Device), env, lay), rt: rt, waits: make(chan cudaBatch, 256)}
+	p.start = p.enqueue
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, p.release())
@@ -218,26 +208,9 @@ func (p *CUDAPool) inOneRegistration(sp tiers.Span) bool {
 	return r.slab == sp.Slab && sp.Offset >= r.off && sp.Offset+sp.Length <= r.off+r.size
 }
 
-// Geometry returns the pool's shape.
-func (p *CUDAPool) Geometry() tiers.PoolGeometry { return p.geo }
-
-// CopyToSlab copies device pages into slab spans (device to host).
-func (p *CUDAPool) CopyToSlab(ctx context.Context, batch []tiers.PoolCopy) (tiers.BatchID, error) {
-	return p.submit(batch, true)
-}
-
-// CopyFromSlab copies slab spans into device pages (host to device).
-func (p *CUDAPool) CopyFromSlab(ctx context.Context, batch []tiers.PoolCopy) (tiers.BatchID, error) {
-	return p.submit(batch, false)
-}
-
-func (p *CUDAPool) submit(batch []tiers.PoolCopy, toSlab bool) (tiers.BatchID, error) {
-	if len(batch) == 0 {
-		return 0, nil
-	}
-	if err := p.lay.check(p.slab, batch, toSlab); err != nil {
-		return 0, fmt.Errorf("l1 cuda pool: %w", err)
-	}
+// enqueue puts an admitted batch's copies and its fence event on the
+// stream.
+func (p *CUDAPool) enqueue(batch []tiers.PoolCopy, toSlab bool) (tiers.BatchID, error) {
 	for i, c := range batch {
 		if !p.inOneRegistration(c.Span) {
 			return 0, fmt.Errorf("l1 cuda pool: copy item %d: span %+v straddles two slab registrations: %w", i, c.Span, tiers.ErrInvalid)

@@ -2,7 +2,6 @@ package l1cuda
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -62,11 +61,8 @@ type PlannedCopy struct {
 // the copies with its own kernels and reports each finished item with
 // Complete, and the acks follow. kvtier links no CUDA for it.
 type EnginePool struct {
-	*ackQueue
-	geo  tiers.PoolGeometry
-	lay  layout
-	slab tiers.Slab
-	max  int
+	base
+	max int
 
 	mu      sync.Mutex
 	plans   []PlannedCopy
@@ -92,37 +88,18 @@ func OpenEngine(env tiers.Env, cfg EngineConfig) (*EnginePool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("l1 engine pool: %w", err)
 	}
-	return &EnginePool{
-		ackQueue: newAckQueue(),
-		geo:      tiers.PoolGeometry{Pages: cfg.Pages, Payload: env.Payload, Device: "engine"},
-		lay:      lay,
-		slab:     env.Slab,
-		max:      cfg.MaxPending,
-		pending:  make(map[itemKey]PlannedCopy),
-		batches:  make(map[tiers.BatchID]int),
-	}, nil
+	p := &EnginePool{
+		base:    newBase("l1 engine pool", "engine", env, lay),
+		max:     cfg.MaxPending,
+		pending: make(map[itemKey]PlannedCopy),
+		batches: make(map[tiers.BatchID]int),
+	}
+	p.start = p.plan
+	return p, nil
 }
 
-// Geometry returns the pool's shape.
-func (p *EnginePool) Geometry() tiers.PoolGeometry { return p.geo }
-
-// CopyToSlab plans copies of engine pages into slab spans.
-func (p *EnginePool) CopyToSlab(ctx context.Context, batch []tiers.PoolCopy) (tiers.BatchID, error) {
-	return p.plan(batch, true)
-}
-
-// CopyFromSlab plans copies of slab spans into engine pages.
-func (p *EnginePool) CopyFromSlab(ctx context.Context, batch []tiers.PoolCopy) (tiers.BatchID, error) {
-	return p.plan(batch, false)
-}
-
+// plan records an admitted batch for the engine to take.
 func (p *EnginePool) plan(batch []tiers.PoolCopy, toSlab bool) (tiers.BatchID, error) {
-	if len(batch) == 0 {
-		return 0, nil
-	}
-	if err := p.lay.check(p.slab, batch, toSlab); err != nil {
-		return 0, fmt.Errorf("l1 engine pool: %w", err)
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(p.pending)+len(batch) > p.max {

@@ -111,29 +111,7 @@ func BenchmarkGPUCopy(b *testing.B) {
 			buf[j] = byte(rng.Uint32())
 		}
 	}
-	run := func(toSlab bool, batch []tiers.PoolCopy) time.Duration {
-		start := time.Now()
-		var id tiers.BatchID
-		var err error
-		if toSlab {
-			id, err = p.CopyToSlab(context.Background(), batch)
-		} else {
-			id, err = p.CopyFromSlab(context.Background(), batch)
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-		n := 0
-		for n < len(batch) {
-			for _, a := range p.DrainAcks(nil) {
-				if a.Batch != id || a.Stage != tiers.AckCopied {
-					b.Fatalf("ack %+v", a)
-				}
-				n++
-			}
-		}
-		return time.Since(start)
-	}
+	run := func(toSlab bool, batch []tiers.PoolCopy) time.Duration { return timeBatch(b, p, toSlab, batch) }
 	var h2d, d2h time.Duration
 	for range max(b.N, 5) {
 		h2d += run(false, in)

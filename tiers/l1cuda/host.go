@@ -1,7 +1,6 @@
 package l1cuda
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -48,11 +47,8 @@ func (c *HostConfig) Validate() error {
 // HostPool is Pool v1 over anonymous host memory in the layer-first
 // layout. It serves machines without a GPU and every test of the host.
 type HostPool struct {
-	*ackQueue
-	geo  tiers.PoolGeometry
-	lay  layout
-	slab tiers.Slab
-	mem  [][]byte // per kind, mmap'd: pages * page_bytes
+	base
+	mem [][]byte // per kind, mmap'd: pages * page_bytes
 
 	jobs    chan hostJob
 	workers sync.WaitGroup
@@ -84,13 +80,8 @@ func OpenHost(env tiers.Env, cfg HostConfig) (*HostPool, error) {
 	if total > maxHostPoolBytes {
 		return nil, fmt.Errorf("l1 host pool: %d pages need %d bytes, more than the %d-byte limit: %w", cfg.Pages, total, int64(maxHostPoolBytes), tiers.ErrInvalid)
 	}
-	p := &HostPool{
-		ackQueue: newAckQueue(),
-		geo:      tiers.PoolGeometry{Pages: cfg.Pages, Payload: env.Payload, Device: "host"},
-		lay:      lay,
-		slab:     env.Slab,
-		jobs:     make(chan hostJob, 64),
-	}
+	p := &HostPool{base: newBase("l1 host pool", "host", env, lay), jobs: make(chan hostJob, 64)}
+	p.start = p.enqueue
 	for k := range lay.kinds {
 		m, err := unix.Mmap(-1, 0, int(lay.kindBytes(tiers.PayloadKind(k))), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 		if err != nil {
@@ -106,26 +97,8 @@ func OpenHost(env tiers.Env, cfg HostConfig) (*HostPool, error) {
 	return p, nil
 }
 
-// Geometry returns the pool's shape.
-func (p *HostPool) Geometry() tiers.PoolGeometry { return p.geo }
-
-// CopyToSlab gathers pool pages into slab spans.
-func (p *HostPool) CopyToSlab(ctx context.Context, batch []tiers.PoolCopy) (tiers.BatchID, error) {
-	return p.submit(batch, true)
-}
-
-// CopyFromSlab scatters slab spans into pool pages.
-func (p *HostPool) CopyFromSlab(ctx context.Context, batch []tiers.PoolCopy) (tiers.BatchID, error) {
-	return p.submit(batch, false)
-}
-
-func (p *HostPool) submit(batch []tiers.PoolCopy, toSlab bool) (tiers.BatchID, error) {
-	if len(batch) == 0 {
-		return 0, nil
-	}
-	if err := p.lay.check(p.slab, batch, toSlab); err != nil {
-		return 0, fmt.Errorf("l1 host pool: %w", err)
-	}
+// enqueue hands an admitted batch to the copy workers.
+func (p *HostPool) enqueue(batch []tiers.PoolCopy, toSlab bool) (tiers.BatchID, error) {
 	id, err := p.begin("l1 host pool")
 	if err != nil {
 		return 0, err

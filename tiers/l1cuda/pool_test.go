@@ -392,6 +392,10 @@ func TestRegister(t *testing.T) {
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
+	bad, err := reg.Factory(context.Background(), testEnv(slab), &HostConfig{Pages: 0, Layers: 1, Workers: 1})
+	if err == nil || bad != nil {
+		t.Fatalf("factory with a bad config: %v, %v; want a nil pool and an error", bad, err)
+	}
 	if err := Register(r); err == nil {
 		t.Fatal("registering twice succeeded")
 	}

@@ -115,27 +115,13 @@ func (f *poolFixture) fill(t *testing.T, i int, k tiers.PayloadKind, seed uint64
 	return bytes.Clone(b)
 }
 
-// copyWait runs one copy batch and waits for its acks; it returns the
-// per-item errors (nil for AckCopied).
-func (f *poolFixture) copyWait(t *testing.T, toSlab bool, batch []tiers.PoolCopy) []error {
+// copyWait runs one copy batch and waits until every item is acked
+// copied; a failed item fails the test.
+func (f *poolFixture) copyWait(t *testing.T, toSlab bool, batch []tiers.PoolCopy) {
 	t.Helper()
-	ctx := context.Background()
-	var id tiers.BatchID
-	var err error
-	if toSlab {
-		id, err = f.pool.CopyToSlab(ctx, batch)
-	} else {
-		id, err = f.pool.CopyFromSlab(ctx, batch)
-	}
-	if err != nil {
+	if err := copyAndWait(context.Background(), f, toSlab, batch); err != nil {
 		t.Fatalf("copy (to slab %v) of %d items: %v", toSlab, len(batch), err)
 	}
-	acks := waitPoolAcks(t, f.pool, map[tiers.BatchID]int{id: len(batch)}, f.h.AckTimeout)
-	errs := make([]error, len(batch))
-	for _, a := range acks[id] {
-		errs[a.Index] = a.Err
-	}
-	return errs
 }
 
 // waitPoolAcks drains acks until every batch in want has want[id] acks,
@@ -232,16 +218,8 @@ func roundTrip(t *testing.T, f *poolFixture, k tiers.PayloadKind, seed uint64, p
 		out[i] = tiers.PoolCopy{Page: pg, Kind: k, Span: f.span(PoolPages+i, k)}
 		clear(f.bytes(t, out[i].Span))
 	}
-	for i, err := range f.copyWait(t, false, in) {
-		if err != nil {
-			t.Fatalf("seed %d: copy from slab item %d: %v", seed, i, err)
-		}
-	}
-	for i, err := range f.copyWait(t, true, out) {
-		if err != nil {
-			t.Fatalf("seed %d: copy to slab item %d: %v", seed, i, err)
-		}
-	}
+	f.copyWait(t, false, in)
+	f.copyWait(t, true, out)
 	for i := range perm {
 		if got := f.bytes(t, out[i].Span); !bytes.Equal(got, want[i]) {
 			t.Fatalf("seed %d: kind %d page %d came back with different bytes (first difference at %d)", seed, k, perm[i], firstDiff(got, want[i]))
@@ -274,13 +252,8 @@ func testPoolKindsDistinct(t *testing.T, f *poolFixture) {
 		in1 = append(in1, tiers.PoolCopy{Page: pg, Kind: 1, Span: f.span(8+i, 1)})
 		out0 = append(out0, tiers.PoolCopy{Page: pg, Kind: 0, Span: f.span(PoolPages+i, 0)})
 	}
-	for _, b := range [][]tiers.PoolCopy{in0, in1} {
-		for i, err := range f.copyWait(t, false, b) {
-			if err != nil {
-				t.Fatalf("copy from slab item %d: %v", i, err)
-			}
-		}
-	}
+	f.copyWait(t, false, in0)
+	f.copyWait(t, false, in1)
 	f.copyWait(t, true, out0)
 	for i := range pages {
 		if got := f.bytes(t, out0[i].Span); !bytes.Equal(got, want[i]) {
