@@ -1,6 +1,7 @@
 package builtin_test
 
 import (
+	"context"
 	"slices"
 	"testing"
 
@@ -59,5 +60,44 @@ func TestBuiltins(t *testing.T) {
 	tr2, err := builtin.Tiers()
 	if err != nil || tr2 == tr {
 		t.Fatalf("second Tiers() = %p, %v; want a new registry", tr2, err)
+	}
+}
+
+// TestFailedOpensReturnNil opens every built-in module with an env that
+// cannot work: each must fail with a nil module, not an interface holding
+// a nil pointer (which a caller's `m != nil` would take for an open one).
+func TestFailedOpensReturnNil(t *testing.T) {
+	tr, err := builtin.Tiers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix, err := builtin.Indexes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, name := range tr.Pools.Names(tiers.PoolV1) {
+		reg, _ := tr.Pools.Lookup(tiers.PoolV1, name)
+		if m, err := reg.Factory(ctx, tiers.Env{}, nil); err == nil || m != nil {
+			t.Errorf("pool %s: %v, %v; want nil and an error", name, m, err)
+		}
+	}
+	for _, name := range tr.Slabs.Names(tiers.SlabV1) {
+		reg, _ := tr.Slabs.Lookup(tiers.SlabV1, name)
+		if m, err := reg.Factory(ctx, tiers.Env{}, nil); err == nil || m != nil {
+			t.Errorf("slab %s: %v, %v; want nil and an error", name, m, err)
+		}
+	}
+	for _, name := range tr.Stores.Names(tiers.StoreV1) {
+		reg, _ := tr.Stores.Lookup(tiers.StoreV1, name)
+		if m, err := reg.Factory(ctx, tiers.Env{}, nil); err == nil || m != nil {
+			t.Errorf("store %s: %v, %v; want nil and an error", name, m, err)
+		}
+	}
+	for _, name := range ix.Names(indexes.IndexV1) {
+		reg, _ := ix.Lookup(indexes.IndexV1, name)
+		if m, err := reg.Factory(ctx, indexes.Env{}, nil); err == nil || m != nil {
+			t.Errorf("index %s: %v, %v; want nil and an error", name, m, err)
+		}
 	}
 }

@@ -88,7 +88,13 @@ func Register(r *indexes.Registry) error {
 			if err != nil {
 				return nil, err
 			}
-			return Open(ctx, env, c)
+			// NB: a failed open must return a nil interface, not one
+			// holding a nil pointer.
+			m, err := Open(ctx, env, c)
+			if err != nil {
+				return nil, err
+			}
+			return m, nil
 		},
 	})
 }

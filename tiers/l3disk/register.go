@@ -23,7 +23,13 @@ func Register(r *tiers.Registry) error {
 			if err != nil {
 				return nil, fmt.Errorf("%w: %w", err, tiers.ErrInvalid)
 			}
-			return Open(ctx, env, c)
+			// NB: a failed open must return a nil interface, not one
+			// holding a nil pointer.
+			m, err := Open(ctx, env, c)
+			if err != nil {
+				return nil, err
+			}
+			return m, nil
 		},
 	})
 }
