@@ -10,12 +10,12 @@ import (
 	"os"
 	"time"
 
+	"github.com/kvtier/kvtier/internal/bench/l2bench"
 	"github.com/kvtier/kvtier/internal/benchreport"
 	"github.com/kvtier/kvtier/tiers/l2hugetlb/hugetest"
-	"github.com/kvtier/kvtier/tiers/l2hugetlb/l2bench"
 )
 
-// runBenchL2 measures the L2 hub (tiers/l2hugetlb/l2bench): page copies into
+// runBenchL2 measures the L2 hub (internal/bench/l2bench): page copies into
 // a hugetlbfs slab vs an anonymous mapping vs Go slices, per-layer
 // gather/scatter vs one copy, allocator reserve+release with 100k live
 // objects, and the digest of a 500k-page slab. As root it reserves

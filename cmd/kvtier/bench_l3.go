@@ -8,10 +8,10 @@ import (
 	"io"
 	"log/slog"
 
-	"github.com/kvtier/kvtier/indexes/indexbench"
+	"github.com/kvtier/kvtier/internal/bench/indexbench"
+	"github.com/kvtier/kvtier/internal/bench/l3bench"
 	"github.com/kvtier/kvtier/internal/benchreport"
 	"github.com/kvtier/kvtier/tiers/l3disk"
-	"github.com/kvtier/kvtier/tiers/l3disk/l3bench"
 )
 
 // runBenchL3 measures the L3 disk store (spill and reload of full pages

@@ -8,8 +8,8 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/kvtier/kvtier/internal/bench/pluginbench"
 	"github.com/kvtier/kvtier/internal/benchreport"
-	"github.com/kvtier/kvtier/plugins/pluginbench"
 )
 
 // runBenchPlugin compares the memstore Store behind the example plugin
