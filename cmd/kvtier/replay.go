@@ -52,7 +52,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	asJSON := fs.Bool("json", false, "print one JSON object per line, one per (policy, capacity)")
 	sweep := fs.Bool("sweep", false, "replay a log-spaced sweep of capacities (working set / 256 up to the working set) and write a hit-rate plot")
 	points := fs.Int("sweep-points", 12, "with --sweep: number of capacities")
-	plotPrefix := fs.String("plot", filepath.Join("plots", "replay-sweep"), "with --sweep: write the plot to PREFIX.png and PREFIX.svg")
+	plotPrefix := fs.String("plot", defaultPlotPrefix, "with --sweep: write the plot to PREFIX.png and PREFIX.svg (PREFIX's directory must exist; the default's plots/ is created)")
 	parallel := fs.Int("parallel", 0, "replays run at once, one tree replica each (default: GOMAXPROCS)")
 
 	// Flags may come before or after TRACE.
@@ -75,6 +75,10 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	if *capacity != "" && *sweep {
 		return fmt.Errorf("replay: --capacity and --sweep exclude each other: %w", errUsage)
+	}
+	plotExplicit := flagSet(fs, "plot")
+	if err := checkPlotPrefix(*plotPrefix, plotExplicit); err != nil {
+		return fmt.Errorf("replay: %w: %w", err, errUsage)
 	}
 
 	policies, err := builtin.Policies()
@@ -136,13 +140,8 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return fmt.Errorf("replay %s: %w", tr.Name, err)
 	}
 	if *sweep {
-		if dir := filepath.Dir(*plotPrefix); dir != "." {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				return fmt.Errorf("replay: plot directory: %w", err)
-			}
-		}
 		title := fmt.Sprintf("token hit rate vs capacity: %s", filepath.Base(tr.Name))
-		files, err := replay.WritePlot(results, title, *plotPrefix)
+		files, err := writeSweepPlot(results, title, *plotPrefix, plotExplicit)
 		if err != nil {
 			return fmt.Errorf("replay: %w", err)
 		}
