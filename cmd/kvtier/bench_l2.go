@@ -49,9 +49,9 @@ func runBenchL2(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	asJSON := fs.Bool("json", false, "print one JSON object per result instead of a table")
 	fs.DurationVar(&o.MinTime, "min-time", o.MinTime, "minimum time per measurement")
 	copyMiB := o.CopyBytes >> 20
-	countVar(fs, &copyMiB, "copy-mib", "size of each copy destination in MiB")
-	countVar(fs, &o.LiveObjects, "live", "live objects during the allocator measurement")
-	countVar(fs, &o.DigestPages, "digest-pages", "slab pages of the digest measurement")
+	countVar(fs, &copyMiB, "copy-mib", "`size` of each copy destination in MiB")
+	countVar(fs, &o.LiveObjects, "live", "live `objects` during the allocator measurement")
+	countVar(fs, &o.DigestPages, "digest-pages", "slab `pages` of the digest measurement")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of the allocator workloads")
 	noHuge := fs.Bool("no-hugetlbfs", false, "do not reserve hugepages; put the slab on /dev/shm")
 	verbose := fs.Bool("v", false, "log progress to stderr")

@@ -29,8 +29,8 @@ func runBenchPlanner(ctx context.Context, args []string, stdout, stderr io.Write
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print one JSON object per line")
 	minTime := fs.Duration("min-time", 500*time.Millisecond, "time spent measuring each planner per scenario, over all rounds")
-	rounds := countFlag(fs, "rounds", 5, "alternating timed rounds per planner (the median counts)")
-	candidates := countFlag(fs, "candidates", 2000, "evictable leaves per scenario")
+	rounds := countFlag(fs, "rounds", 5, "alternating timed `rounds` per planner (the median counts)")
+	candidates := countFlag(fs, "candidates", 2000, "`number` of evictable leaves per scenario")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("bench planner: %w: %w", err, errUsage)
 	}

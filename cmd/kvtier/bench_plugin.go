@@ -26,8 +26,8 @@ func runBenchPlugin(ctx context.Context, args []string, stdout, stderr io.Writer
 	asJSON := fs.Bool("json", false, "print one JSON object per line")
 	plugin := fs.String("plugin", "", "memstore plugin binary (default: bin/plugins/kvtier-plugin-memstore, else built from the source tree)")
 	slabDir := fs.String("slab-dir", "/dev/shm", "tmpfs for the slab files when /dev/hugepages is missing or full")
-	batch := countFlag(fs, "batch", 128, "pages per large batch")
-	rounds := countFlag(fs, "rounds", 10, "measured rounds of each large-batch figure (1-page figures run 10x as many)")
+	batch := countFlag(fs, "batch", 128, "`pages` per large batch")
+	rounds := countFlag(fs, "rounds", 10, "measured `rounds` of each large-batch figure (1-page figures run 10x as many)")
 	verbose := fs.Bool("v", false, "log the plugin's lines to stderr")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {

@@ -29,7 +29,7 @@ func runBenchRadix(ctx context.Context, args []string, stdout, stderr io.Writer)
 	tracePath := fs.String("trace", "", "Mooncake JSONL trace (default: "+defaultBenchTrace+" if present, else the generated workload)")
 	policyName := fs.String("policy", "lru", "eviction policy of the host path")
 	capacity := fs.String("capacity", "3M", "replay capacity in tokens")
-	rounds := countFlag(fs, "rounds", 5, "timed rounds per side (the median counts)")
+	rounds := countFlag(fs, "rounds", 5, "timed `rounds` per side (the median counts)")
 	minRound := fs.Duration("min-round", 300*time.Millisecond, "least time per round")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {

@@ -83,7 +83,7 @@ func inspectL3(ctx context.Context, args []string, stdout, stderr io.Writer, m c
 		ixDir    = fs.String("index-dir", "", "index `directory` (when neither the config nor the index's own config names one)")
 		stack    = fs.String("stack", "", "only check slab files of this stack `id`")
 		repair   = fs.Bool("repair", false, "delete index entries that name no valid slot")
-		depth    = countFlag(fs, "depth", 8, fmt.Sprintf("reads in flight (1 to %d)", maxInspectDepth))
+		depth    = countFlag(fs, "depth", 8, fmt.Sprintf("`number` of reads in flight (1 to %d)", maxInspectDepth))
 		verbose  = fs.Bool("v", false, "log progress to stderr")
 	)
 	fs.Var(&dirs, "dir", "disk `directory` in disk-number order (repeat or comma-separate) when no config is given")

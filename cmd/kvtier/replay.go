@@ -51,9 +51,9 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	capacity := fs.String("capacity", "", "comma-separated capacities in tokens: 3000000, 3M, 1.5M, inf (default 1M,3M,10M,inf)")
 	asJSON := fs.Bool("json", false, "print one JSON object per line, one per (policy, capacity)")
 	sweep := fs.Bool("sweep", false, "replay a log-spaced sweep of capacities (working set / 256 up to the working set) and write a hit-rate plot")
-	points := countFlag(fs, "sweep-points", 12, "with --sweep: number of capacities (at least 2)")
+	points := countFlag(fs, "sweep-points", 12, "with --sweep: `number` of capacities (at least 2)")
 	plotPrefix := fs.String("plot", defaultPlotPrefix, "with --sweep: write the plot to PREFIX.png and PREFIX.svg (PREFIX's directory must exist; the default's plots/ is created)")
-	parallel := countFlag(fs, "parallel", 0, "replays run at once, one tree replica each, at least 1 (default: GOMAXPROCS)")
+	parallel := countFlag(fs, "parallel", 0, "`number` of replays run at once, one tree replica each, at least 1 (default: GOMAXPROCS)")
 
 	// Flags may come before or after TRACE.
 	var positional []string
