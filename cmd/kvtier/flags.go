@@ -4,11 +4,13 @@ package main
 // before the command allocates or writes anything: at least its minimum,
 // and at most what this machine can hold, from the memory the kernel says
 // is available (/proc/meminfo MemAvailable, else sysinfo) and the free space
-// of the target directory (statfs). The per-unit costs below were measured
-// with /usr/bin/time -f %M on the commands they bound, then doubled or more
-// for the garbage collector's headroom; a limit is a guard against running
-// the machine out of memory or disk, not a promise that a run one below it
-// fits.
+// of the target directory (statfs). Flags whose cost is time rather than
+// memory (every --rounds, inspect's --depth without a config) get a fixed
+// bound that says why. The per-unit costs, beside each command's flags, were
+// measured with /usr/bin/time -f %M on the commands they bound and then
+// doubled or more for the garbage collector's headroom: a limit guards
+// against running the machine out of memory or disk; it does not promise
+// that a run just below it fits.
 
 import (
 	"bufio"
