@@ -6,7 +6,7 @@ VERSION       ?= $(shell git describe --tags --always --dirty 2>/dev/null || ech
 REVISION      ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS       := -X main.version=$(VERSION) -X main.revision=$(REVISION)
 # Packages with goroutines: also tested under the race detector.
-RACE_PKGS     ?= ./registry/... ./tiers/... ./indexes/... ./host/... ./plugins/...
+RACE_PKGS     ?= ./registry/... ./tiers/... ./indexes/... ./host/... ./plugins/... ./internal/bench/... ./internal/slabfile/...
 # Extra flags for `go test` (e.g. TESTFLAGS=-short).
 TESTFLAGS     ?=
 # Protobuf code generators, pinned (protoc itself is Debian's protobuf-compiler).

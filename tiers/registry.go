@@ -29,8 +29,29 @@ type Env struct {
 	Slab Slab
 	// ColdStart is what a Store does with data left by a previous run.
 	ColdStart ColdStart
-	// Index is the opened Index v1 for a store whose stack entry names one
-	// (the L3 disk store); nil otherwise. The host opens and closes it.
+	// Index is the opened Index v1 of a store whose stack entry has an
+	// index: block (the L3 disk store); nil otherwise, and always nil for
+	// pools and slabs. The host opens it from that block, hands it here and
+	// closes it after the store. A store that needs one refuses nil at open
+	// with an error naming the missing block; a store that does not ignores
+	// it.
+	//
+	// NB: this one typed field is the declared dependency, kept on purpose
+	// instead of containerd's Registration.Requires plus a by-type lookup
+	// (issue 10 item 3, decided after reading every user). The graph has
+	// one edge, store → index, with no init order to resolve; the stack
+	// YAML already declares it per entry, and host/config already refuses
+	// an index on anything but a store. One implementation reads the field
+	// (tiers/l3disk); the others who set it are its tests, its benchmark,
+	// the l3disk example plugin and inspect. Requires would turn this field
+	// into a map from role ID to any with a type assertion in each
+	// consumer, moving a compile-time check to run time. What it would buy
+	// is one earlier error: `kvtier config validate` cannot yet say that
+	// l3disk lacks its index: block (l3disk's Open says it). When a second
+	// store needs an index, or a store needs a second kind of dependency,
+	// replace the field: registry.Registration gains Requires []TypeID,
+	// host/config checks each entry against it before anything opens, and
+	// Env carries the resolved dependencies by role.
 	Index indexes.Index
 }
 

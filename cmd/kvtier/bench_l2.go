@@ -10,12 +10,33 @@ import (
 	"os"
 	"time"
 
+	"github.com/kvtier/kvtier/internal/bench/l2bench"
 	"github.com/kvtier/kvtier/internal/benchreport"
 	"github.com/kvtier/kvtier/tiers/l2hugetlb/hugetest"
-	"github.com/kvtier/kvtier/tiers/l2hugetlb/l2bench"
 )
 
-// runBenchL2 measures the L2 hub (tiers/l2hugetlb/l2bench): page copies into
+// Memory of bench l2, measured with --min-time 10ms: about 245 bytes per
+// live allocator object and 13 per digest page; each copy MiB is held four
+// times (source, Go destination, anonymous mapping, slab), the gather area
+// twice (the layer-first buffer and the slab).
+const (
+	l2BytesPerLiveObject = 512
+	l2BytesPerDigestPage = 32
+	l2BaseBytes          = 64 << 20
+)
+
+// checkBenchL2 checks --copy-mib, --live and --digest-pages against the
+// machine's memory.
+func checkBenchL2(m machine, o l2bench.Options, copyMiB int64) error {
+	gather := 2 * int64(o.Layers) * o.SliceBytes * int64(o.GatherPages)
+	return m.checkMemoryShares(l2BaseBytes+gather,
+		memoryShare{Flag: "copy-mib", Value: copyMiB, Min: 1, PerUnit: 4 << 20, UnitName: "MiB, held four times"},
+		memoryShare{Flag: "live", Value: int64(o.LiveObjects), Min: 1, PerUnit: l2BytesPerLiveObject, UnitName: "live object"},
+		memoryShare{Flag: "digest-pages", Value: o.DigestPages, Min: 1, PerUnit: l2BytesPerDigestPage, UnitName: "digest page"},
+	)
+}
+
+// runBenchL2 measures the L2 hub (internal/bench/l2bench): page copies into
 // a hugetlbfs slab vs an anonymous mapping vs Go slices, per-layer
 // gather/scatter vs one copy, allocator reserve+release with 100k live
 // objects, and the digest of a 500k-page slab. As root it reserves
@@ -27,9 +48,10 @@ func runBenchL2(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print one JSON object per result instead of a table")
 	fs.DurationVar(&o.MinTime, "min-time", o.MinTime, "minimum time per measurement")
-	copyMiB := fs.Int64("copy-mib", o.CopyBytes>>20, "size of each copy destination in MiB")
-	fs.IntVar(&o.LiveObjects, "live", o.LiveObjects, "live objects during the allocator measurement")
-	fs.Int64Var(&o.DigestPages, "digest-pages", o.DigestPages, "slab pages of the digest measurement")
+	copyMiB := o.CopyBytes >> 20
+	countVar(fs, &copyMiB, "copy-mib", "`size` of each copy destination in MiB")
+	countVar(fs, &o.LiveObjects, "live", "live `objects` during the allocator measurement")
+	countVar(fs, &o.DigestPages, "digest-pages", "slab `pages` of the digest measurement")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of the allocator workloads")
 	noHuge := fs.Bool("no-hugetlbfs", false, "do not reserve hugepages; put the slab on /dev/shm")
 	verbose := fs.Bool("v", false, "log progress to stderr")
@@ -42,10 +64,13 @@ func runBenchL2(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if fs.NArg() > 0 {
 		return fmt.Errorf("bench l2: unexpected arguments %q: %w", fs.Args(), errUsage)
 	}
-	if *copyMiB < 1 || o.MinTime <= 0 || o.LiveObjects < 1 || o.DigestPages < 1 {
-		return fmt.Errorf("bench l2: -copy-mib, -min-time, -live and -digest-pages must be positive: %w", errUsage)
+	if o.MinTime <= 0 {
+		return fmt.Errorf("bench l2: --min-time must be positive: %w", errUsage)
 	}
-	o.CopyBytes = *copyMiB << 20
+	if err := checkBenchL2(machineOf(ctx), o, copyMiB); err != nil {
+		return fmt.Errorf("bench l2: %w: %w", err, errUsage)
+	}
+	o.CopyBytes = copyMiB << 20
 	level := slog.LevelWarn
 	if *verbose {
 		level = slog.LevelInfo

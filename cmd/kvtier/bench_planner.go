@@ -1,8 +1,6 @@
 package main
 
 import (
-	"github.com/kvtier/kvtier/internal/measure"
-
 	"context"
 	"flag"
 	"fmt"
@@ -12,9 +10,15 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/internal/benchreport"
+	"github.com/kvtier/kvtier/internal/measure"
 	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/policy/planner"
 )
+
+// plannerBytesPerCandidate is the memory of one candidate of a scenario:
+// its nodes (about 1.3 per candidate, each with per-lane counts) and both
+// planners' scratch (measured: about 820 bytes at 100k candidates).
+const plannerBytesPerCandidate = 2 << 10
 
 // runBenchPlanner times the owner-lane eviction planners on the production
 // scenario of planner.BenchScenarios (2,000 candidates, a 7,877-page
@@ -26,16 +30,23 @@ func runBenchPlanner(ctx context.Context, args []string, stdout, stderr io.Write
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print one JSON object per line")
 	minTime := fs.Duration("min-time", 500*time.Millisecond, "time spent measuring each planner per scenario, over all rounds")
-	rounds := fs.Int("rounds", 5, "alternating timed rounds per planner (the median counts)")
-	candidates := fs.Int("candidates", 2000, "evictable leaves per scenario")
+	rounds := countFlag(fs, "rounds", 5, "alternating timed `rounds` per planner (the median counts)")
+	candidates := countFlag(fs, "candidates", 2000, "`number` of evictable leaves per scenario")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("bench planner: %w: %w", err, errUsage)
 	}
 	if fs.NArg() != 0 {
 		return fmt.Errorf("bench planner: unexpected arguments %v: %w", fs.Args(), errUsage)
 	}
-	if *candidates <= 0 || *minTime <= 0 || *rounds <= 0 {
-		return fmt.Errorf("bench planner: --candidates, --min-time and --rounds must be positive: %w", errUsage)
+	if *minTime <= 0 {
+		return fmt.Errorf("bench planner: --min-time must be positive: %w", errUsage)
+	}
+	m := machineOf(ctx)
+	if err := checkRanges(
+		m.memoryRange("candidates", int64(*candidates), 1, plannerBytesPerCandidate, 0, "candidate"),
+		roundsRange("rounds", int64(*rounds)),
+	); err != nil {
+		return fmt.Errorf("bench planner: %w: %w", err, errUsage)
 	}
 	var results []benchreport.Result
 	for _, sc := range planner.BenchScenarios() {

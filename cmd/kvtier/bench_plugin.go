@@ -8,9 +8,13 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/kvtier/kvtier/internal/bench/pluginbench"
 	"github.com/kvtier/kvtier/internal/benchreport"
-	"github.com/kvtier/kvtier/plugins/pluginbench"
 )
+
+// pluginBaseBytes is bench plugin's memory beyond its pages: this process
+// and the plugin process.
+const pluginBaseBytes = 128 << 20
 
 // runBenchPlugin compares the memstore Store behind the example plugin
 // binary with the same store in process: put and get throughput of
@@ -22,8 +26,8 @@ func runBenchPlugin(ctx context.Context, args []string, stdout, stderr io.Writer
 	asJSON := fs.Bool("json", false, "print one JSON object per line")
 	plugin := fs.String("plugin", "", "memstore plugin binary (default: bin/plugins/kvtier-plugin-memstore, else built from the source tree)")
 	slabDir := fs.String("slab-dir", "/dev/shm", "tmpfs for the slab files when /dev/hugepages is missing or full")
-	batch := fs.Int("batch", 128, "pages per large batch")
-	rounds := fs.Int("rounds", 10, "measured rounds of each large-batch figure (1-page figures run 10x as many)")
+	batch := countFlag(fs, "batch", 128, "`pages` per large batch")
+	rounds := countFlag(fs, "rounds", 10, "measured `rounds` of each large-batch figure (1-page figures run 10x as many)")
 	verbose := fs.Bool("v", false, "log the plugin's lines to stderr")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
@@ -34,8 +38,12 @@ func runBenchPlugin(ctx context.Context, args []string, stdout, stderr io.Writer
 	if fs.NArg() != 0 {
 		return fmt.Errorf("bench plugin: unexpected arguments %v: %w", fs.Args(), errUsage)
 	}
-	if *batch <= 0 || *rounds <= 0 {
-		return fmt.Errorf("bench plugin: --batch and --rounds must be positive: %w", errUsage)
+	m := machineOf(ctx)
+	if err := checkRanges(
+		roundsRange("rounds", int64(*rounds)),
+		m.memoryRange("batch", int64(*batch), 1, 3*pluginbench.PageBytes, pluginBaseBytes, fmt.Sprintf("page of the batch (%s, held three times: the slab and both stores)", bytesString(pluginbench.PageBytes))),
+	); err != nil {
+		return fmt.Errorf("bench plugin: %w: %w", err, errUsage)
 	}
 	path := *plugin
 	if path == "" {

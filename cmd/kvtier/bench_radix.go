@@ -29,7 +29,7 @@ func runBenchRadix(ctx context.Context, args []string, stdout, stderr io.Writer)
 	tracePath := fs.String("trace", "", "Mooncake JSONL trace (default: "+defaultBenchTrace+" if present, else the generated workload)")
 	policyName := fs.String("policy", "lru", "eviction policy of the host path")
 	capacity := fs.String("capacity", "3M", "replay capacity in tokens")
-	rounds := fs.Int("rounds", 5, "timed rounds per side (the median counts)")
+	rounds := countFlag(fs, "rounds", 5, "timed `rounds` per side (the median counts)")
 	minRound := fs.Duration("min-round", 300*time.Millisecond, "least time per round")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
@@ -44,8 +44,11 @@ func runBenchRadix(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil || len(caps) != 1 || caps[0] == 0 {
 		return fmt.Errorf("bench radix: --capacity wants one finite capacity (%v): %w", err, errUsage)
 	}
-	if *rounds <= 0 || *minRound <= 0 {
-		return fmt.Errorf("bench radix: --rounds and --min-round must be positive: %w", errUsage)
+	if *minRound <= 0 {
+		return fmt.Errorf("bench radix: --min-round must be positive: %w", errUsage)
+	}
+	if err := roundsRange("rounds", int64(*rounds)).check(); err != nil {
+		return fmt.Errorf("bench radix: %w: %w", err, errUsage)
 	}
 	path, note := *tracePath, ""
 	if path == "" {

@@ -59,6 +59,18 @@ func runInspectL3(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	return inspectL3(ctx, args, stdout, stderr, m)
 }
 
+// maxInspectDepth bounds inspect's reads in flight: past the deepest
+// device queues (NVMe's 1023 per queue) more reads in flight only wait in
+// the kernel. Each read holds one whole-slot buffer; with --config the
+// slot size is known and depth is also checked against memory.
+const (
+	maxInspectDepth = 1024
+	inspectDepthWhy = "a fixed bound: past the deepest device queues more reads in flight only wait in the kernel"
+)
+
+// inspectBaseBytes is inspect's memory beyond its read buffers.
+const inspectBaseBytes = 64 << 20
+
 // inspectL3 is runInspectL3 with the module registries passed in.
 func inspectL3(ctx context.Context, args []string, stdout, stderr io.Writer, m config.Modules) error {
 	fs := flag.NewFlagSet("kvtier inspect l3", flag.ContinueOnError)
@@ -71,7 +83,7 @@ func inspectL3(ctx context.Context, args []string, stdout, stderr io.Writer, m c
 		ixDir    = fs.String("index-dir", "", "index `directory` (when neither the config nor the index's own config names one)")
 		stack    = fs.String("stack", "", "only check slab files of this stack `id`")
 		repair   = fs.Bool("repair", false, "delete index entries that name no valid slot")
-		depth    = fs.Int("depth", 8, "reads in flight")
+		depth    = countFlag(fs, "depth", 8, fmt.Sprintf("`number` of reads in flight (1 to %d)", maxInspectDepth))
 		verbose  = fs.Bool("v", false, "log progress to stderr")
 	)
 	fs.Var(&dirs, "dir", "disk `directory` in disk-number order (repeat or comma-separate) when no config is given")
@@ -91,6 +103,9 @@ func inspectL3(ctx context.Context, args []string, stdout, stderr io.Writer, m c
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("inspect l3: unexpected arguments %q: %w", fs.Args(), errUsage)
+	}
+	if err := (flagRange{Flag: "depth", Value: int64(*depth), Min: 1, Max: maxInspectDepth, MaxWhy: inspectDepthWhy}).check(); err != nil {
+		return fmt.Errorf("inspect l3: %w: %w", err, errUsage)
 	}
 	logger := slog.New(slog.DiscardHandler)
 	if *verbose {
@@ -117,6 +132,13 @@ func inspectL3(ctx context.Context, args []string, stdout, stderr io.Writer, m c
 			return fmt.Errorf("inspect l3: %s has %d l3disk tiers matching --tier %q; name exactly one: %w", *cfgPath, len(found), *tierName, errUsage)
 		}
 		t := found[0]
+		var slot int64
+		for _, k := range st.Payload.Kinds {
+			slot = max(slot, l3disk.SlotBytes(k.PageBytes))
+		}
+		if err := machineOf(ctx).memoryRange("depth", int64(*depth), 1, max(slot, 1), inspectBaseBytes, fmt.Sprintf("read in flight (a %s slot buffer)", bytesString(slot))).check(); err != nil {
+			return fmt.Errorf("inspect l3: %w: %w", err, errUsage)
+		}
 		c, ok := t.Config.(*l3disk.Config)
 		if !ok {
 			return fmt.Errorf("inspect l3: tier %q config is %T, want *l3disk.Config", t.Name, t.Config)

@@ -14,9 +14,9 @@ import (
 
 	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/indexes"
+	"github.com/kvtier/kvtier/internal/bench/pluginbench"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/plugins"
-	"github.com/kvtier/kvtier/plugins/pluginbench"
 	"github.com/kvtier/kvtier/plugins/pluginhost"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l2hugetlb"

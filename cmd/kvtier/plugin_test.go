@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvtier/kvtier/plugins/pluginbench"
+	"github.com/kvtier/kvtier/internal/bench/pluginbench"
 )
 
 func TestPluginSumAndCheck(t *testing.T) {

@@ -51,9 +51,9 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	capacity := fs.String("capacity", "", "comma-separated capacities in tokens: 3000000, 3M, 1.5M, inf (default 1M,3M,10M,inf)")
 	asJSON := fs.Bool("json", false, "print one JSON object per line, one per (policy, capacity)")
 	sweep := fs.Bool("sweep", false, "replay a log-spaced sweep of capacities (working set / 256 up to the working set) and write a hit-rate plot")
-	points := fs.Int("sweep-points", 12, "with --sweep: number of capacities")
-	plotPrefix := fs.String("plot", filepath.Join("plots", "replay-sweep"), "with --sweep: write the plot to PREFIX.png and PREFIX.svg")
-	parallel := fs.Int("parallel", 0, "replays run at once, one tree replica each (default: GOMAXPROCS)")
+	points := countFlag(fs, "sweep-points", 12, "with --sweep: `number` of capacities (at least 2)")
+	plotPrefix := fs.String("plot", defaultPlotPrefix, "with --sweep: write the plot to PREFIX.png and PREFIX.svg (PREFIX's directory must exist; the default's plots/ is created)")
+	parallel := countFlag(fs, "parallel", 0, "`number` of replays run at once, one tree replica each, at least 1 (default: GOMAXPROCS)")
 
 	// Flags may come before or after TRACE.
 	var positional []string
@@ -75,6 +75,13 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	if *capacity != "" && *sweep {
 		return fmt.Errorf("replay: --capacity and --sweep exclude each other: %w", errUsage)
+	}
+	if err := checkReplayFlags(fs, *capacity, *points, *parallel); err != nil {
+		return fmt.Errorf("replay: %w: %w", err, errUsage)
+	}
+	plotExplicit := flagSet(fs, "plot")
+	if err := checkPlotPrefix(*plotPrefix, plotExplicit); err != nil {
+		return fmt.Errorf("replay: %w: %w", err, errUsage)
 	}
 
 	policies, err := builtin.Policies()
@@ -102,13 +109,19 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 
 	capacities := replay.DefaultCapacities()
+	capacityFlag, given := "capacity", len(capacities)
 	switch {
 	case *sweep:
+		if err := checkSweepPoints(tr, *points); err != nil {
+			return fmt.Errorf("replay: %w: %w", err, errUsage)
+		}
 		capacities = replay.SweepCapacities(tr, *points)
+		capacityFlag, given = "sweep-points", *points
 	case *capacity != "":
 		if capacities, err = replay.ParseCapacities(*capacity); err != nil {
 			return fmt.Errorf("replay: --capacity: %w: %w", err, errUsage)
 		}
+		given = len(capacities)
 	}
 	plan := replay.Plan{
 		Policies:   specs,
@@ -117,6 +130,9 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		Infinite:   true,
 		Parallel:   *parallel,
 		Breakdown:  true,
+	}
+	if err := checkReplayMemory(machineOf(ctx), tr, plan, capacityFlag, given); err != nil {
+		return fmt.Errorf("replay: %w: %w", err, errUsage)
 	}
 	var bar *progressbar.ProgressBar
 	if f, ok := stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
@@ -136,13 +152,8 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return fmt.Errorf("replay %s: %w", tr.Name, err)
 	}
 	if *sweep {
-		if dir := filepath.Dir(*plotPrefix); dir != "." {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				return fmt.Errorf("replay: plot directory: %w", err)
-			}
-		}
 		title := fmt.Sprintf("token hit rate vs capacity: %s", filepath.Base(tr.Name))
-		files, err := replay.WritePlot(results, title, *plotPrefix)
+		files, err := writeSweepPlot(results, title, *plotPrefix, plotExplicit)
 		if err != nil {
 			return fmt.Errorf("replay: %w", err)
 		}

@@ -105,7 +105,7 @@ func TestReplayTable(t *testing.T) {
 
 func TestReplaySweepWritesPlot(t *testing.T) {
 	dir := t.TempDir()
-	prefix := filepath.Join(dir, "plots", "sweep")
+	prefix := filepath.Join(dir, "sweep") // --plot creates no directory
 	out, errOut, err := runCLI(t, "replay", writeTrace(t, dir), "--sweep", "--sweep-points", "5", "--vs", "s3fifo", "--plot", prefix, "--json")
 	if err != nil {
 		t.Fatal(err)

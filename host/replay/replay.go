@@ -16,8 +16,10 @@
 //
 // A replay is deterministic: the same trace, policy and capacity give the
 // same result on every machine. This package never reads a wall clock
-// inside a replay (only the benchmark times replays) and never writes to
-// stdout; the CLI formats results.
+// inside a replay (only the benchmark times replays) and never writes
+// output, neither to stdout nor to files; the CLI formats results and draws
+// plots (cmd/kvtier/plot.go), so this package does not import a plotting
+// library.
 package replay
 
 import (

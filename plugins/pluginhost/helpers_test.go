@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvtier/kvtier/plugins/internal/slabfile"
+	"github.com/kvtier/kvtier/internal/slabfile"
 	"github.com/kvtier/kvtier/tiers"
 )
 

@@ -28,7 +28,7 @@ var (
 // asserts.
 func TestReport(t *testing.T) {
 	if !*report {
-		t.Skip("opt-in: go test ./indexes/indexbench -run TestReport -report")
+		t.Skip("opt-in: go test ./internal/bench/indexbench -run TestReport -report")
 	}
 	o := DefaultOptions()
 	o.Dir, o.Sync = t.TempDir(), *reportSync

@@ -26,8 +26,8 @@ import (
 
 	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/internal/benchreport"
+	"github.com/kvtier/kvtier/internal/slabfile"
 	"github.com/kvtier/kvtier/pagehash"
-	"github.com/kvtier/kvtier/plugins/internal/slabfile"
 	"github.com/kvtier/kvtier/plugins/pluginhost"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/memstore"

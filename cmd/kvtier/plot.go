@@ -1,22 +1,29 @@
-package replay
+package main
 
 import (
+	"errors"
 	"fmt"
 	"image/color"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
+
+	"github.com/kvtier/kvtier/host/replay"
 )
 
-// WritePlot draws token hit rate against capacity from the results of a
+// writePlot draws token hit rate against capacity from the results of a
 // sweep — one curve per policy, the Belady bound as a dashed curve and the
 // infinite bound as a horizontal line — and writes it as prefix.png and
-// prefix.svg. It returns the files written.
-func WritePlot(results []Result, title, prefix string) ([]string, error) {
+// prefix.svg. It returns the files written. It lives in the CLI, not in
+// host/replay, because replay never writes output; the CLI does.
+func writePlot(results []replay.Result, title, prefix string) ([]string, error) {
 	p := plot.New()
 	p.Title.Text = title
 	p.X.Label.Text = "capacity (tokens, log scale)"
@@ -30,7 +37,7 @@ func WritePlot(results []Result, title, prefix string) ([]string, error) {
 
 	var names []string
 	curves := map[string]plotter.XYs{}
-	var infinite *Result
+	var infinite *replay.Result
 	var minCap, maxCap float64
 	for i := range results {
 		r := &results[i]
@@ -96,4 +103,47 @@ func WritePlot(results []Result, title, prefix string) ([]string, error) {
 		files = append(files, f)
 	}
 	return files, nil
+}
+
+// defaultPlotPrefix is --plot's default: plots/replay-sweep in the working
+// directory. Its one directory, plots/, is the only one the CLI creates.
+var defaultPlotPrefix = filepath.Join("plots", "replay-sweep")
+
+// checkPlotPrefix refuses a --plot prefix that cannot be written without
+// creating directories the user did not ask for: its directory must exist
+// and be a directory. The default prefix is exempt (its plots/ directory is
+// created on write, one level, in the working directory). It runs before
+// the replay, so a typo costs nothing.
+func checkPlotPrefix(prefix string, explicit bool) error {
+	if !explicit {
+		return nil
+	}
+	if prefix == "" {
+		return errors.New("--plot: empty prefix; give a file prefix such as plots/sweep")
+	}
+	if base := filepath.Base(prefix); strings.HasSuffix(prefix, string(filepath.Separator)) || base == "." || base == ".." {
+		return fmt.Errorf("--plot %q names a directory; give a file prefix inside it such as %s", prefix, filepath.Join(prefix, "sweep"))
+	}
+	dir := filepath.Dir(prefix)
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("--plot %q: directory %s does not exist (create it first; kvtier does not create directories for --plot)", prefix, dir)
+	case err != nil:
+		return fmt.Errorf("--plot %q: %w", prefix, err)
+	case !st.IsDir():
+		return fmt.Errorf("--plot %q: %s is not a directory", prefix, dir)
+	}
+	return nil
+}
+
+// writeSweepPlot writes the plot of a sweep to prefix.png and prefix.svg,
+// creating the default prefix's plots/ directory (one level) if needed.
+func writeSweepPlot(results []replay.Result, title, prefix string, explicit bool) ([]string, error) {
+	if !explicit {
+		if err := os.Mkdir(filepath.Dir(prefix), 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("plot directory: %w", err)
+		}
+	}
+	return writePlot(results, title, prefix)
 }

@@ -1,0 +1,279 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kvtier/kvtier/host/config"
+	"github.com/kvtier/kvtier/internal/bench/l2bench"
+	"github.com/kvtier/kvtier/internal/bench/l3bench"
+)
+
+// smallMachine is a pinned machine for the limit tests: 2 GiB of memory
+// and 10 GiB free in every directory that exists.
+func smallMachine() machine {
+	return machine{
+		MemAvailable: 2 << 30,
+		MemSource:    "the test's machine",
+		FreeDisk: func(dir string) (int64, error) {
+			if _, err := os.Stat(dir); err != nil {
+				return 0, err
+			}
+			return 10 << 30, nil
+		},
+	}
+}
+
+// TestFlagLimits: every count and size flag of every subcommand refuses a
+// value below its minimum or beyond what the (pinned) machine holds, with
+// a usage error that names the flag, the value and the limit, before the
+// command does any work.
+func TestFlagLimits(t *testing.T) {
+	dir := t.TempDir()
+	trace := writeTrace(t, dir)
+	stack := filepath.Join(dir, "stack.yaml")
+	if err := os.WriteFile(stack, config.DefaultYAML(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	l3dir := filepath.Join(dir, "l3")
+	if err := os.Mkdir(l3dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx := withMachine(context.Background(), smallMachine())
+	for _, c := range []struct {
+		name string
+		args []string
+		want []string // every one must appear in the error
+	}{
+		// replay
+		{"replay parallel 0", []string{"replay", trace, "--parallel", "0"}, []string{"--parallel 0: must be at least 1"}},
+		{"replay parallel -1", []string{"replay", trace, "--parallel", "-1"}, []string{"--parallel -1: must be at least 1"}},
+		{"replay parallel beyond memory", []string{"replay", trace, "--parallel", "1e6"}, []string{"--parallel 1000000: at most", "of memory per replay running at once", "2.0 GiB available"}},
+		{"replay sweep-points 0", []string{"replay", trace, "--sweep", "--sweep-points", "0"}, []string{"--sweep-points 0: must be at least 2"}},
+		{"replay sweep-points 1", []string{"replay", trace, "--sweep", "--sweep-points", "1"}, []string{"--sweep-points 1: must be at least 2"}},
+		{"replay sweep-points 1e8", []string{"replay", trace, "--sweep", "--sweep-points", "1e8"}, []string{"--sweep-points 100000000: at most", "unique blocks"}},
+		{"replay sweep-points not whole", []string{"replay", trace, "--sweep", "--sweep-points", "2.5"}, []string{`"2.5" is not a whole number`, "sweep-points"}},
+		{"replay capacity empty", []string{"replay", trace, "--capacity", ""}, []string{`--capacity "": empty`}},
+		{"replay capacity blank", []string{"replay", trace, "--capacity", "  "}, []string{`--capacity "": empty`}},
+		// bench planner
+		{"planner candidates 2e9", []string{"bench", "planner", "--candidates", "2e9"}, []string{"--candidates 2000000000: at most 1048576", "2.0 KiB of memory per candidate"}},
+		{"planner candidates 0", []string{"bench", "planner", "--candidates", "0"}, []string{"--candidates 0: must be at least 1"}},
+		{"planner rounds 0", []string{"bench", "planner", "--rounds", "0"}, []string{"--rounds 0: must be at least 1"}},
+		{"planner rounds 1e5", []string{"bench", "planner", "--rounds", "1e5"}, []string{"--rounds 100000: at most 10000"}},
+		// bench radix
+		{"radix rounds 0", []string{"bench", "radix", "--trace", trace, "--rounds", "0"}, []string{"--rounds 0: must be at least 1"}},
+		{"radix rounds 1e6", []string{"bench", "radix", "--trace", trace, "--rounds", "1e6"}, []string{"--rounds 1000000: at most 10000"}},
+		// bench l2
+		{"l2 copy-mib 0", []string{"bench", "l2", "--copy-mib", "0"}, []string{"--copy-mib 0: must be at least 1"}},
+		{"l2 copy-mib 1e6", []string{"bench", "l2", "--copy-mib", "1e6"}, []string{"--copy-mib 1000000: at most", "of memory per MiB"}},
+		{"l2 live 0", []string{"bench", "l2", "--live", "0"}, []string{"--live 0: must be at least 1"}},
+		{"l2 live 1e9", []string{"bench", "l2", "--live", "1e9"}, []string{"--live 1000000000: at most", "per live object"}},
+		{"l2 digest-pages 0", []string{"bench", "l2", "--digest-pages", "0"}, []string{"--digest-pages 0: must be at least 1"}},
+		{"l2 digest-pages 1e12", []string{"bench", "l2", "--digest-pages", "1e12"}, []string{"--digest-pages 1000000000000: at most", "per digest page"}},
+		// bench l3
+		{"l3 pages 1e9", []string{"bench", "l3", "--dir", l3dir, "--pages", "1e9"}, []string{"--pages 1000000000: at most", "of disk per page", "10.0 GiB free in " + l3dir}},
+		{"l3 pages 0", []string{"bench", "l3", "--dir", l3dir, "--pages", "0"}, []string{"--pages 0: must be at least 1"}},
+		{"l3 batch 0", []string{"bench", "l3", "--dir", l3dir, "--batch", "0"}, []string{"--batch 0: must be at least 1"}},
+		{"l3 batch 1e6", []string{"bench", "l3", "--dir", l3dir, "--batch", "1e6"}, []string{"--batch 1000000: at most", "of memory per page of the batch"}},
+		{"l3 depth 0", []string{"bench", "l3", "--dir", l3dir, "--depth", "0"}, []string{"--depth 0: must be at least 1"}},
+		{"l3 depth 1e6", []string{"bench", "l3", "--dir", l3dir, "--depth", "1e6"}, []string{"--depth 1000000: at most", "per I/O in flight"}},
+		{"l3 rounds 0", []string{"bench", "l3", "--dir", l3dir, "--rounds", "0"}, []string{"--rounds 0: must be at least 1"}},
+		{"l3 rounds 1e5", []string{"bench", "l3", "--dir", l3dir, "--rounds", "1e5"}, []string{"--rounds 100000: at most 10000"}},
+		{"l3 page-bytes 1TiB", []string{"bench", "l3", "--dir", l3dir, "--page-bytes", "1TiB"}, []string{"--page-bytes 1099511627776: at most", "a page is held at least 8 times"}},
+		{"l3 missing dir", []string{"bench", "l3", "--dir", filepath.Join(dir, "none")}, []string{"--dir " + filepath.Join(dir, "none")}},
+		// bench plugin
+		{"plugin batch 0", []string{"bench", "plugin", "--batch", "0"}, []string{"--batch 0: must be at least 1"}},
+		{"plugin batch 1e6", []string{"bench", "plugin", "--batch", "1e6"}, []string{"--batch 1000000: at most", "held three times"}},
+		{"plugin rounds 0", []string{"bench", "plugin", "--rounds", "0"}, []string{"--rounds 0: must be at least 1"}},
+		// inspect l3
+		{"inspect depth 0", []string{"inspect", "l3", "--dir", l3dir, "--depth", "0"}, []string{"--depth 0: must be at least 1"}},
+		{"inspect depth 5000", []string{"inspect", "l3", "--dir", l3dir, "--depth", "5000"}, []string{"--depth 5000: at most 1024"}},
+		{"inspect depth beyond memory", []string{"inspect", "l3", "--config", stack, "--depth", "1000"}, []string{"--depth 1000: at most", "per read in flight"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			err := run(ctx, c.args, &out, &errOut)
+			if err == nil {
+				t.Fatalf("%q: accepted, want an error containing %q", c.args, c.want)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%q: error %q lacks %q", c.args, err, w)
+				}
+			}
+			if !errors.Is(err, errUsage) {
+				t.Errorf("%q: %v is not a usage error", c.args, err)
+			}
+			if out.Len() != 0 {
+				t.Errorf("%q: refused but printed %q", c.args, out.String())
+			}
+		})
+	}
+	if entries, err := os.ReadDir(l3dir); err != nil || len(entries) != 0 {
+		t.Errorf("refused bench l3 runs left %v in --dir (%v)", entries, err)
+	}
+}
+
+// TestMemoryShareNamesTheOutlier: of flags that share memory, the one given
+// an outlandish value is the one named, whatever its position.
+func TestMemoryShareNamesTheOutlier(t *testing.T) {
+	m := smallMachine()
+	for _, c := range []struct {
+		a, b int64
+		want string
+	}{
+		{1e12, 10, "--a 1000000000000"},
+		{10, 1e12, "--b 1000000000000"},
+		{600, 600, "--a 600"}, // each fits alone, not both: the first is named
+		{math.MaxInt64, math.MaxInt64, "--a 9223372036854775807"},
+	} {
+		err := m.checkMemoryShares(0,
+			memoryShare{Flag: "a", Value: c.a, Min: 1, PerUnit: 2 << 20, UnitName: "a"},
+			memoryShare{Flag: "b", Value: c.b, Min: 1, PerUnit: 2 << 20, UnitName: "b"})
+		if err == nil || !strings.HasPrefix(err.Error(), c.want+": at most") {
+			t.Errorf("a=%d b=%d: %v, want an error starting %q", c.a, c.b, err, c.want)
+		}
+	}
+	if err := m.checkMemoryShares(0,
+		memoryShare{Flag: "a", Value: 100, Min: 1, PerUnit: 2 << 20, UnitName: "a"},
+		memoryShare{Flag: "b", Value: 100, Min: 1, PerUnit: 2 << 20, UnitName: "b"}); err != nil {
+		t.Errorf("400 MiB of 2 GiB: %v", err)
+	}
+}
+
+// TestDefaultsWithinLimits: the defaults of the benches pass their checks
+// on a machine with 2 GiB free, so the checks refuse only what was asked
+// for.
+func TestDefaultsWithinLimits(t *testing.T) {
+	m := smallMachine()
+	l3 := l3bench.DefaultOptions()
+	l3.Dir = t.TempDir()
+	if err := checkBenchL3(m, l3, true); err != nil {
+		t.Errorf("bench l3 defaults: %v", err)
+	}
+	l2 := l2bench.DefaultOptions()
+	if err := checkBenchL2(m, l2, l2.CopyBytes>>20); err != nil {
+		t.Errorf("bench l2 defaults: %v", err)
+	}
+}
+
+func TestParseCount(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want int64
+		err  string
+	}{
+		{"0", 0, ""},
+		{"12", 12, ""},
+		{"-1", -1, ""},
+		{"+7", 7, ""},
+		{"1e8", 100_000_000, ""},
+		{"2e9", 2_000_000_000, ""},
+		{"2.5e3", 2500, ""},
+		{"1E3", 1000, ""},
+		{"3.0", 3, ""},
+		{"9223372036854775807", math.MaxInt64, ""},
+		{"9007199254740992", 1 << 53, ""},
+		{"9e15", 9e15, ""},
+		{"1e16", 0, "too large to be exact"},
+		{"1e300", 0, "too large to be exact"},
+		{"1e400", 0, "too large to be exact"},
+		{"99999999999999999999", 0, "out of the range"},
+		{"1.5", 0, "not a whole number"},
+		{"1e-3", 0, "not a whole number"},
+		{"", 0, "not a whole number"},
+		{"inf", 0, "not a whole number"},
+		{"NaN", 0, "not a whole number"},
+		{"0x10", 0, "not a whole number"},
+		{"0x1p4", 0, "not a whole number"},
+		{"1_000", 0, "not a whole number"},
+		{"12abc", 0, "not a whole number"},
+		{".5e1", 0, "not a whole number"},
+	} {
+		got, err := parseCount(c.in)
+		switch {
+		case c.err == "" && (err != nil || got != c.want):
+			t.Errorf("parseCount(%q) = %d, %v; want %d", c.in, got, err, c.want)
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("parseCount(%q) = %d, %v; want an error containing %q", c.in, got, err, c.err)
+		}
+	}
+}
+
+func FuzzParseCount(f *testing.F) {
+	for _, s := range []string{"0", "12", "-1", "1e8", "2.5e3", "1e16", "9223372036854775807", "1.5", "inf", "0x1p4", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := parseCount(s)
+		if err != nil {
+			if n != 0 {
+				t.Fatalf("parseCount(%q) = %d with error %v", s, n, err)
+			}
+			return
+		}
+		// A plain integer reads as itself; anything else is whole and exact.
+		if want, perr := strconv.ParseInt(s, 10, 64); perr == nil {
+			if n != want {
+				t.Fatalf("parseCount(%q) = %d, want %d", s, n, want)
+			}
+			return
+		}
+		f, perr := strconv.ParseFloat(s, 64)
+		if perr != nil || f != float64(n) || math.Abs(f) > maxExactCount {
+			t.Fatalf("parseCount(%q) = %d, but it reads as %v (%v)", s, n, f, perr)
+		}
+	})
+}
+
+func TestParseMemAvailable(t *testing.T) {
+	const meminfo = "MemTotal:       32768000 kB\nMemFree:         1000000 kB\nMemAvailable:   20000000 kB\nBuffers:          100 kB\n"
+	for _, c := range []struct {
+		name, in string
+		want     int64
+		err      string
+	}{
+		{"a kernel's meminfo", meminfo, 20_000_000 << 10, ""},
+		{"zero", "MemAvailable: 0 kB\n", 0, ""},
+		{"no line (kernel before 3.14)", "MemTotal: 1 kB\nMemFree: 1 kB\n", 0, "no MemAvailable line"},
+		{"empty", "", 0, "no MemAvailable line"},
+		{"other unit", "MemTotal: 1 kB\nMemAvailable: 5 MB\n", 0, "line 2"},
+		{"not a number", "MemAvailable: lots kB\n", 0, "not a size in kB"},
+		{"negative", "MemAvailable: -5 kB\n", 0, "not a size in kB"},
+		{"overflows bytes", "MemAvailable: 9223372036854775807 kB\n", 0, "not a size in kB"},
+		{"missing unit", "MemAvailable: 5\n", 0, "want \"MemAvailable: N kB\""},
+	} {
+		got, err := parseMemAvailable([]byte(c.in))
+		switch {
+		case c.err == "" && (err != nil || got != c.want):
+			t.Errorf("%s: %d, %v; want %d", c.name, got, err, c.want)
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("%s: %d, %v; want an error containing %q", c.name, got, err, c.err)
+		}
+	}
+	// This host's figure, if it has one, is positive.
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		if n, err := parseMemAvailable(b); err == nil && n <= 0 {
+			t.Errorf("this host's MemAvailable is %d", n)
+		}
+	}
+}
+
+func FuzzParseMemAvailable(f *testing.F) {
+	f.Add([]byte("MemTotal: 1 kB\nMemAvailable: 20000000 kB\n"))
+	f.Add([]byte("MemAvailable: 9223372036854775807 kB\n"))
+	f.Add([]byte(""))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		n, err := parseMemAvailable(b)
+		if err == nil && (n < 0 || n%1024 != 0) {
+			t.Fatalf("parseMemAvailable(%q) = %d: want a non-negative multiple of 1 KiB", b, n)
+		}
+	})
+}
