@@ -30,8 +30,6 @@ import (
 	"time"
 
 	"github.com/goccy/go-yaml"
-
-	"github.com/kvtier/kvtier/host/config"
 )
 
 // Sentinel errors callers branch on with errors.Is.
@@ -56,7 +54,8 @@ var (
 )
 
 // PluginSpec is a tier's or an index's `plugin:` block of the stack config,
-// plus the name the stack gives it and the supervision options.
+// plus the name the stack gives it and the supervision options (host/stack
+// builds it from the loaded config with stack.FromConfig).
 type PluginSpec struct {
 	// Name is the tier's or index's name in the stack, used in logs and as
 	// the "plugin" label of metrics.
@@ -72,16 +71,6 @@ type PluginSpec struct {
 	// Options tunes start, call deadlines and restarts; zero fields take
 	// defaults.
 	Options Options
-}
-
-// FromConfig returns the spec of a tier's or index's `plugin:` block as
-// host/config loaded it; name is the tier's or index's name in the stack.
-func FromConfig(name string, p config.PluginSpec, opts Options) PluginSpec {
-	spec := PluginSpec{Name: name, Path: p.Path, SHA256: p.SHA256, Options: opts}
-	if p.Config != nil {
-		spec.Config = p.Config
-	}
-	return spec
 }
 
 // configJSON encodes the spec's Config for the wire.

@@ -16,7 +16,6 @@ import (
 	hclog "github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/plugins"
 	"github.com/kvtier/kvtier/plugins/internal/wire"
 	"github.com/kvtier/kvtier/plugins/proto/storev1"
@@ -290,10 +289,6 @@ func TestConfigJSON(t *testing.T) {
 		if (err != nil) != c.bad || (!c.bad && string(got) != c.want) {
 			t.Errorf("%s: %s %v, want %s (bad %v)", c.name, got, err, c.want, c.bad)
 		}
-	}
-	spec := FromConfig("l4", config.PluginSpec{Path: "/p", SHA256: strings.Repeat("a", 64), Config: []byte("capacity: 1\n")}, Options{})
-	if got, err := spec.configJSON(); err != nil || string(got) != `{"capacity":1}` || spec.Name != "l4" || spec.Path != "/p" {
-		t.Errorf("FromConfig: %+v %s %v", spec, got, err)
 	}
 }
 
