@@ -29,18 +29,19 @@ type generation[R any] struct {
 	closing    bool // set under the owner's mu by Close: the end is expected
 }
 
-// teardown stops the generation's goroutines and process. kill skips the
-// graceful shutdown (for a plugin that is broken).
-func (g *generation[R]) teardown(kill bool) {
+// teardown stops the generation's goroutines and ends its process group:
+// gracefully, waiting at most grace for the plugin to exit, or with a kill
+// at once if grace is 0 (for a plugin that is broken).
+func (g *generation[R]) teardown(grace time.Duration) {
 	g.stopOnce.Do(func() {
 		close(g.stopped)
 		if g.onTeardown != nil {
 			g.onTeardown()
 		}
-		if kill {
+		if grace <= 0 {
 			g.proc.kill()
 		} else {
-			g.proc.stop()
+			g.proc.stop(grace)
 		}
 	})
 }
@@ -97,19 +98,24 @@ func (l *lifecycle[R]) start(ctx context.Context, open func(ctx context.Context,
 		return errAlreadyUp
 	}
 	l.mu.Unlock()
-	proc, err := launch(l.spec, l.opts, l.service, l.logger)
+	proc, err := launch(ctx, l.spec, l.opts, l.service, l.logger)
 	if err != nil {
 		return err
 	}
 	g, err := open(ctx, proc)
 	if err != nil {
+		if ctx.Err() != nil {
+			// The supervisor is stopping: say so, so it does not count a
+			// failed restart.
+			return fmt.Errorf("%w (start abandoned: %w)", err, context.Cause(ctx))
+		}
 		return err
 	}
 	g.proc, g.started, g.stopped = proc, time.Now(), make(chan struct{})
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		g.teardown(true)
+		g.teardown(0)
 		return l.closedErr()
 	}
 	l.genSeq++
@@ -133,13 +139,24 @@ func (l *lifecycle[R]) watchExit(g *generation[R]) {
 	}
 }
 
-// fail marks generation g down: the role settles its pending work, the
-// process is killed, and the supervisor restarts it. It is a no-op if g is
-// no longer the serving generation.
+// fail marks generation g down: its process group is killed, then the
+// role settles its pending work and the supervisor restarts it. If g is no
+// longer the serving generation (another caller is taking it down, or it
+// was replaced) fail only waits for g's process group to be gone.
+//
+// Either way fail returns only once no process of g's group can run: a
+// call that failed (timed out, most often) must not hand back a Get
+// destination or a Put source that a slow plugin could still write or
+// read after the host has reused it.
 func (l *lifecycle[R]) fail(g *generation[R], reason string, cause error) {
 	l.mu.Lock()
-	if l.gen != g || g.closing {
+	if g.closing {
 		l.mu.Unlock()
+		return
+	}
+	if l.gen != g {
+		l.mu.Unlock()
+		g.proc.kill() // returns when the first kill of g has finished
 		return
 	}
 	l.gen = nil
@@ -147,15 +164,19 @@ func (l *lifecycle[R]) fail(g *generation[R], reason string, cause error) {
 	// so that whoever sees that also sees the failure counted.
 	l.m.up.Set(0)
 	l.m.failures.WithLabelValues(reason).Inc()
+	l.mu.Unlock()
+	// NB: the group dies before a single miss or failed ack is handed out.
+	g.proc.kill()
 	var extra []any
 	if l.whenDown != nil {
+		l.mu.Lock()
 		extra = l.whenDown(g, reason)
+		l.mu.Unlock()
 	}
-	l.mu.Unlock()
 	attrs := append([]any{"reason", reason, "error", errString(cause)}, extra...)
 	attrs = append(attrs, "pid", g.proc.pid, "plugin_said", g.proc.notes.lastLines())
 	l.rl.Error("down", l.downMsg, attrs...)
-	go g.teardown(true)
+	go g.teardown(0)
 	l.sup.wentDown(g.started)
 }
 
@@ -172,9 +193,11 @@ func (l *lifecycle[R]) serving() (*generation[R], error) {
 
 // close marks the Store or Index closed, stops the restarter, lets
 // closeGen close the serving generation's role (its error, if any, makes
-// the teardown a kill), ends the process and runs whenClosed under mu.
-// A second close returns nil.
-func (l *lifecycle[R]) close(closeGen func(g *generation[R]) error, whenClosed func()) error {
+// the teardown a kill), ends the process group and runs whenClosed under
+// mu. All of it shares one CloseTimeout: a restart in progress is
+// abandoned, and a plugin still running at the deadline is killed. A
+// second close returns nil.
+func (l *lifecycle[R]) close(closeGen func(ctx context.Context, g *generation[R]) error, whenClosed func()) error {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -186,11 +209,20 @@ func (l *lifecycle[R]) close(closeGen func(g *generation[R]) error, whenClosed f
 		g.closing = true
 	}
 	l.mu.Unlock()
-	l.sup.stop()
+	ctx, cancel := context.WithTimeout(context.Background(), l.opts.CloseTimeout)
+	defer cancel()
+	if !l.sup.stopWithin(ctx) {
+		l.logger.Error("plugin restart still running at the close deadline; left to finish on its own", "close_timeout", l.opts.CloseTimeout)
+	}
 	var err error
 	if g != nil {
-		err = closeGen(g)
-		g.teardown(err != nil)
+		err = closeGen(ctx, g)
+		grace := time.Duration(0) // a plugin that failed to close is killed
+		if err == nil {
+			dl, _ := ctx.Deadline()
+			grace = time.Until(dl)
+		}
+		g.teardown(grace)
 	}
 	l.mu.Lock()
 	if whenClosed != nil {

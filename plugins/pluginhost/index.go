@@ -344,9 +344,7 @@ func (x *Index) Stats(ctx context.Context) (indexes.Stats, error) {
 // Close closes the plugin's index, stops the restarter and ends the
 // process.
 func (x *Index) Close() error {
-	return x.close(func(g *indexGen) error {
-		ctx, cancel := context.WithTimeout(context.Background(), x.opts.CloseTimeout)
-		defer cancel()
+	return x.close(func(ctx context.Context, g *indexGen) error {
 		if _, cerr := g.rpc.Close(ctx, &indexv1.CloseRequest{}); cerr != nil {
 			return fmt.Errorf("plugin %s: close index: %s", x.spec.Name, wire.Message(cerr))
 		}

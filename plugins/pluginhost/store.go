@@ -593,10 +593,8 @@ func (s *Store) Stats() tiers.StoreStats {
 // restarter and ends the process. Items still without a terminal ack are
 // acknowledged AckFailed with tiers.ErrClosed.
 func (s *Store) Close() error {
-	return s.close(func(g *storeGen) error {
+	return s.close(func(ctx context.Context, g *storeGen) error {
 		var err error
-		ctx, cancel := context.WithTimeout(context.Background(), s.opts.CloseTimeout)
-		defer cancel()
 		if _, cerr := g.rpc.client.Close(ctx, &storev1.CloseRequest{}); cerr != nil {
 			err = fmt.Errorf("plugin %s: close: %s", s.spec.Name, wire.Message(cerr))
 		} else {

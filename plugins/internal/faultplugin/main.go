@@ -17,6 +17,15 @@
 //	KVTIER_FAULT_STDOUT_MARKER=path  print to stdout before the handshake if path exists
 //	KVTIER_FAULT_STDOUT_ALWAYS=1     print to stdout before the handshake
 //	KVTIER_FAULT_HANG_AT_START=1     never reach the handshake
+//	KVTIER_FAULT_HANG_AT_START_MARKER=path
+//	                                 if path exists: append this process's pid to
+//	                                 path.pids, start a child (sleep) that holds
+//	                                 stdout, and never reach the handshake
+//	KVTIER_FAULT_SLOW_GET=N          in the Nth Get call, sleep KVTIER_FAULT_SLOW_GET_SLEEP
+//	                                 (a Go duration, default 1s), then keep writing
+//	                                 0xEE over every destination span of the request
+//	                                 for KVTIER_FAULT_SLOW_GET_WRITE (default 1s), then
+//	                                 serve the Get: a plugin that is slow, not dead
 //
 // Counters start at 1 in each process, so a restarted plugin misbehaves
 // again at its own Nth call.
@@ -26,13 +35,16 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/indexes/badger"
+	"github.com/kvtier/kvtier/plugins/internal/wire"
 	"github.com/kvtier/kvtier/plugins/proto/indexv1"
 	"github.com/kvtier/kvtier/plugins/proto/storev1"
 	"github.com/kvtier/kvtier/plugins/sdk"
@@ -45,16 +57,30 @@ func envInt(name string) int64 {
 	return n
 }
 
+func envDuration(name string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(os.Getenv(name)); err == nil {
+		return d
+	}
+	return def
+}
+
 type faults struct {
 	crashOnPut, hangOnGet, garbageGet, garbageAcks int64
-	garbageIndexGet                                int64
+	garbageIndexGet, slowGet                       int64
+	slowGetSleep, slowGetWrite                     time.Duration
 	noSlab, dropAcks                               bool
 	puts, gets, ackBatches, indexGets              atomic.Int64
+	slab                                           atomic.Pointer[tiers.Slab] // set at Open
 }
 
 func main() {
 	if os.Getenv("KVTIER_FAULT_HANG_AT_START") != "" {
 		select {} // the fault under test: only the host's start timeout ends this
+	}
+	if m := os.Getenv("KVTIER_FAULT_HANG_AT_START_MARKER"); m != "" {
+		if _, err := os.Stat(m); err == nil {
+			hangHoldingStdout(m)
+		}
 	}
 	if os.Getenv("KVTIER_FAULT_STDOUT_ALWAYS") != "" {
 		fmt.Println("faultplugin: hello from stdout") // the fault under test
@@ -70,6 +96,9 @@ func main() {
 		garbageGet:      envInt("KVTIER_FAULT_GARBAGE_GET"),
 		garbageAcks:     envInt("KVTIER_FAULT_GARBAGE_ACKS"),
 		garbageIndexGet: envInt("KVTIER_FAULT_GARBAGE_INDEX_GET"),
+		slowGet:         envInt("KVTIER_FAULT_SLOW_GET"),
+		slowGetSleep:    envDuration("KVTIER_FAULT_SLOW_GET_SLEEP", time.Second),
+		slowGetWrite:    envDuration("KVTIER_FAULT_SLOW_GET_WRITE", time.Second),
 		noSlab:          os.Getenv("KVTIER_FAULT_NO_SLAB") != "",
 		dropAcks:        os.Getenv("KVTIER_FAULT_DROP_ACKS") != "",
 	}
@@ -81,6 +110,7 @@ func main() {
 			if err := sdk.DecodeConfig(config, &cfg); err != nil {
 				return nil, err
 			}
+			f.slab.Store(&env.Slab)
 			return memstore.Open(env, cfg)
 		},
 		OpenIndex: func(ctx context.Context, env indexes.Env, config []byte) (indexes.Index, error) {
@@ -129,6 +159,9 @@ func (f *faults) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		if n == f.hangOnGet {
 			select {} // hang: only the host's deadline ends this
 		}
+		if n == f.slowGet {
+			f.lateWrites(req.(*storev1.GetRequest))
+		}
 		reply, err := handler(ctx, req)
 		if n == f.garbageGet && err == nil {
 			r := reply.(*storev1.GetReply)
@@ -163,4 +196,49 @@ func (g *garbageAcks) SendMsg(m any) error {
 		b.Acks[0].Stage = storev1.AckStage_ACK_STAGE_UNSPECIFIED
 	}
 	return g.ServerStream.SendMsg(m)
+}
+
+// hangHoldingStdout is the fault of a plugin wrapper that never completes
+// the handshake and leaves a child holding its stdout: go-plugin reads
+// stdout until every holder closes it.
+func hangHoldingStdout(marker string) {
+	f, err := os.OpenFile(marker+".pids", os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err == nil {
+		fmt.Fprintln(f, os.Getpid())
+		f.Close()
+	}
+	sleep, err := exec.LookPath("sleep")
+	if err == nil {
+		child := exec.Command(sleep, "3600")
+		child.Stdout = os.Stdout
+		_ = child.Start()
+	}
+	select {} // the fault under test: the host must kill the whole group
+}
+
+// lateWrites sleeps past the host's call deadline and then writes garbage
+// over the request's destination spans for a while, as a plugin that is
+// slow rather than stopped would write pages the host may have reused.
+func (f *faults) lateWrites(req *storev1.GetRequest) {
+	time.Sleep(f.slowGetSleep)
+	sp := f.slab.Load()
+	if sp == nil {
+		return
+	}
+	slab := *sp
+	for end := time.Now().Add(f.slowGetWrite); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		for _, it := range req.GetItems() {
+			dst, err := wire.FromSpan(it.GetDst())
+			if err != nil {
+				continue
+			}
+			b, err := slab.Bytes(dst)
+			if err != nil {
+				continue
+			}
+			for i := range b {
+				b[i] = 0xEE
+			}
+		}
+	}
 }
