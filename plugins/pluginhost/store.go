@@ -36,7 +36,13 @@ var _ tiers.Store = (*Store)(nil)
 type storeRPC struct {
 	client     storev1.StoreClient
 	streamDone chan struct{}    // closed when the ack pump returns
-	last       tiers.StoreStats // last stats seen, under Store.mu
+	last       tiers.StoreStats // last stats the plugin reported, under Store.mu
+	// seen counts what the host itself saw of this process (get hits and
+	// misses in its replies, put items sent, failed acks received), under
+	// Store.mu: a process killed before it reported its stats still
+	// counts.
+	seen    tiers.StoreStats
+	carried bool // its counters are in Store.carry (it went down)
 }
 
 // storeGen is one plugin process serving the store.
@@ -210,6 +216,13 @@ func (s *Store) applyAcks(g *storeGen, acks []*storev1.Ack) error {
 	var err error
 	s.queue, err = s.ledger.apply(g.id, s.spec.Name, acks, s.queue)
 	if len(s.queue) > n {
+		var failed int64
+		for _, a := range s.queue[n:] {
+			if a.Stage == tiers.AckFailed {
+				failed++
+			}
+		}
+		s.countSeen(g, tiers.StoreStats{PutFailures: failed})
 		s.signal()
 	}
 	return err
@@ -243,7 +256,7 @@ func (s *Store) fail(g *storeGen, reason string, cause error) { s.lifecycle.fail
 // settleDown is the store's part of going down (lifecycle.whenDown, under
 // s.mu): the process's counters are carried and its pending put items fail.
 func (s *Store) settleDown(g *storeGen, reason string) []any {
-	s.carryOver(g.rpc.last)
+	s.carryOver(g)
 	downErr := fmt.Errorf("plugin %s %s: %w: %w", s.spec.Name, reason, ErrDown, tiers.ErrBroken)
 	n := s.failPending(g.id, downErr)
 	s.carry.PutFailures += int64(n)
@@ -251,14 +264,44 @@ func (s *Store) settleDown(g *storeGen, reason string) []any {
 	return []any{"failed_put_items", n}
 }
 
-// carryOver adds a finished process's counters to the carried totals.
-func (s *Store) carryOver(last tiers.StoreStats) {
-	s.carry.Hits += last.Hits
-	s.carry.Misses += last.Misses
-	s.carry.Corrupt += last.Corrupt
-	s.carry.Puts += last.Puts
-	s.carry.PutFailures += last.PutFailures
-	s.carry.Evictions += last.Evictions
+// carryOver adds a finished process's counters to the carried totals; s.mu
+// must be held. Counts the host saw itself make up for what the process
+// did after it last reported (or if it never did); corruption and
+// evictions only the plugin knows.
+func (s *Store) carryOver(g *storeGen) {
+	addCounters(&s.carry, processCounters(g.rpc.last, g.rpc.seen))
+	g.rpc.carried = true
+}
+
+// processCounters merges what a process reported with what the host saw
+// of it: each count is the larger, so Stats never goes back.
+func processCounters(reported, seen tiers.StoreStats) tiers.StoreStats {
+	return tiers.StoreStats{
+		Hits: max(reported.Hits, seen.Hits), Misses: max(reported.Misses, seen.Misses), Corrupt: reported.Corrupt,
+		Puts: max(reported.Puts, seen.Puts), PutFailures: max(reported.PutFailures, seen.PutFailures), Evictions: reported.Evictions,
+	}
+}
+
+// addCounters adds the counters (not the page, byte and capacity gauges)
+// of c to dst.
+func addCounters(dst *tiers.StoreStats, c tiers.StoreStats) {
+	dst.Hits += c.Hits
+	dst.Misses += c.Misses
+	dst.Corrupt += c.Corrupt
+	dst.Puts += c.Puts
+	dst.PutFailures += c.PutFailures
+	dst.Evictions += c.Evictions
+}
+
+// countSeen adds counts the host saw of generation g: to g's own while it
+// has not gone down, else (it went down meanwhile) to the carried totals.
+// s.mu must be held.
+func (s *Store) countSeen(g *storeGen, c tiers.StoreStats) {
+	if g.rpc.carried {
+		addCounters(&s.carry, c)
+		return
+	}
+	addCounters(&g.rpc.seen, c)
 }
 
 // callFailed handles the error of a call: ErrInvalid for a refused request,
@@ -330,6 +373,7 @@ func (s *Store) Put(ctx context.Context, batch []tiers.PutRequest) (tiers.BatchI
 		return id, nil
 	}
 	s.ledger.open(id, g.id, len(batch), time.Now())
+	s.countSeen(g, tiers.StoreStats{Puts: int64(len(batch))})
 	s.mu.Unlock()
 
 	req := &storev1.PutRequest{Batch: uint64(id), Items: make([]*storev1.PutItem, len(batch))}
@@ -404,6 +448,17 @@ func (s *Store) Get(ctx context.Context, batch []tiers.GetRequest, results []err
 		s.missAll(results, errors.New("malformed get reply"))
 		return nil
 	}
+	var seen tiers.StoreStats
+	for _, r := range results {
+		if r == nil {
+			seen.Hits++
+		} else {
+			seen.Misses++
+		}
+	}
+	s.mu.Lock()
+	s.countSeen(g, seen)
+	s.mu.Unlock()
 	return nil
 }
 
@@ -554,8 +609,12 @@ func (s *Store) DrainAcks(dst []tiers.Ack) []tiers.Ack {
 func (s *Store) AckReady() <-chan struct{} { return s.ackReady }
 
 // Stats returns the plugin's counters plus those of the processes before
-// it and the items served degraded. Page and byte counts are the serving
-// process's (0 while down).
+// it and the items served degraded: cumulative across crashes and
+// restarts. For every process the hit, miss, put and put-failure counts
+// are the larger of what it reported and what the host saw in its replies
+// and acks, so a process killed before it reported still counts (corrupt
+// and eviction counts only the plugin knows). Page and byte counts are the
+// serving process's (0 while down).
 func (s *Store) Stats() tiers.StoreStats {
 	g, err := s.serving()
 	var cur tiers.StoreStats
@@ -579,13 +638,10 @@ func (s *Store) Stats() tiers.StoreStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := s.carry
-	out.Pages, out.Bytes, out.CapacityBytes = cur.Pages, cur.Bytes, cur.CapacityBytes
-	out.Hits += cur.Hits
-	out.Misses += cur.Misses
-	out.Corrupt += cur.Corrupt
-	out.Puts += cur.Puts
-	out.PutFailures += cur.PutFailures
-	out.Evictions += cur.Evictions
+	if s.gen != nil && s.gen == g {
+		addCounters(&out, processCounters(cur, g.rpc.seen))
+		out.Pages, out.Bytes, out.CapacityBytes = cur.Pages, cur.Bytes, cur.CapacityBytes
+	}
 	return out
 }
 
