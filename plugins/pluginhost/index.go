@@ -91,7 +91,7 @@ func (x *Index) startGen(ctx context.Context) error {
 			if err := x.indexError("open", err); err != nil && !errors.Is(err, ErrDown) {
 				return nil, fmt.Errorf("plugin %s (%s): %w%s", x.spec.Name, x.spec.Path, err, saidSuffix(proc.notes))
 			}
-			return nil, fmt.Errorf("plugin %s (%s): open index: %s%s", x.spec.Name, x.spec.Path, wire.Message(err), saidSuffix(proc.notes))
+			return nil, fmt.Errorf("plugin %s (%s): open index: %w%s", x.spec.Name, x.spec.Path, wire.CallError(err), saidSuffix(proc.notes))
 		}
 		return &indexGen{impl: reply.GetImplementation(), rpc: client}, nil
 	}, func(g *indexGen) {
@@ -107,18 +107,18 @@ func (x *Index) fail(g *indexGen, reason string, cause error) { x.lifecycle.fail
 // returns an error wrapping ErrDown for failures that mean the plugin is
 // broken (the caller marks it down).
 func (x *Index) indexError(method string, err error) error {
-	msg := wire.Message(err)
+	cause := wire.CallError(err)
 	switch wire.Classify(err) {
 	case wire.CallFull:
-		return fmt.Errorf("plugin %s: index %s: %s: %w", x.spec.Name, method, msg, indexes.ErrFull)
+		return fmt.Errorf("plugin %s: index %s: %w: %w", x.spec.Name, method, cause, indexes.ErrFull)
 	case wire.CallInUse:
-		return fmt.Errorf("plugin %s: index %s: %s: %w", x.spec.Name, method, msg, indexes.ErrInUse)
+		return fmt.Errorf("plugin %s: index %s: %w: %w", x.spec.Name, method, cause, indexes.ErrInUse)
 	case wire.CallCorrupt:
-		return fmt.Errorf("plugin %s: index %s: %s: %w", x.spec.Name, method, msg, indexes.ErrCorrupt)
+		return fmt.Errorf("plugin %s: index %s: %w: %w", x.spec.Name, method, cause, indexes.ErrCorrupt)
 	case wire.CallInvalid:
-		return fmt.Errorf("plugin %s: index %s: plugin refused the request: %s: %w", x.spec.Name, method, msg, indexes.ErrInvalid)
+		return fmt.Errorf("plugin %s: index %s: plugin refused the request: %w: %w", x.spec.Name, method, cause, indexes.ErrInvalid)
 	}
-	return fmt.Errorf("plugin %s: index %s: %s: %w", x.spec.Name, method, msg, ErrDown)
+	return fmt.Errorf("plugin %s: index %s: %w: %w", x.spec.Name, method, cause, ErrDown)
 }
 
 // call runs one call on the serving plugin. It returns degraded = true,
@@ -346,7 +346,7 @@ func (x *Index) Stats(ctx context.Context) (indexes.Stats, error) {
 func (x *Index) Close() error {
 	return x.close(func(ctx context.Context, g *indexGen) error {
 		if _, cerr := g.rpc.Close(ctx, &indexv1.CloseRequest{}); cerr != nil {
-			return fmt.Errorf("plugin %s: close index: %s", x.spec.Name, wire.Message(cerr))
+			return fmt.Errorf("plugin %s: close index: %w", x.spec.Name, wire.CallError(cerr))
 		}
 		return nil
 	}, nil)

@@ -264,7 +264,7 @@ func startError(spec PluginSpec, err error, notes *bridgeNotes) error {
 	if strings.Contains(msg, "exited before we could connect") {
 		return fmt.Errorf("plugin %s (%s): %w: it exited before the handshake%s", spec.Name, spec.Path, ErrHandshake, last)
 	}
-	return fmt.Errorf("plugin %s (%s): %w: %v%s", spec.Name, spec.Path, ErrHandshake, err, last)
+	return fmt.Errorf("plugin %s (%s): %w: %w%s", spec.Name, spec.Path, ErrHandshake, err, last)
 }
 
 // callCtx derives a call context with the plugin's call deadline.

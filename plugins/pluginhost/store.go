@@ -126,7 +126,7 @@ func (s *Store) startGen(ctx context.Context, cold tiers.ColdStart) error {
 			if status.Code(err) == codes.Unimplemented {
 				return nil, fmt.Errorf("plugin %s (%s): it does not serve kvtier.store.v1 (is it an index plugin?): %w", s.spec.Name, s.spec.Path, ErrHandshake)
 			}
-			return nil, fmt.Errorf("plugin %s (%s): open store: %s%s", s.spec.Name, s.spec.Path, wire.Message(err), saidSuffix(proc.notes))
+			return nil, fmt.Errorf("plugin %s (%s): open store: %w%s", s.spec.Name, s.spec.Path, wire.CallError(err), saidSuffix(proc.notes))
 		}
 		if !reply.GetSlabMapped() {
 			_, _ = client.Close(octx, &storev1.CloseRequest{})
@@ -139,7 +139,7 @@ func (s *Store) startGen(ctx context.Context, cold tiers.ColdStart) error {
 		if err != nil {
 			scancel()
 			proc.kill()
-			return nil, fmt.Errorf("plugin %s: open ack stream: %s", s.spec.Name, wire.Message(err))
+			return nil, fmt.Errorf("plugin %s: open ack stream: %w", s.spec.Name, wire.CallError(err))
 		}
 		return &storeGen{
 			impl: reply.GetImplementation(), onTeardown: scancel,
@@ -313,7 +313,7 @@ func (s *Store) callFailed(ctx context.Context, g *storeGen, method string, err 
 	}
 	switch wire.Classify(err) {
 	case wire.CallInvalid:
-		return false, fmt.Errorf("plugin %s: %s: %s: %w", s.spec.Name, method, wire.Message(err), tiers.ErrInvalid)
+		return false, fmt.Errorf("plugin %s: %s: %w: %w", s.spec.Name, method, wire.CallError(err), tiers.ErrInvalid)
 	case wire.CallTimeout:
 		s.fail(g, reasonTimeout, fmt.Errorf("%s past its %v deadline", method, s.opts.CallTimeout))
 	default:
@@ -396,7 +396,7 @@ func (s *Store) Put(ctx context.Context, batch []tiers.PutRequest) (tiers.BatchI
 		pending := s.ledger.drop(id)
 		s.mu.Unlock()
 		if pending {
-			return 0, fmt.Errorf("plugin %s: put: %s: %w", s.spec.Name, wire.Message(err), tiers.ErrInvalid)
+			return 0, fmt.Errorf("plugin %s: put: %w: %w", s.spec.Name, wire.CallError(err), tiers.ErrInvalid)
 		}
 		return id, nil // the plugin failed meanwhile and the items were acknowledged failed
 	}
@@ -424,7 +424,7 @@ func (s *Store) Get(ctx context.Context, batch []tiers.GetRequest, results []err
 		return nil
 	}
 	if g == nil {
-		s.missAll(results, errors.New("down"))
+		s.missAll(results, "down")
 		return nil
 	}
 	req := &storev1.GetRequest{Items: make([]*storev1.GetItem, len(batch))}
@@ -440,12 +440,12 @@ func (s *Store) Get(ctx context.Context, batch []tiers.GetRequest, results []err
 		if _, err := s.callFailed(ctx, g, "get", err); err != nil {
 			return err
 		}
-		s.missAll(results, errors.New("failed during get"))
+		s.missAll(results, "failed during get")
 		return nil
 	}
 	if err := s.decodeGet(reply, results); err != nil {
 		s.fail(g, reasonMalformed, fmt.Errorf("get reply: %w", err))
-		s.missAll(results, errors.New("malformed get reply"))
+		s.missAll(results, "malformed get reply")
 		return nil
 	}
 	var seen tiers.StoreStats
@@ -489,8 +489,8 @@ func (s *Store) decodeGet(reply *storev1.GetReply, results []error) error {
 }
 
 // missAll makes every result a miss for a down plugin and counts it.
-func (s *Store) missAll(results []error, why error) {
-	err := fmt.Errorf("plugin %s %v: %w: %w", s.spec.Name, why, tiers.ErrMiss, ErrDown)
+func (s *Store) missAll(results []error, why string) {
+	err := fmt.Errorf("plugin %s %s: %w: %w", s.spec.Name, why, tiers.ErrMiss, ErrDown)
 	for i := range results {
 		results[i] = err
 	}
@@ -652,7 +652,7 @@ func (s *Store) Close() error {
 	return s.close(func(ctx context.Context, g *storeGen) error {
 		var err error
 		if _, cerr := g.rpc.client.Close(ctx, &storev1.CloseRequest{}); cerr != nil {
-			err = fmt.Errorf("plugin %s: close: %s", s.spec.Name, wire.Message(cerr))
+			err = fmt.Errorf("plugin %s: close: %w", s.spec.Name, wire.CallError(cerr))
 		} else {
 			select {
 			case <-g.rpc.streamDone:
