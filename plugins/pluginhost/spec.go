@@ -17,8 +17,14 @@
 // report keys absent and index writes fail with ErrDown. All of it is
 // counted in metrics and logged at most once per interval. A restarter brings the plugin back
 // with exponential backoff behind a circuit breaker, and the host keeps
-// serving throughout. This package must never let a plugin failure panic or
-// block the host beyond a call deadline.
+// serving throughout.
+//
+// A plugin runs as the leader of its own process group, and going down
+// kills the whole group: a call that failed returns only once no process
+// of the group can run, so a slow plugin never writes a Get destination or
+// reads a Put source that the host has taken back. This package must never
+// let a plugin failure panic or block the host beyond a call deadline (plus
+// the moment a kill takes).
 package pluginhost
 
 import (
