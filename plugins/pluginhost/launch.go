@@ -192,7 +192,7 @@ func (p *process) release(d time.Duration) bool {
 	case <-done:
 		return true
 	case <-t.C:
-		p.logger.Warn("plugin pipes still open after its process group was killed; leaving them to go-plugin", "pid", p.pid, "waited", d)
+		p.logger.Warn("go-plugin has not let go of the plugin process (graceful exit pending, or its pipes held open); not waiting longer", "pid", p.pid, "waited", d)
 		return false
 	}
 }
