@@ -179,8 +179,11 @@ func TestCloseDuringHungRestart(t *testing.T) {
 
 // TestTimedOutGetNeverWritesAfterReturn: the plugin is slow, not dead: it
 // sleeps until just before the call deadline and then keeps writing its
-// Get destinations for a second. The host returns misses at the deadline,
-// and from then on the destination is the host's: nothing may change it.
+// Get destinations for a second, itself and from a child process that maps
+// the slab (an I/O worker). The host returns misses at the deadline, and
+// from then on the destination is the host's: nothing may change it. (With
+// the plugin's pid killed alone, or killed after the call returned, the
+// child's writes land in the reused spans.)
 func TestTimedOutGetNeverWritesAfterReturn(t *testing.T) {
 	opts := fastOptions()
 	opts.CallTimeout = 300 * time.Millisecond

@@ -24,8 +24,10 @@
 //	KVTIER_FAULT_SLOW_GET=N          in the Nth Get call, sleep KVTIER_FAULT_SLOW_GET_SLEEP
 //	                                 (a Go duration, default 1s), then keep writing
 //	                                 0xEE over every destination span of the request
-//	                                 for KVTIER_FAULT_SLOW_GET_WRITE (default 1s), then
-//	                                 serve the Get: a plugin that is slow, not dead
+//	                                 for KVTIER_FAULT_SLOW_GET_WRITE (default 1s), both
+//	                                 itself and from a child process it starts (as a
+//	                                 plugin's I/O worker would), then serve the Get:
+//	                                 a plugin that is slow, not dead
 //
 // Counters start at 1 in each process, so a restarted plugin misbehaves
 // again at its own Nth call.
@@ -33,11 +35,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -74,6 +78,9 @@ type faults struct {
 }
 
 func main() {
+	if w := os.Getenv(writerEnv); w != "" {
+		os.Exit(runWriter(w))
+	}
 	if os.Getenv("KVTIER_FAULT_HANG_AT_START") != "" {
 		select {} // the fault under test: only the host's start timeout ends this
 	}
@@ -226,7 +233,24 @@ func (f *faults) lateWrites(req *storev1.GetRequest) {
 		return
 	}
 	slab := *sp
-	for end := time.Now().Add(f.slowGetWrite); time.Now().Before(end); time.Sleep(time.Millisecond) {
+	end := time.Now().Add(f.slowGetWrite)
+	job := writerJob{UntilUnixNano: end.UnixNano()}
+	files := slab.Geometry().Slabs
+	for _, it := range req.GetItems() {
+		dst, err := wire.FromSpan(it.GetDst())
+		if err != nil || int(dst.Slab) >= len(files) {
+			continue
+		}
+		job.Spans = append(job.Spans, writerSpan{Path: files[dst.Slab].Path, Offset: dst.Offset, Length: dst.Length})
+	}
+	if self, err := os.Executable(); err == nil {
+		b, _ := json.Marshal(job)
+		child := exec.Command(self)
+		child.Env = append(os.Environ(), writerEnv+"="+string(b))
+		_ = child.Start() // stdout and stderr: /dev/null, so it holds no pipe of the host's
+		defer func() { go child.Wait() }()
+	}
+	for ; time.Now().Before(end); time.Sleep(time.Millisecond) {
 		for _, it := range req.GetItems() {
 			dst, err := wire.FromSpan(it.GetDst())
 			if err != nil {
@@ -241,4 +265,65 @@ func (f *faults) lateWrites(req *storev1.GetRequest) {
 			}
 		}
 	}
+}
+
+// writerEnv carries a writer child's job: which spans of which slab files
+// to overwrite, and until when.
+const writerEnv = "KVTIER_FAULT_WRITER_JOB"
+
+type writerJob struct {
+	UntilUnixNano int64
+	Spans         []writerSpan
+}
+
+type writerSpan struct {
+	Path           string
+	Offset, Length int64
+}
+
+// runWriter is the child of a slow Get: it maps the slab files itself and
+// overwrites the spans with 0xEE until the job's end. It returns the exit
+// code.
+func runWriter(raw string) int {
+	var job writerJob
+	if err := json.Unmarshal([]byte(raw), &job); err != nil {
+		fmt.Fprintln(os.Stderr, "faultplugin writer:", err)
+		return 2
+	}
+	maps := map[string][]byte{}
+	for _, sp := range job.Spans {
+		if _, ok := maps[sp.Path]; ok {
+			continue
+		}
+		f, err := os.OpenFile(sp.Path, os.O_RDWR, 0)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "faultplugin writer:", err)
+			return 2
+		}
+		st, err := f.Stat()
+		if err != nil {
+			f.Close()
+			return 2
+		}
+		m, err := syscall.Mmap(int(f.Fd()), 0, int(st.Size()), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+		f.Close()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "faultplugin writer:", err)
+			return 2
+		}
+		maps[sp.Path] = m
+	}
+	for time.Now().UnixNano() < job.UntilUnixNano {
+		for _, sp := range job.Spans {
+			m := maps[sp.Path]
+			if sp.Offset < 0 || sp.Length < 0 || sp.Offset+sp.Length > int64(len(m)) {
+				continue
+			}
+			for i := range m[sp.Offset : sp.Offset+sp.Length] {
+				m[sp.Offset+int64(i)] = 0xEE
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return 0
 }
