@@ -183,35 +183,64 @@ func TestCloseDuringHungRestart(t *testing.T) {
 // the slab (an I/O worker). The host returns misses at the deadline, and
 // from then on the destination is the host's: nothing may change it. (With
 // the plugin's pid killed alone, or killed after the call returned, the
-// child's writes land in the reused spans.)
+// child's writes land in the reused spans.) A caller's own deadline,
+// shorter than the call's, does not make Get return earlier.
 func TestTimedOutGetNeverWritesAfterReturn(t *testing.T) {
-	opts := fastOptions()
-	opts.CallTimeout = 300 * time.Millisecond
-	t.Setenv("KVTIER_FAULT_SLOW_GET", "2")
-	t.Setenv("KVTIER_FAULT_SLOW_GET_SLEEP", "250ms")
-	t.Setenv("KVTIER_FAULT_SLOW_GET_WRITE", "1s")
-	h := newHarness(t, opts, 12)
-	ps := h.pages(4)
-	b := h.put(0, ps)
-	h.drain(map[tiers.BatchID]int{b: 4}, 10*time.Second)
-	if hits, _ := h.get(8, ps); hits != 4 {
-		t.Fatalf("%d of 4 hits before the slow get", hits)
+	cases := []struct {
+		name           string
+		callerDeadline time.Duration // 0: none
+		seed           uint64
+	}{
+		{"call deadline", 0, 12},
+		{"shorter caller deadline", 100 * time.Millisecond, 15},
 	}
-	hits, res := h.get(8, ps) // slow in the plugin
-	if hits != 0 || !errors.Is(res[0], ErrDown) {
-		t.Fatalf("slow get: %d hits, %v; want misses wrapping ErrDown", hits, res[0])
-	}
-	// The host reuses the destination spans at once.
-	reused := h.pages(4)
-	for i, p := range reused {
-		d, _ := h.slab.Bytes(h.span(8 + i))
-		copy(d, p.data)
-	}
-	time.Sleep(1200 * time.Millisecond) // past the plugin's writing window
-	for i, p := range reused {
-		d, _ := h.slab.Bytes(h.span(8 + i))
-		if !bytes.Equal(d, p.data) {
-			t.Fatalf("seed %d: destination %d changed after the timed-out get returned (the plugin wrote into a reused span)", h.seed, i)
-		}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := fastOptions()
+			opts.CallTimeout = 300 * time.Millisecond
+			t.Setenv("KVTIER_FAULT_SLOW_GET", "2")
+			t.Setenv("KVTIER_FAULT_SLOW_GET_SLEEP", "250ms")
+			t.Setenv("KVTIER_FAULT_SLOW_GET_WRITE", "1s")
+			h := newHarness(t, opts, tc.seed)
+			ps := h.pages(4)
+			b := h.put(0, ps)
+			h.drain(map[tiers.BatchID]int{b: 4}, 10*time.Second)
+			if hits, _ := h.get(8, ps); hits != 4 {
+				t.Fatalf("seed %d: %d of 4 hits before the slow get", tc.seed, hits)
+			}
+			// The slow get.
+			reqs := make([]tiers.GetRequest, len(ps))
+			for i, p := range ps {
+				reqs[i] = tiers.GetRequest{Key: p.key, Dst: h.span(8 + i)}
+			}
+			res := make([]error, len(ps))
+			ctx := context.Background()
+			if tc.callerDeadline > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tc.callerDeadline)
+				defer cancel()
+			}
+			if err := h.store.Get(ctx, reqs, res); err != nil {
+				t.Fatalf("seed %d: slow get: %v, want misses", tc.seed, err)
+			}
+			for i, r := range res {
+				if !errors.Is(r, ErrDown) || !errors.Is(r, tiers.ErrMiss) {
+					t.Fatalf("seed %d: slow get item %d: %v, want a miss wrapping ErrDown", tc.seed, i, r)
+				}
+			}
+			// The host reuses the destination spans at once.
+			reused := h.pages(4)
+			for i, p := range reused {
+				d, _ := h.slab.Bytes(h.span(8 + i))
+				copy(d, p.data)
+			}
+			time.Sleep(1200 * time.Millisecond) // past the plugin's writing window
+			for i, p := range reused {
+				d, _ := h.slab.Bytes(h.span(8 + i))
+				if !bytes.Equal(d, p.data) {
+					t.Fatalf("seed %d: destination %d changed after the timed-out get returned (the plugin wrote into a reused span)", tc.seed, i)
+				}
+			}
+		})
 	}
 }

@@ -406,7 +406,10 @@ func (s *Store) Put(ctx context.Context, batch []tiers.PutRequest) (tiers.BatchI
 
 // Get reads the batch through the plugin. While the plugin is down, or if
 // it fails during the call or replies malformed, every item is a miss
-// wrapping tiers.ErrMiss and ErrDown; the call itself succeeds.
+// wrapping tiers.ErrMiss and ErrDown; the call itself succeeds. Get ignores
+// ctx's cancellation and deadline (the plugin's CallTimeout applies), as
+// Put does: it returns only once the plugin has answered or can no longer
+// write the destinations.
 func (s *Store) Get(ctx context.Context, batch []tiers.GetRequest, results []error) error {
 	if len(results) != len(batch) {
 		return fmt.Errorf("plugin %s: get: %d results for %d items: %w", s.spec.Name, len(results), len(batch), tiers.ErrInvalid)
@@ -431,13 +434,19 @@ func (s *Store) Get(ctx context.Context, batch []tiers.GetRequest, results []err
 	for i, r := range batch {
 		req.Items[i] = &storev1.GetItem{Key: wire.StoreKey(r.Key), Dst: wire.Span(r.Dst)}
 	}
-	cctx, cancel := callCtx(ctx, s.opts)
+	// NB: the call ignores the caller's cancellation and deadline: the
+	// plugin may write the destinations until it answers, so Get returns
+	// only after its answer or, past CallTimeout, once its process group
+	// is dead (callFailed). Returning at a shorter caller deadline would
+	// hand back destinations that a slow plugin still writes.
+	uctx := context.WithoutCancel(ctx)
+	cctx, cancel := callCtx(uctx, s.opts)
 	defer cancel()
 	start := time.Now()
 	reply, err := g.rpc.client.Get(cctx, req)
 	s.m.observe("get", start)
 	if err != nil {
-		if _, err := s.callFailed(ctx, g, "get", err); err != nil {
+		if _, err := s.callFailed(uctx, g, "get", err); err != nil {
 			return err
 		}
 		s.missAll(results, "failed during get")
