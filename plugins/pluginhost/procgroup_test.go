@@ -179,7 +179,7 @@ func TestCloseDuringHungRestart(t *testing.T) {
 
 // TestTimedOutGetNeverWritesAfterReturn: the plugin is slow, not dead: it
 // sleeps until just before the call deadline and then keeps writing its
-// Get destinations for a second, itself and from a child process that maps
+// Get destinations for a while, itself and from a child process that maps
 // the slab (an I/O worker). The host returns misses at the deadline, and
 // from then on the destination is the host's: nothing may change it. (With
 // the plugin's pid killed alone, or killed after the call returned, the
@@ -200,7 +200,7 @@ func TestTimedOutGetNeverWritesAfterReturn(t *testing.T) {
 			opts.CallTimeout = 300 * time.Millisecond
 			t.Setenv("KVTIER_FAULT_SLOW_GET", "2")
 			t.Setenv("KVTIER_FAULT_SLOW_GET_SLEEP", "250ms")
-			t.Setenv("KVTIER_FAULT_SLOW_GET_WRITE", "1s")
+			t.Setenv("KVTIER_FAULT_SLOW_GET_WRITE", "600ms")
 			h := newHarness(t, opts, tc.seed)
 			ps := h.pages(4)
 			b := h.put(0, ps)
@@ -234,7 +234,7 @@ func TestTimedOutGetNeverWritesAfterReturn(t *testing.T) {
 				d, _ := h.slab.Bytes(h.span(8 + i))
 				copy(d, p.data)
 			}
-			time.Sleep(1200 * time.Millisecond) // past the plugin's writing window
+			time.Sleep(800 * time.Millisecond) // past the plugin's writing window (it ends 850ms after the call began)
 			for i, p := range reused {
 				d, _ := h.slab.Bytes(h.span(8 + i))
 				if !bytes.Equal(d, p.data) {
