@@ -1,21 +1,18 @@
 package pluginhost
 
 import (
-	"github.com/kvtier/kvtier/internal/ratelog"
-
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/kvtier/kvtier/indexes"
+	"github.com/kvtier/kvtier/internal/ratelog"
 	"github.com/kvtier/kvtier/plugins"
 	"github.com/kvtier/kvtier/plugins/internal/wire"
 	"github.com/kvtier/kvtier/plugins/proto/indexv1"
@@ -26,31 +23,15 @@ import (
 // While the plugin is down, Get reports every key absent (a miss) and
 // every other method fails with an error wrapping ErrDown.
 type Index struct {
-	spec   PluginSpec
-	opts   Options
-	env    indexes.Env
-	config []byte
-	logger *slog.Logger
-	m      *metrics
-	rl     *ratelog.Log
-	sup    *supervisor
+	lifecycle[indexv1.IndexClient]
 
-	mu     sync.Mutex
-	gen    *indexGen
-	closed bool
+	env indexes.Env
 }
 
 var _ indexes.Index = (*Index)(nil)
 
-type indexGen struct {
-	impl     string
-	proc     *process
-	client   indexv1.IndexClient
-	started  time.Time
-	stopped  chan struct{}
-	stopOnce sync.Once
-	closing  bool
-}
+// indexGen is one plugin process serving the index.
+type indexGen = generation[indexv1.IndexClient]
 
 // OpenIndex starts the plugin binary of spec and opens its Index v1. It
 // refuses a binary whose SHA-256 is not spec.SHA256, a plugin with no common
@@ -72,7 +53,15 @@ func OpenIndex(ctx context.Context, env indexes.Env, spec PluginSpec) (*Index, e
 	if err != nil {
 		return nil, err
 	}
-	x := &Index{spec: spec, opts: opts, env: env, config: config, logger: logger, m: m, rl: ratelog.New(logger, opts.LogInterval)}
+	x := &Index{
+		lifecycle: lifecycle[indexv1.IndexClient]{
+			role: "index", service: plugins.IndexService, errClosed: indexes.ErrClosed,
+			downMsg: "index plugin down; lookups miss and writes fail until it restarts",
+			spec:    spec, opts: opts, config: config, logger: logger, m: m,
+			rl: ratelog.New(logger, opts.LogInterval),
+		},
+		env: env,
+	}
 	// The supervisor exists before the first process, which may die at
 	// once; it acts only when a process goes down.
 	x.sup = newSupervisor(spec.Name, opts, m, logger, x.rl, x.startGen)
@@ -86,113 +75,50 @@ func OpenIndex(ctx context.Context, env indexes.Env, spec PluginSpec) (*Index, e
 	return x, nil
 }
 
+// startGen launches a plugin process, opens the index in it and installs
+// it as the serving generation.
 func (x *Index) startGen(ctx context.Context) error {
-	x.mu.Lock()
-	switch {
-	case x.closed:
-		x.mu.Unlock()
-		return fmt.Errorf("plugin %s: %w", x.spec.Name, indexes.ErrClosed)
-	case x.gen != nil:
-		x.mu.Unlock()
-		return errAlreadyUp
-	}
-	x.mu.Unlock()
-	proc, err := launch(x.spec, x.opts, plugins.IndexService, x.logger)
-	if err != nil {
-		return err
-	}
-	client := indexv1.NewIndexClient(proc.conn)
-	octx, cancel := context.WithTimeout(ctx, x.opts.OpenTimeout)
-	defer cancel()
-	reply, err := client.Open(octx, &indexv1.OpenRequest{Name: x.spec.Name, Dir: x.env.Dir, ConfigJson: x.config})
-	if err != nil {
-		proc.kill()
-		if status.Code(err) == codes.Unimplemented {
-			return fmt.Errorf("plugin %s (%s): it does not serve kvtier.index.v1 (is it a store plugin?): %w", x.spec.Name, x.spec.Path, ErrHandshake)
+	return x.start(ctx, func(ctx context.Context, proc *process) (*indexGen, error) {
+		client := indexv1.NewIndexClient(proc.conn)
+		octx, cancel := context.WithTimeout(ctx, x.opts.OpenTimeout)
+		defer cancel()
+		reply, err := client.Open(octx, &indexv1.OpenRequest{Name: x.spec.Name, Dir: x.env.Dir, ConfigJson: x.config})
+		if err != nil {
+			proc.kill()
+			if status.Code(err) == codes.Unimplemented {
+				return nil, fmt.Errorf("plugin %s (%s): it does not serve kvtier.index.v1 (is it a store plugin?): %w", x.spec.Name, x.spec.Path, ErrHandshake)
+			}
+			if err := x.indexError("open", err); err != nil && !errors.Is(err, ErrDown) {
+				return nil, fmt.Errorf("plugin %s (%s): %w%s", x.spec.Name, x.spec.Path, err, saidSuffix(proc.notes))
+			}
+			return nil, fmt.Errorf("plugin %s (%s): open index: %w%s", x.spec.Name, x.spec.Path, wire.CallError(err), saidSuffix(proc.notes))
 		}
-		if err := x.indexError("open", err); err != nil && !errors.Is(err, ErrDown) {
-			return fmt.Errorf("plugin %s (%s): %w%s", x.spec.Name, x.spec.Path, err, saidSuffix(proc.notes))
-		}
-		return fmt.Errorf("plugin %s (%s): open index: %s%s", x.spec.Name, x.spec.Path, wire.Message(err), saidSuffix(proc.notes))
-	}
-	g := &indexGen{impl: reply.GetImplementation(), proc: proc, client: client, started: time.Now(), stopped: make(chan struct{})}
-	x.mu.Lock()
-	if x.closed {
-		x.mu.Unlock()
-		g.teardown(true)
-		return fmt.Errorf("plugin %s: %w", x.spec.Name, indexes.ErrClosed)
-	}
-	x.gen = g
-	x.m.up.Set(1) // under x.mu, so a failure right after sets it back to 0
-	x.mu.Unlock()
-	go x.watchExit(g)
-	x.logger.Info("index plugin serving", "impl", reply.GetImplementation(), "protocol", proc.version, "pid", proc.pid)
-	return nil
-}
-
-// Implementation returns what the serving plugin calls itself in its open
-// reply (name and version) and the negotiated protocol version; "" and 0
-// while it is down.
-func (x *Index) Implementation() (impl string, protocol int) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if x.gen == nil {
-		return "", 0
-	}
-	return x.gen.impl, x.gen.proc.version
-}
-
-func (g *indexGen) teardown(kill bool) {
-	g.stopOnce.Do(func() {
-		close(g.stopped)
-		if kill {
-			g.proc.kill()
-		} else {
-			g.proc.stop()
-		}
+		return &indexGen{impl: reply.GetImplementation(), rpc: client}, nil
+	}, func(g *indexGen) {
+		x.logger.Info("index plugin serving", "impl", g.impl, "protocol", g.proc.version, "pid", g.proc.pid)
 	})
 }
 
-func (x *Index) watchExit(g *indexGen) {
-	select {
-	case <-g.proc.exited.Done():
-		x.fail(g, reasonCrash, errors.New("plugin process exited"))
-	case <-g.stopped:
-	}
-}
-
-func (x *Index) fail(g *indexGen, reason string, cause error) {
-	x.mu.Lock()
-	if x.gen != g || g.closing {
-		x.mu.Unlock()
-		return
-	}
-	x.gen = nil
-	x.m.up.Set(0)
-	x.m.failures.WithLabelValues(reason).Inc()
-	x.mu.Unlock()
-	x.rl.Error("down", "index plugin down; lookups miss and writes fail until it restarts",
-		"reason", reason, "error", errString(cause), "pid", g.proc.pid, "plugin_said", g.proc.notes.lastLines())
-	go g.teardown(true)
-	x.sup.wentDown(g.started)
-}
+// fail marks generation g down: the process is killed and the supervisor
+// restarts it. It is a no-op if g is no longer the serving generation.
+func (x *Index) fail(g *indexGen, reason string, cause error) { x.lifecycle.fail(g, reason, cause) }
 
 // indexError maps a plugin's error status to the Index v1 sentinels; it
 // returns an error wrapping ErrDown for failures that mean the plugin is
 // broken (the caller marks it down).
 func (x *Index) indexError(method string, err error) error {
-	msg := wire.Message(err)
+	cause := wire.CallError(err)
 	switch wire.Classify(err) {
 	case wire.CallFull:
-		return fmt.Errorf("plugin %s: index %s: %s: %w", x.spec.Name, method, msg, indexes.ErrFull)
+		return fmt.Errorf("plugin %s: index %s: %w: %w", x.spec.Name, method, cause, indexes.ErrFull)
 	case wire.CallInUse:
-		return fmt.Errorf("plugin %s: index %s: %s: %w", x.spec.Name, method, msg, indexes.ErrInUse)
+		return fmt.Errorf("plugin %s: index %s: %w: %w", x.spec.Name, method, cause, indexes.ErrInUse)
 	case wire.CallCorrupt:
-		return fmt.Errorf("plugin %s: index %s: %s: %w", x.spec.Name, method, msg, indexes.ErrCorrupt)
+		return fmt.Errorf("plugin %s: index %s: %w: %w", x.spec.Name, method, cause, indexes.ErrCorrupt)
 	case wire.CallInvalid:
-		return fmt.Errorf("plugin %s: index %s: plugin refused the request: %s: %w", x.spec.Name, method, msg, indexes.ErrInvalid)
+		return fmt.Errorf("plugin %s: index %s: plugin refused the request: %w: %w", x.spec.Name, method, cause, indexes.ErrInvalid)
 	}
-	return fmt.Errorf("plugin %s: index %s: %s: %w", x.spec.Name, method, msg, ErrDown)
+	return fmt.Errorf("plugin %s: index %s: %w: %w", x.spec.Name, method, cause, ErrDown)
 }
 
 // call runs one call on the serving plugin. It returns degraded = true,
@@ -215,7 +141,7 @@ func (x *Index) call(ctx context.Context, method string, fn func(ctx context.Con
 	cctx, cancel := callCtx(ctx, x.opts)
 	defer cancel()
 	start := time.Now()
-	err = fn(cctx, g.client)
+	err = fn(cctx, g.rpc)
 	x.m.observe(method, start)
 	if err == nil {
 		return false, nil
@@ -418,33 +344,10 @@ func (x *Index) Stats(ctx context.Context) (indexes.Stats, error) {
 // Close closes the plugin's index, stops the restarter and ends the
 // process.
 func (x *Index) Close() error {
-	x.mu.Lock()
-	if x.closed {
-		x.mu.Unlock()
-		return nil
-	}
-	x.closed = true
-	g := x.gen
-	if g != nil {
-		g.closing = true
-	}
-	x.mu.Unlock()
-	x.sup.stop()
-	var err error
-	if g != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), x.opts.CloseTimeout)
-		if _, cerr := g.client.Close(ctx, &indexv1.CloseRequest{}); cerr != nil {
-			err = fmt.Errorf("plugin %s: close index: %s", x.spec.Name, wire.Message(cerr))
+	return x.close(func(ctx context.Context, g *indexGen) error {
+		if _, cerr := g.rpc.Close(ctx, &indexv1.CloseRequest{}); cerr != nil {
+			return fmt.Errorf("plugin %s: close index: %w", x.spec.Name, wire.CallError(cerr))
 		}
-		cancel()
-		g.teardown(err != nil)
-	}
-	x.mu.Lock()
-	x.gen = nil
-	x.mu.Unlock()
-	x.m.up.Set(0)
-	if x.m.unregister != nil {
-		x.m.unregister()
-	}
-	return err
+		return nil
+	}, nil)
 }

@@ -13,8 +13,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -27,19 +27,39 @@ import (
 // maxMessageBytes bounds one gRPC message (spans and keys, never pages).
 const maxMessageBytes = 64 << 20
 
-// process is one running plugin process and its connection.
+// reapWait bounds how long the host waits, after SIGKILL, for a plugin's
+// process group to be gone; pipeWait bounds how long it then waits for
+// go-plugin to read the plugin's stdout and stderr to their end and reap
+// it (a process that left the group may still hold them).
+const (
+	reapWait = 5 * time.Second
+	pipeWait = time.Second
+)
+
+// process is one running plugin process, its process group and its
+// connection.
 type process struct {
 	client  *plugin.Client
 	conn    *grpc.ClientConn
 	exited  context.Context // cancelled when the process has exited
 	version int
-	pid     int
+	pid     int // also its process group id (Setpgid)
 	notes   *bridgeNotes
+	logger  *slog.Logger
+
+	// cancelCmd cancels the exec.Cmd's context: exec then kills the
+	// process group (cmd.Cancel), even while go-plugin is still waiting
+	// for the handshake and the host does not know the pid yet.
+	cancelCmd context.CancelFunc
+	killOnce  sync.Once
 }
 
 // launch checks the binary's checksum, starts it through go-plugin with
-// AutoMTLS and version negotiation, and dispenses service.
-func launch(spec PluginSpec, opts Options, service string, logger *slog.Logger) (*process, error) {
+// AutoMTLS and version negotiation, and dispenses service. Cancelling ctx
+// abandons a start in progress: the plugin's process group is killed at
+// once, even in the middle of the handshake, and launch returns an error
+// wrapping ctx's.
+func launch(ctx context.Context, spec PluginSpec, opts Options, service string, logger *slog.Logger) (*process, error) {
 	want, err := decodeSum(spec.SHA256)
 	if err != nil {
 		return nil, fmt.Errorf("plugin %s (%s): sha256: %w", spec.Name, spec.Path, err)
@@ -62,12 +82,22 @@ func launch(spec PluginSpec, opts Options, service string, logger *slog.Logger) 
 			spec.Name, spec.Path, ErrChecksum, hex.EncodeToString(want), hex.EncodeToString(got))
 	}
 	bridge := newSlogBridge(logger)
-	cmd := exec.Command(path)
+	cmdCtx, cancelCmd := context.WithCancel(context.Background())
+	cmd := exec.CommandContext(cmdCtx, path)
 	// go-plugin appends the host's environment and its handshake variables.
 	cmd.Env = []string{"KVTIER_PLUGIN_NAME=" + spec.Name}
 	// The plugin must not die with the host's terminal signals before the
-	// host has flushed it; the host kills it explicitly.
+	// host has flushed it; the host kills it explicitly. Its own process
+	// group lets the host kill it with every process it started.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// NB: exec calls Cancel only after Start, with cmd.Process set.
+	cmd.Cancel = func() error { return killGroup(cmd.Process.Pid) }
+	// NB: WaitDelay bounds exec's own wait for the pipes once Wait runs;
+	// go-plugin drains stdout and stderr before it calls Wait, so the host
+	// bounds that drain itself (process.kill, pipeWait).
+	cmd.WaitDelay = pipeWait
+	abandon := context.AfterFunc(ctx, cancelCmd)
+	defer abandon()
 	client := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  plugins.Handshake(),
 		VersionedPlugins: hostSets(opts.hostVersions),
@@ -84,24 +114,33 @@ func launch(spec PluginSpec, opts Options, service string, logger *slog.Logger) 
 			grpc.MaxCallRecvMsgSize(maxMessageBytes), grpc.MaxCallSendMsgSize(maxMessageBytes))},
 	})
 	rpc, err := client.Client()
+	// NB: Client returned, so cmd.Start has (or has not) run: cmd.Process
+	// is safe to read here.
+	p := &process{client: client, notes: bridge.notes, logger: logger, cancelCmd: cancelCmd}
+	if cmd.Process != nil {
+		p.pid = cmd.Process.Pid
+	}
 	if err != nil {
-		// Kill waits for go-plugin's stderr reader, so every line the
+		// kill waits for go-plugin's stderr reader, so every line the
 		// plugin wrote is in the notes before we read them.
-		client.Kill()
+		p.kill()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("plugin %s (%s): start abandoned: %w", spec.Name, spec.Path, context.Cause(ctx))
+		}
 		return nil, startError(spec, err, bridge.notes)
 	}
 	raw, err := rpc.Dispense(service)
 	if err != nil {
-		client.Kill()
+		p.kill()
 		return nil, fmt.Errorf("plugin %s: dispense %s: %w", spec.Name, service, err)
 	}
 	c, ok := raw.(*plugins.Conn)
 	if !ok {
-		client.Kill()
+		p.kill()
 		return nil, fmt.Errorf("plugin %s: dispense %s returned %T", spec.Name, service, raw)
 	}
-	pid, _ := strconv.Atoi(client.ID())
-	return &process{client: client, conn: c.Conn, exited: c.Exited, version: client.NegotiatedVersion(), pid: pid, notes: bridge.notes}, nil
+	p.conn, p.exited, p.version = c.Conn, c.Exited, client.NegotiatedVersion()
+	return p, nil
 }
 
 // hostSets returns the plugin sets the host offers: all it speaks, or, in
@@ -118,20 +157,53 @@ func hostSets(versions []int) map[int]plugin.PluginSet {
 	return out
 }
 
-// kill ends the process at once (a broken plugin gets no grace period),
-// then lets go-plugin reap it and stop its goroutines.
+// kill ends the process and its whole process group at once (a broken
+// plugin gets no grace period) and returns once none of them can run any
+// more, or after reapWait (logged). Then it lets go-plugin reap the
+// process and stop its goroutines, for at most pipeWait. Concurrent and
+// later calls return when the first one does.
 func (p *process) kill() {
-	if p.pid > 0 {
-		if proc, err := os.FindProcess(p.pid); err == nil {
-			_ = proc.Signal(syscall.SIGKILL)
+	p.killOnce.Do(func() {
+		if p.pid > 0 {
+			if err := killGroup(p.pid); err != nil {
+				p.logger.Error("cannot kill the plugin's process group", "pid", p.pid, "error", err)
+			}
 		}
-	}
-	p.client.Kill()
+		p.cancelCmd()
+		if p.pid > 0 && !awaitGroupGone(p.pid, reapWait) {
+			p.logger.Error("plugin process group still running after SIGKILL", "pgid", p.pid, "waited", reapWait)
+		}
+		p.release(pipeWait)
+	})
 }
 
-// stop asks go-plugin to shut the process down gracefully (it force-kills
-// after two seconds).
-func (p *process) stop() { p.client.Kill() }
+// release lets go-plugin reap the process, read its pipes to the end and
+// stop its goroutines, waiting at most d: a process that left the group
+// may still hold the pipes, and go-plugin reads them until it closes them.
+func (p *process) release(d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		p.client.Kill()
+		close(done)
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		p.logger.Warn("go-plugin has not let go of the plugin process (graceful exit pending, or its pipes held open); not waiting longer", "pid", p.pid, "waited", d)
+		return false
+	}
+}
+
+// stop asks the plugin to shut down gracefully, waiting at most d (go-plugin
+// itself kills the plugin's pid after two seconds), then kills whatever is
+// left of its process group.
+func (p *process) stop(d time.Duration) {
+	p.release(d)
+	p.kill()
+}
 
 func fileSum(path string) ([]byte, error) {
 	f, err := os.Open(path)
@@ -192,7 +264,7 @@ func startError(spec PluginSpec, err error, notes *bridgeNotes) error {
 	if strings.Contains(msg, "exited before we could connect") {
 		return fmt.Errorf("plugin %s (%s): %w: it exited before the handshake%s", spec.Name, spec.Path, ErrHandshake, last)
 	}
-	return fmt.Errorf("plugin %s (%s): %w: %v%s", spec.Name, spec.Path, ErrHandshake, err, last)
+	return fmt.Errorf("plugin %s (%s): %w: %w%s", spec.Name, spec.Path, ErrHandshake, err, last)
 }
 
 // callCtx derives a call context with the plugin's call deadline.

@@ -17,8 +17,14 @@
 // report keys absent and index writes fail with ErrDown. All of it is
 // counted in metrics and logged at most once per interval. A restarter brings the plugin back
 // with exponential backoff behind a circuit breaker, and the host keeps
-// serving throughout. This package must never let a plugin failure panic or
-// block the host beyond a call deadline.
+// serving throughout.
+//
+// A plugin runs as the leader of its own process group, and going down
+// kills the whole group: a call that failed returns only once no process
+// of the group can run, so a slow plugin never writes a Get destination or
+// reads a Put source that the host has taken back. This package must never
+// let a plugin failure panic or block the host beyond a call deadline (plus
+// the moment a kill takes).
 package pluginhost
 
 import (
@@ -30,8 +36,6 @@ import (
 	"time"
 
 	"github.com/goccy/go-yaml"
-
-	"github.com/kvtier/kvtier/host/config"
 )
 
 // Sentinel errors callers branch on with errors.Is.
@@ -56,7 +60,8 @@ var (
 )
 
 // PluginSpec is a tier's or an index's `plugin:` block of the stack config,
-// plus the name the stack gives it and the supervision options.
+// plus the name the stack gives it and the supervision options (host/stack
+// builds it from the loaded config with stack.FromConfig).
 type PluginSpec struct {
 	// Name is the tier's or index's name in the stack, used in logs and as
 	// the "plugin" label of metrics.
@@ -72,16 +77,6 @@ type PluginSpec struct {
 	// Options tunes start, call deadlines and restarts; zero fields take
 	// defaults.
 	Options Options
-}
-
-// FromConfig returns the spec of a tier's or index's `plugin:` block as
-// host/config loaded it; name is the tier's or index's name in the stack.
-func FromConfig(name string, p config.PluginSpec, opts Options) PluginSpec {
-	spec := PluginSpec{Name: name, Path: p.Path, SHA256: p.SHA256, Options: opts}
-	if p.Config != nil {
-		spec.Config = p.Config
-	}
-	return spec
 }
 
 // configJSON encodes the spec's Config for the wire.

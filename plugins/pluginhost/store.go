@@ -1,20 +1,15 @@
 package pluginhost
 
 import (
-	"github.com/kvtier/kvtier/internal/ratelog"
-
-	"github.com/kvtier/kvtier/internal/invariants"
-
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvtier/kvtier/internal/ratelog"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/plugins"
 	"github.com/kvtier/kvtier/plugins/internal/wire"
@@ -24,60 +19,34 @@ import (
 
 // Store is a tiers.Store served by a supervised plugin process.
 type Store struct {
-	spec   PluginSpec
-	opts   Options
-	env    tiers.Env
-	config []byte
-	logger *slog.Logger
-	m      *metrics
-	rl     *ratelog.Log
-	sup    *supervisor
+	lifecycle[storeRPC] // mu also guards the fields below
 
+	env      tiers.Env
 	ackReady chan struct{}
 
-	mu        sync.Mutex
-	gen       *storeGen // nil while down
-	genSeq    int
-	closed    bool
 	nextBatch tiers.BatchID
-	batches   map[tiers.BatchID]*hostBatch
+	ledger    ackLedger
 	queue     []tiers.Ack
 	carry     tiers.StoreStats // counters of past processes and of degraded items
 }
 
 var _ tiers.Store = (*Store)(nil)
 
+// storeRPC is what the store keeps per plugin process.
+type storeRPC struct {
+	client     storev1.StoreClient
+	streamDone chan struct{}    // closed when the ack pump returns
+	last       tiers.StoreStats // last stats the plugin reported, under Store.mu
+	// seen counts what the host itself saw of this process (get hits and
+	// misses in its replies, put items sent, failed acks received), under
+	// Store.mu: a process killed before it reported its stats still
+	// counts.
+	seen    tiers.StoreStats
+	carried bool // its counters are in Store.carry (it went down)
+}
+
 // storeGen is one plugin process serving the store.
-type storeGen struct {
-	id      int
-	proc    *process
-	client  storev1.StoreClient
-	started time.Time
-	impl    string
-
-	cancelStream context.CancelFunc
-	streamDone   chan struct{} // closed when the ack pump returns
-	stopped      chan struct{} // closed when the generation is torn down
-	stopOnce     sync.Once
-	closing      bool             // set under Store.mu by Close: stream end is expected
-	last         tiers.StoreStats // last stats seen, under Store.mu
-}
-
-// Item states of a host batch.
-const (
-	itemPending  uint8 = iota
-	itemGathered       // AckGathered seen
-	itemDone           // terminal ack seen or synthesized
-)
-
-// hostBatch tracks the items of one Put batch so that every item gets
-// exactly one terminal ack whatever happens to the plugin.
-type hostBatch struct {
-	gen   int
-	state []uint8
-	left  int
-	sent  time.Time // when Put was called, for the ack deadline
-}
+type storeGen = generation[storeRPC]
 
 // OpenStore starts the plugin binary of spec and opens its Store v1 over
 // env's slab. It refuses a binary whose SHA-256 is not spec.SHA256, a plugin
@@ -110,11 +79,16 @@ func OpenStore(ctx context.Context, env tiers.Env, spec PluginSpec) (*Store, err
 		return nil, err
 	}
 	s := &Store{
-		spec: spec, opts: opts, env: env, config: config, logger: logger, m: m,
-		rl:       ratelog.New(logger, opts.LogInterval),
+		lifecycle: lifecycle[storeRPC]{
+			role: "store", service: plugins.StoreService, errClosed: tiers.ErrClosed,
+			downMsg: "store plugin down; serving misses and failed writes until it restarts",
+			spec:    spec, opts: opts, config: config, logger: logger, m: m,
+			rl: ratelog.New(logger, opts.LogInterval),
+		},
+		env:      env,
 		ackReady: make(chan struct{}, 1),
-		batches:  make(map[tiers.BatchID]*hostBatch),
 	}
+	s.whenDown = s.settleDown
 	// The supervisor exists before the first process, which may die at
 	// once; it acts only when a process goes down. Restarts keep what the
 	// plugin made durable: cold start "load".
@@ -132,73 +106,50 @@ func OpenStore(ctx context.Context, env tiers.Env, spec PluginSpec) (*Store, err
 // startGen launches a plugin process, opens the store in it, opens the ack
 // stream and installs it as the serving generation.
 func (s *Store) startGen(ctx context.Context, cold tiers.ColdStart) error {
-	s.mu.Lock()
-	switch {
-	case s.closed:
-		s.mu.Unlock()
-		return fmt.Errorf("plugin %s: %w", s.spec.Name, tiers.ErrClosed)
-	case s.gen != nil:
-		s.mu.Unlock()
-		return errAlreadyUp
-	}
-	s.mu.Unlock()
-	proc, err := launch(s.spec, s.opts, plugins.StoreService, s.logger)
-	if err != nil {
-		return err
-	}
-	client := storev1.NewStoreClient(proc.conn)
-	octx, cancel := context.WithTimeout(ctx, s.opts.OpenTimeout)
-	defer cancel()
-	reply, err := client.Open(octx, &storev1.OpenRequest{
-		Name:       s.spec.Name,
-		StackId:    s.env.StackID,
-		Rank:       uint32(s.env.Rank),
-		WorldSize:  uint32(s.env.WorldSize),
-		Payload:    wire.Payload(s.env.Payload),
-		Slab:       wire.Slab(s.env.Slab.Geometry()),
-		ColdStart:  wire.ColdStart(cold),
-		ConfigJson: s.config,
-	})
-	if err != nil {
-		proc.kill()
-		if status.Code(err) == codes.Unimplemented {
-			return fmt.Errorf("plugin %s (%s): it does not serve kvtier.store.v1 (is it an index plugin?): %w", s.spec.Name, s.spec.Path, ErrHandshake)
+	var stream storev1.Store_AcksClient
+	return s.start(ctx, func(ctx context.Context, proc *process) (*storeGen, error) {
+		client := storev1.NewStoreClient(proc.conn)
+		octx, cancel := context.WithTimeout(ctx, s.opts.OpenTimeout)
+		defer cancel()
+		reply, err := client.Open(octx, &storev1.OpenRequest{
+			Name:       s.spec.Name,
+			StackId:    s.env.StackID,
+			Rank:       uint32(s.env.Rank),
+			WorldSize:  uint32(s.env.WorldSize),
+			Payload:    wire.Payload(s.env.Payload),
+			Slab:       wire.Slab(s.env.Slab.Geometry()),
+			ColdStart:  wire.ColdStart(cold),
+			ConfigJson: s.config,
+		})
+		if err != nil {
+			proc.kill()
+			if status.Code(err) == codes.Unimplemented {
+				return nil, fmt.Errorf("plugin %s (%s): it does not serve kvtier.store.v1 (is it an index plugin?): %w", s.spec.Name, s.spec.Path, ErrHandshake)
+			}
+			return nil, fmt.Errorf("plugin %s (%s): open store: %w%s", s.spec.Name, s.spec.Path, wire.CallError(err), saidSuffix(proc.notes))
 		}
-		return fmt.Errorf("plugin %s (%s): open store: %s%s", s.spec.Name, s.spec.Path, wire.Message(err), saidSuffix(proc.notes))
-	}
-	if !reply.GetSlabMapped() {
-		_, _ = client.Close(octx, &storev1.CloseRequest{})
-		proc.kill()
-		return fmt.Errorf("plugin %s (%s, %s): %w: kvtier moves page bytes only through the shared slab files, never over gRPC, so a store plugin must map them at open%s",
-			s.spec.Name, s.spec.Path, reply.GetImplementation(), ErrNoSlabMapping, saidSuffix(proc.notes))
-	}
-	sctx, scancel := context.WithCancel(context.Background())
-	stream, err := client.Acks(sctx, &storev1.AcksRequest{})
-	if err != nil {
-		scancel()
-		proc.kill()
-		return fmt.Errorf("plugin %s: open ack stream: %s", s.spec.Name, wire.Message(err))
-	}
-	g := &storeGen{
-		proc: proc, client: client, started: time.Now(), impl: reply.GetImplementation(),
-		cancelStream: scancel, streamDone: make(chan struct{}), stopped: make(chan struct{}),
-	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		g.teardown(true)
-		return fmt.Errorf("plugin %s: %w", s.spec.Name, tiers.ErrClosed)
-	}
-	s.genSeq++
-	g.id = s.genSeq
-	s.gen = g
-	s.m.up.Set(1) // under s.mu, so a failure right after sets it back to 0
-	s.mu.Unlock()
-	go s.pumpAcks(g, stream)
-	go s.watchExit(g)
-	go s.watchAcks(g)
-	s.logger.Info("store plugin serving", "impl", g.impl, "protocol", proc.version, "pid", proc.pid, "cold_start", string(cold))
-	return nil
+		if !reply.GetSlabMapped() {
+			_, _ = client.Close(octx, &storev1.CloseRequest{})
+			proc.kill()
+			return nil, fmt.Errorf("plugin %s (%s, %s): %w: kvtier moves page bytes only through the shared slab files, never over gRPC, so a store plugin must map them at open%s",
+				s.spec.Name, s.spec.Path, reply.GetImplementation(), ErrNoSlabMapping, saidSuffix(proc.notes))
+		}
+		sctx, scancel := context.WithCancel(context.Background())
+		stream, err = client.Acks(sctx, &storev1.AcksRequest{})
+		if err != nil {
+			scancel()
+			proc.kill()
+			return nil, fmt.Errorf("plugin %s: open ack stream: %w", s.spec.Name, wire.CallError(err))
+		}
+		return &storeGen{
+			impl: reply.GetImplementation(), onTeardown: scancel,
+			rpc: storeRPC{client: client, streamDone: make(chan struct{})},
+		}, nil
+	}, func(g *storeGen) {
+		go s.pumpAcks(g, stream)
+		go s.watchAcks(g)
+		s.logger.Info("store plugin serving", "impl", g.impl, "protocol", g.proc.version, "pid", g.proc.pid, "cold_start", string(cold))
+	})
 }
 
 func saidSuffix(n *bridgeNotes) string {
@@ -206,29 +157,6 @@ func saidSuffix(n *bridgeNotes) string {
 		return " (plugin said: " + l + ")"
 	}
 	return ""
-}
-
-// teardown stops the generation's goroutines and process. kill skips the
-// graceful shutdown (for a plugin that is broken).
-func (g *storeGen) teardown(kill bool) {
-	g.stopOnce.Do(func() {
-		close(g.stopped)
-		g.cancelStream()
-		if kill {
-			g.proc.kill()
-		} else {
-			g.proc.stop()
-		}
-	})
-}
-
-// watchExit marks the store down when the process exits on its own.
-func (s *Store) watchExit(g *storeGen) {
-	select {
-	case <-g.proc.exited.Done():
-		s.fail(g, reasonCrash, errors.New("plugin process exited"))
-	case <-g.stopped:
-	}
 }
 
 // watchAcks marks the store down when a Put item of generation g has
@@ -243,13 +171,7 @@ func (s *Store) watchAcks(g *storeGen) {
 			return
 		case now := <-t.C:
 			s.mu.Lock()
-			var late tiers.BatchID
-			var age time.Duration
-			for id, b := range s.batches {
-				if b.gen == g.id && now.Sub(b.sent) > s.opts.AckTimeout && now.Sub(b.sent) > age {
-					late, age = id, now.Sub(b.sent)
-				}
-			}
+			late, age := s.ledger.overdue(g.id, now, s.opts.AckTimeout)
 			s.mu.Unlock()
 			if late != 0 {
 				s.fail(g, reasonTimeout, fmt.Errorf("put batch %d has items without a terminal ack after %v (ack_timeout %v)", late, age.Round(time.Millisecond), s.opts.AckTimeout))
@@ -261,7 +183,7 @@ func (s *Store) watchAcks(g *storeGen) {
 
 // pumpAcks receives the plugin's acks until its stream ends.
 func (s *Store) pumpAcks(g *storeGen, stream storev1.Store_AcksClient) {
-	defer close(g.streamDone)
+	defer close(g.rpc.streamDone)
 	for {
 		msg, err := stream.Recv()
 		if err != nil {
@@ -286,79 +208,24 @@ func (s *Store) pumpAcks(g *storeGen, stream storev1.Store_AcksClient) {
 func (s *Store) applyAcks(g *storeGen, acks []*storev1.Ack) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	defer s.checkBatches()
+	defer s.ledger.check()
 	if s.gen != g && !g.closing {
 		return nil // a replaced process: its acks were already synthesized
 	}
-	queued := false
-	defer func() {
-		if queued {
-			s.signal()
-		}
-	}()
-	for _, a := range acks {
-		id := tiers.BatchID(a.GetBatch())
-		b := s.batches[id]
-		if b == nil || b.gen != g.id {
-			return fmt.Errorf("ack for batch %d, which is not pending: %w", id, wire.ErrMalformed)
-		}
-		i := int(a.GetIndex())
-		if i >= len(b.state) {
-			return fmt.Errorf("ack for item %d of batch %d, which has %d items: %w", i, id, len(b.state), wire.ErrMalformed)
-		}
-		stage, err := wire.FromAckStage(a.GetStage())
-		if err != nil {
-			return fmt.Errorf("ack for batch %d item %d: %w", id, i, err)
-		}
-		if b.state[i] == itemDone || (stage == tiers.AckGathered && b.state[i] == itemGathered) {
-			return fmt.Errorf("second %s ack for batch %d item %d: %w", stage, id, i, wire.ErrMalformed)
-		}
-		out := tiers.Ack{Batch: id, Index: i, Stage: stage}
-		switch stage {
-		case tiers.AckGathered, tiers.AckDurable:
-			if a.GetCode() != storev1.ResultCode_RESULT_CODE_OK {
-				return fmt.Errorf("%s ack for batch %d item %d with code %v: %w", stage, id, i, a.GetCode(), wire.ErrMalformed)
-			}
-		case tiers.AckFailed:
-			itemErr, err := wire.FromResult(a.GetCode(), a.GetMessage())
-			if err != nil || itemErr == nil {
-				return fmt.Errorf("failed ack for batch %d item %d with code %v: %w", id, i, a.GetCode(), wire.ErrMalformed)
-			}
-			out.Err = fmt.Errorf("plugin %s: put batch %d item %d: %w", s.spec.Name, id, i, itemErr)
-		}
-		if stage == tiers.AckGathered {
-			b.state[i] = itemGathered
-		} else {
-			b.state[i] = itemDone
-			if b.left--; b.left == 0 {
-				delete(s.batches, id)
+	n := len(s.queue)
+	var err error
+	s.queue, err = s.ledger.apply(g.id, s.spec.Name, acks, s.queue)
+	if len(s.queue) > n {
+		var failed int64
+		for _, a := range s.queue[n:] {
+			if a.Stage == tiers.AckFailed {
+				failed++
 			}
 		}
-		s.queue = append(s.queue, out)
-		queued = true
+		s.countSeen(g, tiers.StoreStats{PutFailures: failed})
+		s.signal()
 	}
-	return nil
-}
-
-// checkBatches verifies the ack bookkeeping (build tag invariants or race):
-// every pending batch has as many items left as items without a terminal
-// ack, and at least one. s.mu must be held. A violation is a bug in this
-// package, not in the plugin: it panics with the state that proves it.
-func (s *Store) checkBatches() {
-	if !invariants.Enabled {
-		return
-	}
-	for id, b := range s.batches {
-		open := 0
-		for _, st := range b.state {
-			if st != itemDone {
-				open++
-			}
-		}
-		if open != b.left || b.left <= 0 {
-			panic(fmt.Sprintf("pluginhost: batch %d of generation %d: left=%d but %d items open (states %v)", id, b.gen, b.left, open, b.state))
-		}
-	}
+	return err
 }
 
 // signal wakes AckReady; callers hold s.mu or not, it never blocks.
@@ -373,71 +240,68 @@ func (s *Store) signal() {
 // gen's batches (all batches if gen < 0) that has no terminal ack yet. It
 // returns the number of items. s.mu must be held.
 func (s *Store) failPending(gen int, err error) int {
-	n := 0
-	for id, b := range s.batches {
-		if gen >= 0 && b.gen != gen {
-			continue
-		}
-		for i, st := range b.state {
-			if st == itemDone {
-				continue
-			}
-			s.queue = append(s.queue, tiers.Ack{Batch: id, Index: i, Stage: tiers.AckFailed, Err: err})
-			n++
-		}
-		delete(s.batches, id)
-	}
+	var n int
+	s.queue, n = s.ledger.failPending(gen, err, s.queue)
 	if n > 0 {
 		s.signal()
 	}
-	s.checkBatches()
 	return n
 }
 
 // fail marks generation g down: its pending put items fail, the process is
 // killed, and the supervisor restarts it. It is a no-op if g is no longer
 // the serving generation.
-func (s *Store) fail(g *storeGen, reason string, cause error) {
-	s.mu.Lock()
-	if s.gen != g || g.closing {
-		s.mu.Unlock()
-		return
-	}
-	s.gen = nil
-	// NB: count before the failed acks are queued, so that whoever sees
-	// those acks also sees the failure counted.
-	s.m.up.Set(0)
-	s.m.failures.WithLabelValues(reason).Inc()
-	s.carryOver(g.last)
+func (s *Store) fail(g *storeGen, reason string, cause error) { s.lifecycle.fail(g, reason, cause) }
+
+// settleDown is the store's part of going down (lifecycle.whenDown, under
+// s.mu): the process's counters are carried and its pending put items fail.
+func (s *Store) settleDown(g *storeGen, reason string) []any {
+	s.carryOver(g)
 	downErr := fmt.Errorf("plugin %s %s: %w: %w", s.spec.Name, reason, ErrDown, tiers.ErrBroken)
 	n := s.failPending(g.id, downErr)
 	s.carry.PutFailures += int64(n)
 	s.m.degraded.WithLabelValues("put").Add(float64(n))
-	s.mu.Unlock()
-	s.rl.Error("down", "store plugin down; serving misses and failed writes until it restarts",
-		"reason", reason, "error", errString(cause), "failed_put_items", n, "pid", g.proc.pid, "plugin_said", g.proc.notes.lastLines())
-	go g.teardown(true)
-	s.sup.wentDown(g.started)
+	return []any{"failed_put_items", n}
 }
 
-// carryOver adds a finished process's counters to the carried totals.
-func (s *Store) carryOver(last tiers.StoreStats) {
-	s.carry.Hits += last.Hits
-	s.carry.Misses += last.Misses
-	s.carry.Corrupt += last.Corrupt
-	s.carry.Puts += last.Puts
-	s.carry.PutFailures += last.PutFailures
-	s.carry.Evictions += last.Evictions
+// carryOver adds a finished process's counters to the carried totals; s.mu
+// must be held. Counts the host saw itself make up for what the process
+// did after it last reported (or if it never did); corruption and
+// evictions only the plugin knows.
+func (s *Store) carryOver(g *storeGen) {
+	addCounters(&s.carry, processCounters(g.rpc.last, g.rpc.seen))
+	g.rpc.carried = true
 }
 
-// serving returns the serving generation, nil while down, or ErrClosed.
-func (s *Store) serving() (*storeGen, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, fmt.Errorf("plugin %s: %w", s.spec.Name, tiers.ErrClosed)
+// processCounters merges what a process reported with what the host saw
+// of it: each count is the larger, so Stats never goes back.
+func processCounters(reported, seen tiers.StoreStats) tiers.StoreStats {
+	return tiers.StoreStats{
+		Hits: max(reported.Hits, seen.Hits), Misses: max(reported.Misses, seen.Misses), Corrupt: reported.Corrupt,
+		Puts: max(reported.Puts, seen.Puts), PutFailures: max(reported.PutFailures, seen.PutFailures), Evictions: reported.Evictions,
 	}
-	return s.gen, nil
+}
+
+// addCounters adds the counters (not the page, byte and capacity gauges)
+// of c to dst.
+func addCounters(dst *tiers.StoreStats, c tiers.StoreStats) {
+	dst.Hits += c.Hits
+	dst.Misses += c.Misses
+	dst.Corrupt += c.Corrupt
+	dst.Puts += c.Puts
+	dst.PutFailures += c.PutFailures
+	dst.Evictions += c.Evictions
+}
+
+// countSeen adds counts the host saw of generation g: to g's own while it
+// has not gone down, else (it went down meanwhile) to the carried totals.
+// s.mu must be held.
+func (s *Store) countSeen(g *storeGen, c tiers.StoreStats) {
+	if g.rpc.carried {
+		addCounters(&s.carry, c)
+		return
+	}
+	addCounters(&g.rpc.seen, c)
 }
 
 // callFailed handles the error of a call: ErrInvalid for a refused request,
@@ -449,7 +313,7 @@ func (s *Store) callFailed(ctx context.Context, g *storeGen, method string, err 
 	}
 	switch wire.Classify(err) {
 	case wire.CallInvalid:
-		return false, fmt.Errorf("plugin %s: %s: %s: %w", s.spec.Name, method, wire.Message(err), tiers.ErrInvalid)
+		return false, fmt.Errorf("plugin %s: %s: %w: %w", s.spec.Name, method, wire.CallError(err), tiers.ErrInvalid)
 	case wire.CallTimeout:
 		s.fail(g, reasonTimeout, fmt.Errorf("%s past its %v deadline", method, s.opts.CallTimeout))
 	default:
@@ -508,7 +372,8 @@ func (s *Store) Put(ctx context.Context, batch []tiers.PutRequest) (tiers.BatchI
 		s.rl.Warn("degraded-put", "store plugin down: put items failed", "items", len(batch))
 		return id, nil
 	}
-	s.batches[id] = &hostBatch{gen: g.id, state: make([]uint8, len(batch)), left: len(batch), sent: time.Now()}
+	s.ledger.open(id, g.id, len(batch), time.Now())
+	s.countSeen(g, tiers.StoreStats{Puts: int64(len(batch))})
 	s.mu.Unlock()
 
 	req := &storev1.PutRequest{Batch: uint64(id), Items: make([]*storev1.PutItem, len(batch))}
@@ -521,18 +386,17 @@ func (s *Store) Put(ctx context.Context, batch []tiers.PutRequest) (tiers.BatchI
 	cctx, cancel := callCtx(context.WithoutCancel(ctx), s.opts)
 	defer cancel()
 	start := time.Now()
-	_, err := g.client.Put(cctx, req)
+	_, err := g.rpc.client.Put(cctx, req)
 	s.m.observe("put", start)
 	if err == nil {
 		return id, nil
 	}
 	if wire.Classify(err) == wire.CallInvalid {
 		s.mu.Lock()
-		_, pending := s.batches[id]
-		delete(s.batches, id)
+		pending := s.ledger.drop(id)
 		s.mu.Unlock()
 		if pending {
-			return 0, fmt.Errorf("plugin %s: put: %s: %w", s.spec.Name, wire.Message(err), tiers.ErrInvalid)
+			return 0, fmt.Errorf("plugin %s: put: %w: %w", s.spec.Name, wire.CallError(err), tiers.ErrInvalid)
 		}
 		return id, nil // the plugin failed meanwhile and the items were acknowledged failed
 	}
@@ -542,7 +406,10 @@ func (s *Store) Put(ctx context.Context, batch []tiers.PutRequest) (tiers.BatchI
 
 // Get reads the batch through the plugin. While the plugin is down, or if
 // it fails during the call or replies malformed, every item is a miss
-// wrapping tiers.ErrMiss and ErrDown; the call itself succeeds.
+// wrapping tiers.ErrMiss and ErrDown; the call itself succeeds. Get ignores
+// ctx's cancellation and deadline (the plugin's CallTimeout applies), as
+// Put does: it returns only once the plugin has answered or can no longer
+// write the destinations.
 func (s *Store) Get(ctx context.Context, batch []tiers.GetRequest, results []error) error {
 	if len(results) != len(batch) {
 		return fmt.Errorf("plugin %s: get: %d results for %d items: %w", s.spec.Name, len(results), len(batch), tiers.ErrInvalid)
@@ -560,30 +427,47 @@ func (s *Store) Get(ctx context.Context, batch []tiers.GetRequest, results []err
 		return nil
 	}
 	if g == nil {
-		s.missAll(results, errors.New("down"))
+		s.missAll(results, "down")
 		return nil
 	}
 	req := &storev1.GetRequest{Items: make([]*storev1.GetItem, len(batch))}
 	for i, r := range batch {
 		req.Items[i] = &storev1.GetItem{Key: wire.StoreKey(r.Key), Dst: wire.Span(r.Dst)}
 	}
-	cctx, cancel := callCtx(ctx, s.opts)
+	// NB: the call ignores the caller's cancellation and deadline: the
+	// plugin may write the destinations until it answers, so Get returns
+	// only after its answer or, past CallTimeout, once its process group
+	// is dead (callFailed). Returning at a shorter caller deadline would
+	// hand back destinations that a slow plugin still writes.
+	uctx := context.WithoutCancel(ctx)
+	cctx, cancel := callCtx(uctx, s.opts)
 	defer cancel()
 	start := time.Now()
-	reply, err := g.client.Get(cctx, req)
+	reply, err := g.rpc.client.Get(cctx, req)
 	s.m.observe("get", start)
 	if err != nil {
-		if _, err := s.callFailed(ctx, g, "get", err); err != nil {
+		if _, err := s.callFailed(uctx, g, "get", err); err != nil {
 			return err
 		}
-		s.missAll(results, errors.New("failed during get"))
+		s.missAll(results, "failed during get")
 		return nil
 	}
 	if err := s.decodeGet(reply, results); err != nil {
 		s.fail(g, reasonMalformed, fmt.Errorf("get reply: %w", err))
-		s.missAll(results, errors.New("malformed get reply"))
+		s.missAll(results, "malformed get reply")
 		return nil
 	}
+	var seen tiers.StoreStats
+	for _, r := range results {
+		if r == nil {
+			seen.Hits++
+		} else {
+			seen.Misses++
+		}
+	}
+	s.mu.Lock()
+	s.countSeen(g, seen)
+	s.mu.Unlock()
 	return nil
 }
 
@@ -614,8 +498,8 @@ func (s *Store) decodeGet(reply *storev1.GetReply, results []error) error {
 }
 
 // missAll makes every result a miss for a down plugin and counts it.
-func (s *Store) missAll(results []error, why error) {
-	err := fmt.Errorf("plugin %s %v: %w: %w", s.spec.Name, why, tiers.ErrMiss, ErrDown)
+func (s *Store) missAll(results []error, why string) {
+	err := fmt.Errorf("plugin %s %s: %w: %w", s.spec.Name, why, tiers.ErrMiss, ErrDown)
 	for i := range results {
 		results[i] = err
 	}
@@ -649,7 +533,7 @@ func (s *Store) LongestPrefix(ctx context.Context, kind tiers.PayloadKind, chain
 	cctx, cancel := callCtx(ctx, s.opts)
 	defer cancel()
 	start := time.Now()
-	reply, err := g.client.LongestPrefix(cctx, req)
+	reply, err := g.rpc.client.LongestPrefix(cctx, req)
 	s.m.observe("longest_prefix", start)
 	if err != nil {
 		if _, err := s.callFailed(ctx, g, "longest prefix", err); err != nil {
@@ -670,7 +554,7 @@ func (s *Store) LongestPrefix(ctx context.Context, kind tiers.PayloadKind, chain
 // present when the plugin comes back (a later get verifies what it reads).
 func (s *Store) Delete(ctx context.Context, keys []tiers.Key) error {
 	return s.keysCall(ctx, "delete", keys, func(ctx context.Context, g *storeGen, ks []*storev1.Key) error {
-		_, err := g.client.Delete(ctx, &storev1.DeleteRequest{Keys: ks})
+		_, err := g.rpc.client.Delete(ctx, &storev1.DeleteRequest{Keys: ks})
 		return err
 	}, true)
 }
@@ -678,7 +562,7 @@ func (s *Store) Delete(ctx context.Context, keys []tiers.Key) error {
 // Touch marks keys used in the plugin; while it is down it is skipped.
 func (s *Store) Touch(ctx context.Context, keys []tiers.Key) error {
 	return s.keysCall(ctx, "touch", keys, func(ctx context.Context, g *storeGen, ks []*storev1.Key) error {
-		_, err := g.client.Touch(ctx, &storev1.TouchRequest{Keys: ks})
+		_, err := g.rpc.client.Touch(ctx, &storev1.TouchRequest{Keys: ks})
 		return err
 	}, false)
 }
@@ -733,39 +617,19 @@ func (s *Store) DrainAcks(dst []tiers.Ack) []tiers.Ack {
 // AckReady is signalled when acks were queued.
 func (s *Store) AckReady() <-chan struct{} { return s.ackReady }
 
-// Implementation returns what the serving plugin calls itself in its open
-// reply (name and version) and the negotiated protocol version; "" and 0
-// while it is down.
-func (s *Store) Implementation() (impl string, protocol int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.gen == nil {
-		return "", 0
-	}
-	return s.gen.impl, s.gen.proc.version
-}
-
-// PID returns the process id of the serving plugin process, 0 while the
-// plugin is down. It is for operators and benchmarks (CPU accounting); the
-// host never signals it.
-func (s *Store) PID() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.gen == nil {
-		return 0
-	}
-	return s.gen.proc.pid
-}
-
 // Stats returns the plugin's counters plus those of the processes before
-// it and the items served degraded. Page and byte counts are the serving
-// process's (0 while down).
+// it and the items served degraded: cumulative across crashes and
+// restarts. For every process the hit, miss, put and put-failure counts
+// are the larger of what it reported and what the host saw in its replies
+// and acks, so a process killed before it reported still counts (corrupt
+// and eviction counts only the plugin knows). Page and byte counts are the
+// serving process's (0 while down).
 func (s *Store) Stats() tiers.StoreStats {
 	g, err := s.serving()
 	var cur tiers.StoreStats
 	if err == nil && g != nil {
 		ctx, cancel := callCtx(context.Background(), s.opts)
-		reply, rerr := g.client.Stats(ctx, &storev1.StatsRequest{})
+		reply, rerr := g.rpc.client.Stats(ctx, &storev1.StatsRequest{})
 		cancel()
 		if rerr != nil {
 			_, _ = s.callFailed(context.Background(), g, "stats", rerr)
@@ -774,7 +638,7 @@ func (s *Store) Stats() tiers.StoreStats {
 		} else {
 			s.mu.Lock()
 			if s.gen == g {
-				g.last = st
+				g.rpc.last = st
 				cur = st
 			}
 			s.mu.Unlock()
@@ -783,13 +647,10 @@ func (s *Store) Stats() tiers.StoreStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := s.carry
-	out.Pages, out.Bytes, out.CapacityBytes = cur.Pages, cur.Bytes, cur.CapacityBytes
-	out.Hits += cur.Hits
-	out.Misses += cur.Misses
-	out.Corrupt += cur.Corrupt
-	out.Puts += cur.Puts
-	out.PutFailures += cur.PutFailures
-	out.Evictions += cur.Evictions
+	if s.gen != nil && s.gen == g {
+		addCounters(&out, processCounters(cur, g.rpc.seen))
+		out.Pages, out.Bytes, out.CapacityBytes = cur.Pages, cur.Bytes, cur.CapacityBytes
+	}
 	return out
 }
 
@@ -797,39 +658,18 @@ func (s *Store) Stats() tiers.StoreStats {
 // restarter and ends the process. Items still without a terminal ack are
 // acknowledged AckFailed with tiers.ErrClosed.
 func (s *Store) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	g := s.gen
-	if g != nil {
-		g.closing = true
-	}
-	s.mu.Unlock()
-	s.sup.stop()
-	var err error
-	if g != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), s.opts.CloseTimeout)
-		if _, cerr := g.client.Close(ctx, &storev1.CloseRequest{}); cerr != nil {
-			err = fmt.Errorf("plugin %s: close: %s", s.spec.Name, wire.Message(cerr))
+	return s.close(func(ctx context.Context, g *storeGen) error {
+		var err error
+		if _, cerr := g.rpc.client.Close(ctx, &storev1.CloseRequest{}); cerr != nil {
+			err = fmt.Errorf("plugin %s: close: %w", s.spec.Name, wire.CallError(cerr))
 		} else {
 			select {
-			case <-g.streamDone:
+			case <-g.rpc.streamDone:
 			case <-ctx.Done():
 			}
 		}
-		cancel()
-		g.teardown(err != nil)
-	}
-	s.mu.Lock()
-	s.failPending(-1, fmt.Errorf("plugin %s: %w", s.spec.Name, tiers.ErrClosed))
-	s.gen = nil
-	s.mu.Unlock()
-	s.m.up.Set(0)
-	if s.m.unregister != nil {
-		s.m.unregister()
-	}
-	return err
+		return err
+	}, func() {
+		s.failPending(-1, fmt.Errorf("plugin %s: %w", s.spec.Name, tiers.ErrClosed))
+	})
 }

@@ -60,10 +60,29 @@ func (s *supervisor) wentDown(upSince time.Time) {
 	}
 }
 
-// stop ends the restart loop and waits for an attempt in progress.
+// stop ends the restart loop and waits for an attempt in progress (which
+// the cancellation abandons: launch kills a plugin mid-handshake).
 func (s *supervisor) stop() {
 	s.cancel()
 	s.wg.Wait()
+}
+
+// stopWithin is stop waiting at most until ctx is done; it reports whether
+// the loop ended. An attempt that outlives it cannot install its process:
+// the owner is closed by then and start refuses.
+func (s *supervisor) stopWithin(ctx context.Context) bool {
+	s.cancel()
+	done := make(chan struct{})
+	go func() {
+		s.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 func (s *supervisor) loop() {

@@ -1,159 +1,24 @@
 package pluginhost
 
 import (
-	"github.com/kvtier/kvtier/internal/invariants"
-
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	hclog "github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/plugins"
-	"github.com/kvtier/kvtier/plugins/internal/wire"
 	"github.com/kvtier/kvtier/plugins/proto/storev1"
 	"github.com/kvtier/kvtier/tiers"
 )
 
-// ackStore is a Store with no process: generation 1 serves, and batch 7 of
-// three items is pending.
-func ackStore() (*Store, *storeGen) {
-	g := &storeGen{id: 1}
-	s := &Store{
-		spec:     PluginSpec{Name: "unit"},
-		ackReady: make(chan struct{}, 1),
-		batches:  map[tiers.BatchID]*hostBatch{7: {gen: 1, state: make([]uint8, 3), left: 3}},
-		gen:      g,
-	}
-	return s, g
-}
-
-func ack(batch uint64, i uint32, stage storev1.AckStage, code storev1.ResultCode) *storev1.Ack {
-	return &storev1.Ack{Batch: batch, Index: i, Stage: stage, Code: code}
-}
-
-const (
-	gathered = storev1.AckStage_ACK_STAGE_GATHERED
-	durable  = storev1.AckStage_ACK_STAGE_DURABLE
-	failed   = storev1.AckStage_ACK_STAGE_FAILED
-	ok       = storev1.ResultCode_RESULT_CODE_OK
-)
-
-func TestApplyAcks(t *testing.T) {
-	cases := []struct {
-		name      string
-		acks      []*storev1.Ack
-		malformed bool
-		queued    int
-	}{
-		{"gathered then durable", []*storev1.Ack{ack(7, 0, gathered, ok), ack(7, 0, durable, ok)}, false, 2},
-		{"all durable", []*storev1.Ack{ack(7, 0, durable, ok), ack(7, 1, durable, ok), ack(7, 2, durable, ok)}, false, 3},
-		{"failed full", []*storev1.Ack{ack(7, 1, failed, storev1.ResultCode_RESULT_CODE_FULL)}, false, 1},
-		{"unknown batch", []*storev1.Ack{ack(8, 0, durable, ok)}, true, 0},
-		{"index out of range", []*storev1.Ack{ack(7, 3, durable, ok)}, true, 0},
-		{"unset stage", []*storev1.Ack{ack(7, 0, storev1.AckStage_ACK_STAGE_UNSPECIFIED, ok)}, true, 0},
-		{"second terminal", []*storev1.Ack{ack(7, 0, durable, ok), ack(7, 0, failed, storev1.ResultCode_RESULT_CODE_FAILED)}, true, 1},
-		{"second gathered", []*storev1.Ack{ack(7, 0, gathered, ok), ack(7, 0, gathered, ok)}, true, 1},
-		{"gathered after terminal", []*storev1.Ack{ack(7, 0, durable, ok), ack(7, 0, gathered, ok)}, true, 1},
-		{"durable with error code", []*storev1.Ack{ack(7, 0, durable, storev1.ResultCode_RESULT_CODE_FULL)}, true, 0},
-		{"failed with ok code", []*storev1.Ack{ack(7, 0, failed, ok)}, true, 0},
-		{"failed with unset code", []*storev1.Ack{ack(7, 0, failed, storev1.ResultCode_RESULT_CODE_UNSPECIFIED)}, true, 0},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			s, g := ackStore()
-			err := s.applyAcks(g, tc.acks)
-			if (err != nil) != tc.malformed {
-				t.Fatalf("err = %v, malformed want %v", err, tc.malformed)
-			}
-			if err != nil && !errors.Is(err, wire.ErrMalformed) {
-				t.Fatalf("err = %v, want ErrMalformed", err)
-			}
-			if got := len(s.DrainAcks(nil)); got != tc.queued {
-				t.Fatalf("%d acks queued, want %d", got, tc.queued)
-			}
-		})
-	}
-}
-
-func TestFailPendingEndsEveryItemOnce(t *testing.T) {
-	s, g := ackStore()
-	if err := s.applyAcks(g, []*storev1.Ack{ack(7, 0, durable, ok), ack(7, 1, gathered, ok)}); err != nil {
-		t.Fatal(err)
-	}
-	down := errors.New("down")
-	if n := s.failPending(1, down); n != 2 {
-		t.Fatalf("failed %d items, want 2 (items 1 and 2)", n)
-	}
-	acks := s.DrainAcks(nil)
-	term := map[int]int{}
-	for _, a := range acks {
-		if a.Stage != tiers.AckGathered {
-			term[a.Index]++
-		}
-	}
-	for i := range 3 {
-		if term[i] != 1 {
-			t.Fatalf("item %d has %d terminal acks: %+v", i, term[i], acks)
-		}
-	}
-	// The replaced generation's late acks are ignored, not malformed.
-	s.gen = &storeGen{id: 2}
-	if err := s.applyAcks(g, []*storev1.Ack{ack(7, 2, durable, ok)}); err != nil || len(s.DrainAcks(nil)) != 0 {
-		t.Fatalf("late ack of a replaced process: %v", err)
-	}
-}
-
-// FuzzApplyAcks feeds arbitrary ack batches to the host: it must never
-// panic, and however malformed the input, no item ever gets two terminal
-// acks once the plugin is failed.
-func FuzzApplyAcks(f *testing.F) {
-	for _, acks := range [][]*storev1.Ack{
-		{ack(7, 0, gathered, ok), ack(7, 0, durable, ok)},
-		{ack(7, 2, failed, storev1.ResultCode_RESULT_CODE_BROKEN)},
-		{ack(7, 0, durable, ok), ack(7, 0, durable, ok)},
-	} {
-		b, _ := proto.Marshal(&storev1.AckBatch{Acks: acks})
-		f.Add(b)
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		var msg storev1.AckBatch
-		if proto.Unmarshal(b, &msg) != nil {
-			return
-		}
-		s, g := ackStore()
-		if err := s.applyAcks(g, msg.GetAcks()); err != nil {
-			s.failPending(g.id, errors.New("down"))
-		} else {
-			s.failPending(-1, errors.New("closed"))
-		}
-		term := map[int]int{}
-		for _, a := range s.DrainAcks(nil) {
-			if a.Batch != 7 {
-				t.Fatalf("ack for batch %d", a.Batch)
-			}
-			if a.Stage != tiers.AckGathered {
-				term[a.Index]++
-			}
-		}
-		for i := range 3 {
-			if term[i] != 1 {
-				t.Fatalf("item %d: %d terminal acks", i, term[i])
-			}
-		}
-	})
-}
-
 func TestDecodeGet(t *testing.T) {
-	s := &Store{spec: PluginSpec{Name: "unit"}}
+	s := &Store{}
+	s.spec = PluginSpec{Name: "unit"}
 	res := func(codes ...storev1.ResultCode) *storev1.GetReply {
 		r := &storev1.GetReply{}
 		for _, c := range codes {
@@ -291,10 +156,6 @@ func TestConfigJSON(t *testing.T) {
 			t.Errorf("%s: %s %v, want %s (bad %v)", c.name, got, err, c.want, c.bad)
 		}
 	}
-	spec := FromConfig("l4", config.PluginSpec{Path: "/p", SHA256: strings.Repeat("a", 64), Config: []byte("capacity: 1\n")}, Options{})
-	if got, err := spec.configJSON(); err != nil || string(got) != `{"capacity":1}` || spec.Name != "l4" || spec.Path != "/p" {
-		t.Errorf("FromConfig: %+v %s %v", spec, got, err)
-	}
 }
 
 func TestBridgeRateLimitsPluginLines(t *testing.T) {
@@ -389,18 +250,4 @@ func FuzzStartError(f *testing.F) {
 			t.Fatalf("%q -> %v wraps no sentinel", s, err)
 		}
 	})
-}
-
-func TestCheckBatchesCatchesBrokenBookkeeping(t *testing.T) {
-	if !invariants.Enabled {
-		t.Skip("needs -tags invariants or -race")
-	}
-	s, _ := ackStore()
-	s.batches[7].left = 2 // three items open
-	defer func() {
-		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "left=2 but 3 items open") {
-			t.Fatalf("recovered %v, want the broken-invariant panic", r)
-		}
-	}()
-	s.checkBatches()
 }

@@ -320,3 +320,19 @@ func Message(err error) string {
 	}
 	return err.Error()
 }
+
+// CallError returns the error of a call to or from a plugin for wrapping
+// with %w: its text is the plugin's own message (Message), without gRPC's
+// "rpc error: code = ... desc =" prefix, and it still wraps err, so
+// errors.Is, errors.As and status.Code see through it. nil stays nil.
+func CallError(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &callError{err: err}
+}
+
+type callError struct{ err error }
+
+func (e *callError) Error() string { return Message(e.err) }
+func (e *callError) Unwrap() error { return e.err }

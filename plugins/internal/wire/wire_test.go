@@ -233,3 +233,35 @@ func FuzzIndexEntries(f *testing.F) {
 		}
 	})
 }
+
+func TestCallError(t *testing.T) {
+	if CallError(nil) != nil {
+		t.Fatal("CallError(nil) is not nil")
+	}
+	plain := errors.New("plain")
+	cases := []struct {
+		name string
+		err  error
+		text string
+		code codes.Code
+	}{
+		{"status", status.Error(codes.ResourceExhausted, "store full"), "store full", codes.ResourceExhausted},
+		{"deadline", status.Error(codes.DeadlineExceeded, "too slow"), "too slow", codes.DeadlineExceeded},
+		{"plain", plain, "plain", codes.Unknown},
+	}
+	for _, tc := range cases {
+		got := CallError(tc.err)
+		if got.Error() != tc.text {
+			t.Errorf("%s: text %q, want %q", tc.name, got, tc.text)
+		}
+		if !errors.Is(got, tc.err) {
+			t.Errorf("%s: %v does not wrap %v", tc.name, got, tc.err)
+		}
+		if c := status.Code(got); c != tc.code {
+			t.Errorf("%s: status code %v through the wrapper, want %v", tc.name, c, tc.code)
+		}
+		if k := Classify(got); k != Classify(tc.err) {
+			t.Errorf("%s: classified %v through the wrapper, %v without", tc.name, k, Classify(tc.err))
+		}
+	}
+}
