@@ -166,7 +166,7 @@ func (s *Stack) openStore(ctx context.Context, t config.Tier, regs Registries, e
 	}
 	var st tiers.Store
 	if t.Plugin != nil {
-		p, err := pluginhost.OpenStore(ctx, env, pluginhost.FromConfig(t.Name, *t.Plugin, opts.Plugins))
+		p, err := pluginhost.OpenStore(ctx, env, FromConfig(t.Name, *t.Plugin, opts.Plugins))
 		if err != nil {
 			return fmt.Errorf("open stack: store tier %q (plugin %s): %w", t.Name, t.Plugin.Path, err)
 		}
@@ -193,7 +193,7 @@ func openIndex(ctx context.Context, t config.Tier, regs Registries, opts Options
 		env.Dir = filepath.Join(opts.IndexDir, t.Name)
 	}
 	if t.Index.Plugin != nil {
-		ix, err := pluginhost.OpenIndex(ctx, env, pluginhost.FromConfig(t.Name+"-index", *t.Index.Plugin, opts.Plugins))
+		ix, err := pluginhost.OpenIndex(ctx, env, FromConfig(t.Name+"-index", *t.Index.Plugin, opts.Plugins))
 		if err != nil {
 			return nil, fmt.Errorf("open stack: index of tier %q (plugin %s): %w", t.Name, t.Index.Plugin.Path, err)
 		}
