@@ -33,7 +33,7 @@ func TestBuiltins(t *testing.T) {
 		{"slabs", tr.Slabs.Names(tiers.SlabV1), []string{"l2hugetlb"}},
 		{"stores", tr.Stores.Names(tiers.StoreV1), []string{"l3disk", "memstore"}},
 		{"indexes", ix.Names(indexes.IndexV1), []string{"badger", "lmdb"}},
-		{"policies", pr.Names(policy.EvictorV1), []string{"belady", "hindsight", "lru", "proven", "s3fifo", "sieve", "slru"}},
+		{"policies", pr.Names(policy.EvictorV1), []string{"adaptive", "belady", "hindsight", "lru", "proven", "s3fifo", "sieve", "slru"}},
 	} {
 		if !slices.Equal(tc.got, tc.want) {
 			t.Errorf("built-in %s = %v, want %v", tc.what, tc.got, tc.want)
