@@ -39,15 +39,16 @@
 // package must never read a wall clock, a random source, a map iteration
 // order or rank-local state.
 //
-// Memory: per live node the two experts' state (lru: a table entry, 16
-// bytes and a 36-byte heap entry while evictable; hindsight: a table
-// entry, 40 bytes and up to two 36-byte heap entries) and this package's
-// own table entry and 24 bytes (tail key, pages, depth, pages owed to each
-// expert); so per cached page at most three table entries and 188 bytes.
-// Ghosts: hindsight's (at most 64 bytes per remembered page, one peak
-// cache of pages) and the duel ghost, at most one peak cache of pages in a
-// ring of 8-byte keys and a table of twice the ring's length in 13-byte
-// slots: at most 42 bytes per entry, rounded up to powers of two.
+// Memory: per live node hindsight's state (a table entry, 40 bytes and up
+// to two 36-byte heap entries) and this package's table entry, 40 bytes
+// (tail key, last access, pages, depth, pages owed, flags) and lru's
+// 36-byte heap entry while evictable; so per cached page at most two table
+// entries and 184 bytes. Ghosts, both bounded by the peak number of cached
+// pages: hindsight's (at most 64 bytes per remembered page) and the duel
+// ghost (a ring of 8-byte keys and a table of twice the ring's length in
+// 13-byte slots, both rounded up to powers of two: at most 68 bytes per
+// entry). The list of indebted nodes is compacted to at most twice their
+// number.
 package adaptive
 
 import (
@@ -98,8 +99,9 @@ func Register(r *policy.Registry) error {
 }
 
 type node struct {
-	tail  uint64
-	pages int32
+	tail       uint64
+	lastAccess uint64 // lru's key
+	pages      int32
 	depth int32
 	// owed counts the tail pages the other expert would have evicted
 	// while the followed one kept them; a node whose pages are all owed
@@ -113,7 +115,11 @@ type node struct {
 
 // Adaptive is the adaptive Evictor. Use New.
 type Adaptive struct {
-	experts [2]expert
+	hs *hindsight.Hindsight
+	// lru is the lru expert's heap of evictable leaves by (last access,
+	// id) over this package's slots: the same order as policy/lru,
+	// without a second node table.
+	lru leafheap.Heap
 	follow  uint8
 	margin  int64 // in score units (pages x scale)
 	score   int64 // hindsight's advantage over lru, pages x scale
@@ -135,12 +141,6 @@ type Adaptive struct {
 	switches int
 }
 
-// expert is what the policy needs of an expert.
-type expert interface {
-	policy.Evictor
-	Check() string
-}
-
 // New returns an empty Adaptive. It accepts Params["margin"] in [0,
 // MaxMargin] pages (default DefaultMargin).
 func New(opts policy.Options) (*Adaptive, error) {
@@ -155,14 +155,7 @@ func New(opts policy.Options) (*Adaptive, error) {
 	if err != nil {
 		return nil, fmt.Errorf("new adaptive: %w", err)
 	}
-	l, err := lru.New(policy.Options{})
-	if err != nil {
-		return nil, fmt.Errorf("new adaptive: %w", err)
-	}
-	a := &Adaptive{nodes: leafheap.NewTable[node](), margin: int64(margin*scale + 0.5)}
-	a.experts[followHindsight] = h
-	a.experts[followLRU] = l
-	return a, nil
+	return &Adaptive{hs: h, nodes: leafheap.NewTable[node](), margin: int64(margin*scale + 0.5)}, nil
 }
 
 // Name returns "adaptive".
@@ -174,7 +167,41 @@ func (a *Adaptive) TailRanked() bool { return true }
 
 // Following returns the name of the expert followed now; for tests and
 // inspection.
-func (a *Adaptive) Following() string { return a.experts[a.follow].Name() }
+func (a *Adaptive) Following() string {
+	if a.follow == followLRU {
+		return lru.Name
+	}
+	return hindsight.Name
+}
+
+// show adds (evictable true) or removes slot as a candidate of expert e.
+func (a *Adaptive) show(e uint8, slot int32, id policy.NodeID, evictable bool) {
+	switch {
+	case e == followHindsight:
+		a.hs.SetEvictable(id, evictable)
+	case evictable:
+		a.lru.Set(slot, id, leafheap.Key{A: a.nodes.At(slot).lastAccess})
+	default:
+		a.lru.Remove(slot)
+	}
+}
+
+// victim returns expert e's victim.
+func (a *Adaptive) victim(e uint8) (policy.NodeID, bool) {
+	if e == followHindsight {
+		return a.hs.Victim()
+	}
+	_, id, _, ok := a.lru.Min()
+	return id, ok
+}
+
+// touch sets the lru key of slot to at.
+func (a *Adaptive) touch(slot int32, id policy.NodeID, at uint64) {
+	a.nodes.At(slot).lastAccess = at
+	if a.lru.Contains(slot) {
+		a.lru.Set(slot, id, leafheap.Key{A: at})
+	}
+}
 
 // Score returns hindsight's decayed advantage over lru in pages and the
 // number of switches so far; for tests and inspection.
@@ -223,7 +250,6 @@ func (a *Adaptive) credit(e uint8, pages int64) {
 // shown again and every debt is cleared, since from now on the cache the
 // duels compare against is the new follower's.
 func (a *Adaptive) switchExpert() {
-	other := a.experts[1-a.follow]
 	for _, id := range a.debtors {
 		s, ok := a.nodes.Lookup(id)
 		if !ok {
@@ -231,7 +257,7 @@ func (a *Adaptive) switchExpert() {
 		}
 		v := a.nodes.At(s)
 		if v.hidden && v.evictable {
-			other.SetEvictable(id, true)
+			a.show(1-a.follow, s, id, true)
 		}
 		v.hidden, v.owed, v.listed = false, 0, false
 	}
@@ -254,12 +280,11 @@ func (a *Adaptive) recall(k uint64) {
 func (a *Adaptive) Insert(n policy.NodeInfo) {
 	a.chosen = 0
 	a.tick(n.Time)
-	for _, e := range a.experts {
-		e.Insert(n)
-	}
+	a.hs.Insert(n)
 	slot, fresh := a.nodes.Add(n.ID)
 	v := a.nodes.At(slot)
 	a.resize(v, n)
+	a.touch(slot, n.ID, n.LastAccess)
 	v.tail = keyOf(&n.Tail)
 	if fresh && n.Hits == 0 && n.Children == 0 {
 		a.recall(v.tail)
@@ -271,23 +296,22 @@ func (a *Adaptive) Insert(n policy.NodeInfo) {
 func (a *Adaptive) Hit(n policy.NodeInfo) {
 	a.chosen = 0
 	a.tick(n.Time)
-	for _, e := range a.experts {
-		e.Hit(n)
-	}
+	a.hs.Hit(n)
 	slot, _ := a.nodes.Add(n.ID)
 	v := a.nodes.At(slot)
 	a.resize(v, n)
+	a.touch(slot, n.ID, max(n.LastAccess, n.Time))
 	if v.owed > 0 {
 		o := v.owed
-		a.settle(n.ID, v)
+		a.settle(slot, n.ID, v)
 		a.credit(a.follow, int64(min(o, max(int32(n.Pages), 1))))
 	}
 }
 
 // settle clears v's debt and shows it to the other expert again.
-func (a *Adaptive) settle(id policy.NodeID, v *node) {
+func (a *Adaptive) settle(slot int32, id policy.NodeID, v *node) {
 	if v.hidden && v.evictable {
-		a.experts[1-a.follow].SetEvictable(id, true)
+		a.show(1-a.follow, slot, id, true)
 	}
 	if v.owed > 0 {
 		a.owing--
@@ -305,10 +329,9 @@ func (a *Adaptive) Update(n policy.NodeInfo) {
 		a.commit(v)
 	}
 	a.chosen = 0
-	for _, e := range a.experts {
-		e.Update(n)
-	}
+	a.hs.Update(n)
 	a.resize(v, n)
+	a.touch(slot, n.ID, n.LastAccess)
 	v.tail = keyOf(&n.Tail)
 	if v.owed > v.pages {
 		v.owed = v.pages
@@ -345,7 +368,7 @@ func (a *Adaptive) commit(v *node) {
 	o.owed++
 	if o.owed >= o.pages && !o.hidden {
 		o.hidden = true
-		a.experts[1-a.follow].SetEvictable(a.other, false)
+		a.show(1-a.follow, s, a.other, false)
 	}
 	a.compactDebtors()
 }
@@ -388,12 +411,11 @@ func (a *Adaptive) Remove(id policy.NodeID) {
 			a.owing--
 		}
 		a.pages -= int64(v.pages)
+		a.lru.Remove(s)
 		a.nodes.Delete(id)
 	}
 	a.chosen = 0
-	for _, e := range a.experts {
-		e.Remove(id)
-	}
+	a.hs.Remove(id)
 }
 
 // SetEvictable reports a change of candidates to both experts; a node
@@ -405,9 +427,9 @@ func (a *Adaptive) SetEvictable(id policy.NodeID, evictable bool) {
 	}
 	v := a.nodes.At(s)
 	v.evictable = evictable
-	a.experts[a.follow].SetEvictable(id, evictable)
+	a.show(a.follow, s, id, evictable)
 	if !v.hidden {
-		a.experts[1-a.follow].SetEvictable(id, evictable)
+		a.show(1-a.follow, s, id, evictable)
 	}
 }
 
@@ -416,7 +438,7 @@ func (a *Adaptive) SetEvictable(id policy.NodeID, evictable bool) {
 func (a *Adaptive) Finished(r policy.RequestInfo) {
 	a.chosen = 0
 	a.tick(r.Time)
-	a.experts[followHindsight].(policy.RequestObserver).Finished(r)
+	a.hs.Finished(r)
 	if r.MatchedPages < 0 {
 		return
 	}
@@ -428,22 +450,23 @@ func (a *Adaptive) Finished(r policy.RequestInfo) {
 // Victim returns the followed expert's victim and remembers the other's,
 // so that the eviction that follows can be scored.
 func (a *Adaptive) Victim() (policy.NodeID, bool) {
-	id, ok := a.experts[a.follow].Victim()
+	id, ok := a.victim(a.follow)
 	if !ok {
 		return 0, false
 	}
 	a.chosen = id
-	a.other, _ = a.experts[1-a.follow].Victim()
+	a.other, _ = a.victim(1 - a.follow)
 	return id, true
 }
 
 // Check verifies both experts' invariants and the ghost; "" when they
 // hold.
 func (a *Adaptive) Check() string {
-	for _, e := range a.experts {
-		if msg := e.Check(); msg != "" {
-			return e.Name() + ": " + msg
-		}
+	if msg := a.hs.Check(); msg != "" {
+		return "hindsight: " + msg
+	}
+	if msg := a.lru.Check(); msg != "" {
+		return "lru heap: " + msg
 	}
 	if a.pages < 0 || a.pages > a.peak {
 		return fmt.Sprintf("pages %d outside [0, peak %d]", a.pages, a.peak)
