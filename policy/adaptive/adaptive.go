@@ -102,7 +102,7 @@ type node struct {
 	tail       uint64
 	lastAccess uint64 // lru's key
 	pages      int32
-	depth int32
+	depth      int32
 	// owed counts the tail pages the other expert would have evicted
 	// while the followed one kept them; a node whose pages are all owed
 	// is hidden from the other expert, whose next victims then continue
@@ -119,7 +119,7 @@ type Adaptive struct {
 	// lru is the lru expert's heap of evictable leaves by (last access,
 	// id) over this package's slots: the same order as policy/lru,
 	// without a second node table.
-	lru leafheap.Heap
+	lru     leafheap.Heap
 	follow  uint8
 	margin  int64 // in score units (pages x scale)
 	score   int64 // hindsight's advantage over lru, pages x scale
