@@ -23,9 +23,9 @@
 // counts for the other). The policy follows hindsight while the score is
 // above -Params["margin"] pages and lru while it is below +margin, with
 // hysteresis: it switches only when the score crosses the margin on the
-// other side. The score decays by 1/2^9 per logical tick (a request is
-// two ticks), so its memory is about a thousand requests and it follows a
-// change of traffic.
+// other side. The score decays by 1/2^Params["decay_shift"] (default 9)
+// per logical tick (a request is two ticks), so its memory is about a
+// thousand requests and it follows a change of traffic.
 //
 // Requests whose misses are reported (policy.RequestObserver with
 // RequestInfo.Pages) find their missed pages in the ghost; without page
@@ -75,11 +75,11 @@ const MaxMargin = 1 << 20
 const (
 	// scale is the fixed-point scale of the score.
 	scale = 1 << 8
-	// decayShift: every tick the score loses score >> decayShift.
-	decayShift = 9
+	// DefaultDecayShift: every tick the score loses score >> decay_shift.
+	DefaultDecayShift = 9
 	// maxDecaySteps bounds the decay work of one event after a long
 	// quiet stretch (the score is zero long before).
-	maxDecaySteps = 64 << decayShift
+	maxDecaySteps = 1 << 16
 )
 
 // Experts, also the tags of the duel ghost.
@@ -119,11 +119,12 @@ type Adaptive struct {
 	// lru is the lru expert's heap of evictable leaves by (last access,
 	// id) over this package's slots: the same order as policy/lru,
 	// without a second node table.
-	lru     leafheap.Heap
-	follow  uint8
-	margin  int64 // in score units (pages x scale)
-	score   int64 // hindsight's advantage over lru, pages x scale
-	decayAt uint64
+	lru        leafheap.Heap
+	follow     uint8
+	margin     int64 // in score units (pages x scale)
+	decayShift uint
+	score      int64 // hindsight's advantage over lru, pages x scale
+	decayAt    uint64
 
 	nodes *leafheap.Table[node]
 	pages int64
@@ -142,9 +143,10 @@ type Adaptive struct {
 }
 
 // New returns an empty Adaptive. It accepts Params["margin"] in [0,
-// MaxMargin] pages (default DefaultMargin).
+// MaxMargin] pages (default DefaultMargin) and Params["decay_shift"], a
+// whole number in [1, 20] (default DefaultDecayShift).
 func New(opts policy.Options) (*Adaptive, error) {
-	if err := policy.CheckParams(Name, opts.Params, "margin"); err != nil {
+	if err := policy.CheckParams(Name, opts.Params, "margin", "decay_shift"); err != nil {
 		return nil, fmt.Errorf("new adaptive: %w", err)
 	}
 	margin, err := policy.RangeParam(opts.Params, "margin", DefaultMargin, MaxMargin)
@@ -155,7 +157,11 @@ func New(opts policy.Options) (*Adaptive, error) {
 	if err != nil {
 		return nil, fmt.Errorf("new adaptive: %w", err)
 	}
-	return &Adaptive{hs: h, nodes: leafheap.NewTable[node](), margin: int64(margin*scale + 0.5)}, nil
+	shift, err := policy.RangeParam(opts.Params, "decay_shift", DefaultDecayShift, 20)
+	if err != nil || shift < 1 || shift != float64(int(shift)) {
+		return nil, fmt.Errorf("new adaptive: decay_shift %v: want a whole number in [1, 20] (%v)", opts.Params["decay_shift"], err)
+	}
+	return &Adaptive{hs: h, nodes: leafheap.NewTable[node](), margin: int64(margin*scale + 0.5), decayShift: uint(shift)}, nil
 }
 
 // Name returns "adaptive".
@@ -224,8 +230,8 @@ func (a *Adaptive) tick(now uint64) {
 		if a.score == 0 {
 			return
 		}
-		a.score -= a.score >> decayShift
-		if a.score < 0 && a.score > -(1<<decayShift) {
+		a.score -= a.score >> a.decayShift
+		if a.score < 0 && a.score > -(1<<a.decayShift) {
 			// NB: an arithmetic shift of a small negative score is -1
 			// forever; let it reach zero like a positive one.
 			a.score++

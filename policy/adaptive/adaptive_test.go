@@ -8,7 +8,7 @@ import (
 )
 
 func TestConformance(t *testing.T) {
-	for _, params := range []map[string]float64{nil, {"margin": 0}, {"margin": 1}, {"margin": MaxMargin}} {
+	for _, params := range []map[string]float64{nil, {"margin": 0}, {"margin": 1, "decay_shift": 1}, {"margin": MaxMargin, "decay_shift": 20}} {
 		t.Run("", func(t *testing.T) {
 			policytest.Run(t, func() (policy.Evictor, error) { return New(policy.Options{Params: params}) })
 		})
@@ -16,7 +16,7 @@ func TestConformance(t *testing.T) {
 }
 
 func TestParams(t *testing.T) {
-	for _, params := range []map[string]float64{{"margin": -1}, {"margin": MaxMargin + 1}, {"share": 0.5}} {
+	for _, params := range []map[string]float64{{"margin": -1}, {"margin": MaxMargin + 1}, {"share": 0.5}, {"decay_shift": 0}, {"decay_shift": 2.5}, {"decay_shift": 21}} {
 		if _, err := New(policy.Options{Params: params}); err == nil {
 			t.Errorf("New(%v) accepted bad parameters", params)
 		}
