@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvtier/kvtier/host/replay"
 	"github.com/kvtier/kvtier/policy"
+	"github.com/kvtier/kvtier/policy/hindsight"
 	"github.com/kvtier/kvtier/policy/lru"
 	"github.com/kvtier/kvtier/policy/policytest"
 	"github.com/kvtier/kvtier/workload"
@@ -101,5 +102,40 @@ func TestGuaranteeGenerated(t *testing.T) {
 				sweep(t, tr, replay.SweepCapacities(tr, 12))
 			})
 		}
+	}
+}
+
+// TestLeavesALosingHindsight checks the point of the policy on the traffic
+// that hurts hindsight (bursty documents, profile docs, tuned seed 1): at
+// a mid capacity where hindsight is more than two points below lru,
+// adaptive switches and ends within half a point of lru or above.
+func TestLeavesALosingHindsight(t *testing.T) {
+	reqs, err := workload.Generate(workload.DocsConfig(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := replay.Compile("docs seed 1", reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const capacity = 5_821_440 // the sweep's 6th capacity
+	a, _ := New(policy.Options{})
+	h, _ := hindsight.New(policy.Options{})
+	l, _ := lru.New(policy.Options{})
+	var rate [3]float64
+	for i, ev := range []policy.Evictor{a, h, l} {
+		r, err := replay.Run(tr, ev, capacity, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rate[i] = r.HitRate
+	}
+	_, switches := a.Score()
+	t.Logf("adaptive %.2f%% (%d switches, following %s), hindsight %.2f%%, lru %.2f%%", 100*rate[0], switches, a.Following(), 100*rate[1], 100*rate[2])
+	if rate[1] > rate[2]-0.02 {
+		t.Fatalf("hindsight %.4f is not clearly below lru %.4f here; the test lost its point", rate[1], rate[2])
+	}
+	if switches == 0 || rate[0] < rate[2]-slack {
+		t.Errorf("adaptive %.4f after %d switches, want at least lru %.4f - 0.5 points", rate[0], switches, rate[2])
 	}
 }
