@@ -152,6 +152,11 @@ type RequestInfo struct {
 	OutputTokens int
 	// MatchedPages is how many of the prompt's pages were already cached.
 	MatchedPages int
+	// Pages are the page hashes of the prompt, in order, when the host
+	// reports them (nil otherwise): every rank hashes the same prompt.
+	// Pages[MatchedPages:] are the pages the request missed. The slice is
+	// valid only during the call; a policy must not keep it.
+	Pages []pagehash.Hash
 }
 
 // RequestObserver is an optional ability of an Evictor: the host reports

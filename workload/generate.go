@@ -29,6 +29,11 @@ type Mix struct {
 	// Scan is bursts of back-to-back requests with unique prompts and no
 	// shared prefix (batch jobs, evaluation sweeps): pure cache pollution.
 	Scan float64
+	// Agent is steps of agent loops (GeneratorConfig.ActiveAgents): each
+	// step re-sends the loop's whole context, grown by the previous
+	// step's short answer and a long tool result. Zero (the default)
+	// generates none.
+	Agent float64
 }
 
 // GeneratorConfig configures Generate. Start from DefaultGeneratorConfig.
@@ -72,6 +77,40 @@ type GeneratorConfig struct {
 	ScanBurst int
 	// ScanTokens is the length of a scan request.
 	ScanTokens Range
+
+	// The knobs below are off at their zero values, and a config that
+	// leaves them off generates exactly what it did before they existed.
+
+	// ActiveDocuments, when positive, turns one-shot documents into
+	// bursty document reuse (RAG over a working set, an analyst or an
+	// agent returning to a file): a document request picks one of
+	// ActiveDocuments slots and asks a new question about the slot's
+	// open document, or opens a new document there. A document takes
+	// DocumentQuestions questions on average (geometric), so its reuse
+	// distance is about ActiveDocuments document requests and it is then
+	// never asked about again.
+	ActiveDocuments int
+	// DocumentQuestions is the mean number of questions about one
+	// document when ActiveDocuments is positive (at least 1).
+	DocumentQuestions float64
+	// IdleShare is the probability that a conversation goes idle after a
+	// turn (a user who leaves and comes back): it gives up its slot and
+	// takes its next turn after an idle gap, then may go idle again.
+	// Zero (the default) keeps every conversation in its slot.
+	IdleShare float64
+	// IdleRequests is the mean idle gap in requests (exponential).
+	IdleRequests float64
+	// ActiveAgents is the number of agent loops open at once when
+	// Mix.Agent is positive; few loops mean short reuse distances.
+	ActiveAgents int
+	// AgentSteps is the mean number of steps of an agent loop
+	// (geometric, at least 1).
+	AgentSteps float64
+	// ToolTokens is the length of a tool result appended at each step.
+	ToolTokens Range
+	// AgentOutputTokens is the length of an agent step's answer (tool
+	// calls are short).
+	AgentOutputTokens Range
 }
 
 // DefaultGeneratorConfig returns the embedded default workload of `kvtier
@@ -132,6 +171,30 @@ func (c GeneratorConfig) Validate() error {
 		return bad("DocumentPromptShare", "%v: want a fraction in [0, 1]", c.DocumentPromptShare)
 	case c.ScanBurst < 1:
 		return bad("ScanBurst", "%d: want at least 1", c.ScanBurst)
+	case c.Mix.Agent < 0 || math.IsInf(c.Mix.Agent, 0) || math.IsNaN(c.Mix.Agent):
+		return bad("Mix.Agent", "%v: want a non-negative, finite weight", c.Mix.Agent)
+	case c.ActiveDocuments < 0:
+		return bad("ActiveDocuments", "%d is negative", c.ActiveDocuments)
+	case c.ActiveDocuments > 0 && !(c.DocumentQuestions >= 1 && !math.IsInf(c.DocumentQuestions, 0)):
+		return bad("DocumentQuestions", "%v: want at least 1 when ActiveDocuments is set", c.DocumentQuestions)
+	case !(c.IdleShare >= 0 && c.IdleShare <= 1):
+		return bad("IdleShare", "%v: want a probability in [0, 1]", c.IdleShare)
+	case c.IdleShare > 0 && !(c.IdleRequests >= 1 && !math.IsInf(c.IdleRequests, 0)):
+		return bad("IdleRequests", "%v: want at least 1 when IdleShare is set", c.IdleRequests)
+	case c.Mix.Agent > 0 && c.ActiveAgents < 1:
+		return bad("ActiveAgents", "%d: want at least 1 when Mix.Agent is set", c.ActiveAgents)
+	case c.Mix.Agent > 0 && !(c.AgentSteps >= 1 && !math.IsInf(c.AgentSteps, 0)):
+		return bad("AgentSteps", "%v: want at least 1 when Mix.Agent is set", c.AgentSteps)
+	}
+	if c.Mix.Agent > 0 {
+		for _, r := range []struct {
+			name string
+			r    Range
+		}{{"ToolTokens", c.ToolTokens}, {"AgentOutputTokens", c.AgentOutputTokens}} {
+			if r.r.Min < 1 || r.r.Min > r.r.Max || r.r.Max > 1<<30 {
+				return bad(r.name, "%+v: want 1 <= Min <= Max <= 2^30 when Mix.Agent is set", r.r)
+			}
+		}
 	}
 	for _, r := range []struct {
 		name string
@@ -168,6 +231,7 @@ const (
 	kindChat kind = iota
 	kindDocument
 	kindScan
+	kindAgent
 )
 
 // meta describes a generated request, for the package's tests.
@@ -194,6 +258,20 @@ type conversation struct {
 	turnsLeft int
 }
 
+// document is an open document of bursty document reuse.
+type document struct {
+	segs     []segment // the system prompt (if any) and the document
+	prompt   int
+	left     int
+	sequence int
+}
+
+// parked is an idle conversation and the request index of its next turn.
+type parked struct {
+	c  *conversation
+	at int
+}
+
 type generator struct {
 	cfg     GeneratorConfig
 	rng     *rand.Rand
@@ -204,6 +282,11 @@ type generator struct {
 	convs   []*conversation
 	nConvs  int
 	now     float64 // ms
+
+	docs   []*document
+	idle   []parked // by at, then parking order
+	agents []*conversation
+	nReqs  int // requests generated so far
 }
 
 func generate(cfg GeneratorConfig) ([]Request, []meta, error) {
@@ -217,6 +300,10 @@ func generate(cfg GeneratorConfig) ([]Request, []meta, error) {
 		convs: make([]*conversation, cfg.ActiveConversations),
 	}
 	g.zipf = rand.NewZipf(g.rng, cfg.SystemPromptZipf, 1, uint64(cfg.SystemPrompts-1))
+	g.docs = make([]*document, cfg.ActiveDocuments)
+	if cfg.Mix.Agent > 0 {
+		g.agents = make([]*conversation, cfg.ActiveAgents)
+	}
 	for range cfg.SystemPrompts {
 		g.prompts = append(g.prompts, g.newSegment(cfg.SystemPromptTokens))
 	}
@@ -224,7 +311,10 @@ func generate(cfg GeneratorConfig) ([]Request, []meta, error) {
 	// proportional to its weight / ScanBurst: the share of scan requests
 	// is then the Scan weight's share.
 	wChat, wDoc, wScan := cfg.Mix.Chat, cfg.Mix.Document, cfg.Mix.Scan/float64(cfg.ScanBurst)
-	total := wChat + wDoc + wScan
+	// NB: the agent weight is drawn as the top slice of the range, so a
+	// config without agents draws exactly as before.
+	wAgent := cfg.Mix.Agent
+	total := wChat + wDoc + wScan + wAgent
 	reqs := make([]Request, 0, cfg.Requests)
 	metas := make([]meta, 0, cfg.Requests)
 	scanLeft := 0
@@ -233,6 +323,8 @@ func generate(cfg GeneratorConfig) ([]Request, []meta, error) {
 		var m meta
 		out := g.sampleRange(cfg.OutputTokens)
 		switch u := g.rng.Float64() * total; {
+		case scanLeft == 0 && u >= wChat+wDoc+wScan:
+			segs, m, out = g.agentStep()
 		case scanLeft > 0 || u >= wChat+wDoc:
 			if scanLeft == 0 {
 				scanLeft = cfg.ScanBurst
@@ -242,6 +334,8 @@ func generate(cfg GeneratorConfig) ([]Request, []meta, error) {
 			m = meta{kind: kindScan, prompt: -1}
 		case u < wChat:
 			segs, m, out = g.chatTurn()
+		case len(g.docs) > 0:
+			segs, m = g.documentQuestion()
 		default:
 			m = meta{kind: kindDocument, prompt: -1}
 			if g.rng.Float64() < cfg.DocumentPromptShare {
@@ -255,13 +349,96 @@ func generate(cfg GeneratorConfig) ([]Request, []meta, error) {
 		req.InputLength, req.HashIDs = g.blocks(segs)
 		reqs = append(reqs, req)
 		metas = append(metas, m)
+		g.nReqs++
 	}
 	return reqs, metas, nil
+}
+
+// documentQuestion asks a new question about the document open in a
+// random slot, opening one there first if the slot is free.
+func (g *generator) documentQuestion() ([]segment, meta) {
+	slot := g.rng.IntN(len(g.docs))
+	d := g.docs[slot]
+	if d == nil {
+		d = &document{prompt: -1, left: g.geometric(g.cfg.DocumentQuestions)}
+		if g.rng.Float64() < g.cfg.DocumentPromptShare {
+			d.prompt = g.pickPrompt()
+			d.segs = append(d.segs, g.prompts[d.prompt])
+		}
+		d.segs = append(d.segs, g.newSegment(g.cfg.DocumentTokens))
+		g.docs[slot] = d
+	}
+	segs := append(append([]segment(nil), d.segs...), g.newSegment(g.cfg.UserTokens))
+	m := meta{kind: kindDocument, prompt: d.prompt, turn: d.sequence}
+	d.sequence++
+	d.left--
+	if d.left == 0 {
+		g.docs[slot] = nil
+	}
+	return segs, m
+}
+
+// agentStep takes the next step of the agent loop in a random slot,
+// opening one there first if the slot is free: the loop's context grows by
+// the previous answer and a tool result at every step.
+func (g *generator) agentStep() ([]segment, meta, int) {
+	slot := g.rng.IntN(len(g.agents))
+	a := g.agents[slot]
+	tool := g.newSegment(g.cfg.ToolTokens)
+	if a != nil && tokens(a.segs)+tool.len > g.cfg.MaxInputTokens {
+		a = nil // context window full: the loop ends here
+	}
+	if a == nil {
+		g.nConvs++
+		a = &conversation{id: g.nConvs, prompt: g.pickPrompt(), turnsLeft: g.geometric(g.cfg.AgentSteps)}
+		a.segs = []segment{g.prompts[a.prompt], g.newSegment(g.cfg.UserTokens)}
+		g.agents[slot] = a
+	} else {
+		a.turn++
+		a.segs = append(a.segs, tool)
+	}
+	segs := append([]segment(nil), a.segs...)
+	out := g.newSegment(g.cfg.AgentOutputTokens)
+	m := meta{kind: kindAgent, conv: a.id, turn: a.turn, prompt: a.prompt}
+	a.turnsLeft--
+	if a.turnsLeft == 0 {
+		g.agents[slot] = nil
+	} else {
+		a.segs = append(a.segs, out)
+	}
+	return segs, m, out.len
+}
+
+// geometric draws a count >= 1 with the given mean.
+func (g *generator) geometric(mean float64) int {
+	n := 1
+	if p := 1 / mean; p < 1 {
+		n = 1 + int(math.Floor(math.Log(1-g.rng.Float64())/math.Log(1-p)))
+	}
+	return n
+}
+
+// park makes c idle until about IdleRequests requests from now.
+func (g *generator) park(c *conversation) {
+	at := g.nReqs + 1 + int(g.rng.ExpFloat64()*g.cfg.IdleRequests)
+	i := len(g.idle)
+	for i > 0 && g.idle[i-1].at > at {
+		i--
+	}
+	g.idle = append(g.idle, parked{})
+	copy(g.idle[i+1:], g.idle[i:])
+	g.idle[i] = parked{c: c, at: at}
 }
 
 // chatTurn continues or opens the conversation in a random slot and
 // returns the turn's segments and its output length.
 func (g *generator) chatTurn() ([]segment, meta, int) {
+	if len(g.idle) > 0 && g.idle[0].at <= g.nReqs {
+		// An idle conversation comes back and takes this turn.
+		c := g.idle[0].c
+		g.idle = g.idle[1:]
+		return g.idleTurn(c)
+	}
 	slot := g.rng.IntN(len(g.convs))
 	c := g.convs[slot]
 	user := g.newSegment(g.cfg.UserTokens)
@@ -291,6 +468,28 @@ func (g *generator) chatTurn() ([]segment, meta, int) {
 	} else {
 		// The next turn's input holds this turn's answer.
 		c.segs = append(c.segs, out)
+		if g.cfg.IdleShare > 0 && g.rng.Float64() < g.cfg.IdleShare {
+			g.convs[slot] = nil
+			g.park(c)
+		}
+	}
+	return segs, m, out.len
+}
+
+// idleTurn is the turn of conversation c back from an idle gap; c goes
+// idle again after it with probability IdleShare, else it ends (its slot
+// was given away).
+func (g *generator) idleTurn(c *conversation) ([]segment, meta, int) {
+	user := g.newSegment(g.cfg.UserTokens)
+	c.turn++
+	c.segs = append(c.segs, user)
+	segs := append([]segment(nil), c.segs...)
+	out := g.newSegment(g.cfg.OutputTokens)
+	m := meta{kind: kindChat, conv: c.id, turn: c.turn, prompt: c.prompt}
+	c.turnsLeft--
+	if c.turnsLeft > 0 && tokens(c.segs)+out.len+g.cfg.UserTokens.Max <= g.cfg.MaxInputTokens && g.rng.Float64() < g.cfg.IdleShare {
+		c.segs = append(c.segs, out)
+		g.park(c)
 	}
 	return segs, m, out.len
 }

@@ -24,12 +24,13 @@ type command struct {
 // commands lists the subcommands; each lives in its own file.
 func commands() map[string]command {
 	return map[string]command{
-		"version": {"print the module version and VCS revision", runVersion},
-		"config":  {"validate a stack config or print the embedded default", runConfig},
-		"replay":  {"replay a trace through the radix tree and eviction policies", runReplay},
-		"bench":   {"run a benchmark on this machine (radix, l2, l3, planner, plugin)", runBench},
-		"inspect": {"check a tier's on-disk state offline (l3)", runInspect},
-		"plugin":  {"pin (sum) or smoke-test (check) a tier or index plugin binary", runPlugin},
+		"version":  {"print the module version and VCS revision", runVersion},
+		"config":   {"validate a stack config or print the embedded default", runConfig},
+		"replay":   {"replay a trace through the radix tree and eviction policies", runReplay},
+		"generate": {"write a generated workload (profile, seed) as a Mooncake JSONL trace", runGenerate},
+		"bench":    {"run a benchmark on this machine (radix, l2, l3, planner, plugin)", runBench},
+		"inspect":  {"check a tier's on-disk state offline (l3)", runInspect},
+		"plugin":   {"pin (sum) or smoke-test (check) a tier or index plugin binary", runPlugin},
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	badgerindex "github.com/kvtier/kvtier/indexes/badger"
 	lmdbindex "github.com/kvtier/kvtier/indexes/lmdb"
 	"github.com/kvtier/kvtier/policy"
+	"github.com/kvtier/kvtier/policy/adaptive"
 	"github.com/kvtier/kvtier/policy/belady"
 	"github.com/kvtier/kvtier/policy/hindsight"
 	"github.com/kvtier/kvtier/policy/lru"
@@ -70,6 +71,7 @@ func Policies() (*policy.Registry, error) {
 		belady.Register,
 		proven.Register,
 		hindsight.Register,
+		adaptive.Register,
 	} {
 		if err := register(r); err != nil {
 			return nil, fmt.Errorf("built-in policies: %w", err)

@@ -40,7 +40,7 @@ func TestBuiltins(t *testing.T) {
 		{"slabs", tr.Slabs.Names(tiers.SlabV1), []string{"l2hugetlb"}},
 		{"stores", tr.Stores.Names(tiers.StoreV1), []string{"l3disk", "memstore"}},
 		{"indexes", ix.Names(indexes.IndexV1), []string{"badger", "lmdb"}},
-		{"policies", pr.Names(policy.EvictorV1), []string{"belady", "hindsight", "lru", "proven", "s3fifo", "sieve", "slru"}},
+		{"policies", pr.Names(policy.EvictorV1), []string{"adaptive", "belady", "hindsight", "lru", "proven", "s3fifo", "sieve", "slru"}},
 		{"planners", pl.Names(policy.PlannerV1), planner.Names()},
 	} {
 		if !slices.Equal(tc.got, tc.want) {

@@ -1,6 +1,7 @@
 package radix
 
 import (
+	"reflect"
 	"testing"
 
 	"github.com/kvtier/kvtier/pagehash"
@@ -42,7 +43,7 @@ func TestFinishedReachesObserver(t *testing.T) {
 		t.Fatalf("observer got %d reports, want %d: %+v", len(ev.finished), len(want), ev.finished)
 	}
 	for i := range want {
-		if ev.finished[i] != want[i] {
+		if !reflect.DeepEqual(ev.finished[i], want[i]) {
 			t.Errorf("report %d = %+v, want %+v (the tree sets Leaf and Time)", i, ev.finished[i], want[i])
 		}
 	}

@@ -209,7 +209,7 @@ func (r *runner) request(i int) error {
 	}
 	// NB: replay does not model time in flight: a request finishes right
 	// after its insert, before the next one arrives.
-	tree.Finished(leaf, policy.RequestInfo{InputTokens: input, OutputTokens: r.tr.output[i], MatchedPages: hit})
+	tree.Finished(leaf, policy.RequestInfo{InputTokens: input, OutputTokens: r.tr.output[i], MatchedPages: hit, Pages: keys})
 	return nil
 }
 

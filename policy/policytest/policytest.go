@@ -122,6 +122,7 @@ type model struct {
 	order    []policy.NodeID // live ids, in creation order (deterministic picks)
 	log      []string
 	maxNodes int
+	pages    []pagehash.Hash // reused by finished
 }
 
 type mnode struct {
@@ -228,6 +229,19 @@ func (m *model) finished(obs policy.RequestObserver, n *mnode) {
 		}
 	case 2:
 		r.OutputTokens = 0
+	case 3, 4:
+		// The prompt's pages, named the way the model names tails, of
+		// this node or of another one (whose trimmed pages a policy may
+		// remember), with a random matched prefix.
+		src := n
+		if p := m.pick(); p != nil && m.rng.IntN(2) == 0 {
+			src = p
+		}
+		m.pages = m.pages[:0]
+		for k := 1; k <= src.info.Depth+src.info.Pages+m.rng.IntN(3); k++ {
+			m.pages = append(m.pages, TailHash(uint64(src.info.ID)<<20|uint64(k)))
+		}
+		r.Pages, r.MatchedPages = m.pages, m.rng.IntN(len(m.pages)+1)
 	}
 	obs.Finished(r)
 	m.logf("finished leaf=%d output=%d", r.Leaf, r.OutputTokens)

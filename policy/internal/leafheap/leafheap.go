@@ -201,7 +201,7 @@ func (h *Heap) Check() string {
 // Table maps node ids to dense slots holding a T per live node. Removed
 // slots are reused, so its size follows the number of live nodes.
 type Table[T any] struct {
-	index map[policy.NodeID]int32
+	index idIndex
 	vals  []T
 	ids   []policy.NodeID
 	free  []int32
@@ -209,22 +209,19 @@ type Table[T any] struct {
 
 // NewTable returns an empty table.
 func NewTable[T any]() *Table[T] {
-	return &Table[T]{index: make(map[policy.NodeID]int32)}
+	return &Table[T]{index: idIndex{old: make(map[policy.NodeID]int32)}}
 }
 
 // Len returns the number of live nodes.
-func (t *Table[T]) Len() int { return len(t.index) }
+func (t *Table[T]) Len() int { return t.index.len() }
 
 // Lookup returns id's slot.
-func (t *Table[T]) Lookup(id policy.NodeID) (int32, bool) {
-	s, ok := t.index[id]
-	return s, ok
-}
+func (t *Table[T]) Lookup(id policy.NodeID) (int32, bool) { return t.index.get(id) }
 
 // Add returns id's slot, allocating a zeroed one when id is new; fresh
 // reports whether it was new.
 func (t *Table[T]) Add(id policy.NodeID) (slot int32, fresh bool) {
-	if s, ok := t.index[id]; ok {
+	if s, ok := t.index.get(id); ok {
 		return s, false
 	}
 	if n := len(t.free); n > 0 {
@@ -237,17 +234,17 @@ func (t *Table[T]) Add(id policy.NodeID) (slot int32, fresh bool) {
 		t.vals = append(t.vals, zero)
 		t.ids = append(t.ids, id)
 	}
-	t.index[id] = slot
+	t.index.put(id, slot)
 	return slot, true
 }
 
 // Delete frees id's slot, zeroing its value, and returns it.
 func (t *Table[T]) Delete(id policy.NodeID) (int32, bool) {
-	s, ok := t.index[id]
+	s, ok := t.index.get(id)
 	if !ok {
 		return 0, false
 	}
-	delete(t.index, id)
+	t.index.del(id)
 	var zero T
 	t.vals[s] = zero
 	t.ids[s] = 0
@@ -260,3 +257,100 @@ func (t *Table[T]) At(slot int32) *T { return &t.vals[slot] }
 
 // ID returns the node id stored at slot.
 func (t *Table[T]) ID(slot int32) policy.NodeID { return t.ids[slot] }
+
+// idIndex maps live node ids to slots. The tree hands ids out in
+// increasing order and most events name recent ids, so ids from base on
+// live in a slice indexed by id - base (slot + 1, 0 for none) and only old
+// survivors (a system prompt that never leaves) move to a map, as in the
+// radix tree's own id table. Memory stays O(live ids): when the slice
+// spans more than four times the ids it holds, the survivors of its older
+// half move to the map. An id below base that was never seen goes
+// straight to the map.
+type idIndex struct {
+	base     policy.NodeID // id of recent[0]
+	recent   []int32
+	inRecent int
+	old      map[policy.NodeID]int32
+}
+
+func (x *idIndex) len() int { return x.inRecent + len(x.old) }
+
+func (x *idIndex) get(id policy.NodeID) (int32, bool) {
+	if id >= x.base {
+		if i := id - x.base; i < policy.NodeID(len(x.recent)) {
+			if v := x.recent[i]; v != 0 {
+				return v - 1, true
+			}
+		}
+		if len(x.old) == 0 {
+			return 0, false
+		}
+	}
+	// NB: the map holds old ids and ids that came far ahead of base.
+	s, ok := x.old[id]
+	return s, ok
+}
+
+// put records id (not present) at slot.
+func (x *idIndex) put(id policy.NodeID, slot int32) {
+	if len(x.recent) == 0 && x.inRecent == 0 && id >= x.base {
+		// NB: an empty slice may restart anywhere at or above base.
+		x.base = id
+	}
+	if id < x.base || id-x.base > policy.NodeID(4*x.inRecent+1024) {
+		// An old id, or one far ahead of the recent ones (ids need
+		// not be dense): keep it in the map rather than span the gap.
+		x.old[id] = slot
+		return
+	}
+	i := int(id - x.base)
+	for len(x.recent) <= i {
+		x.recent = append(x.recent, 0)
+	}
+	x.recent[i] = slot + 1
+	x.inRecent++
+	if len(x.recent) > 64 && len(x.recent) > 4*x.inRecent {
+		x.age()
+	}
+}
+
+func (x *idIndex) del(id policy.NodeID) {
+	if id < x.base || id-x.base >= policy.NodeID(len(x.recent)) || x.recent[id-x.base] == 0 {
+		delete(x.old, id)
+		return
+	}
+	x.recent[id-x.base] = 0
+	x.inRecent--
+	// Drop leading holes so base follows the oldest recent survivor.
+	k := 0
+	for k < len(x.recent) && x.recent[k] == 0 {
+		k++
+	}
+	if k > 0 && (k == len(x.recent) || k >= 64) {
+		x.shift(k)
+	}
+}
+
+// age moves the survivors of the older half of recent to the map.
+func (x *idIndex) age() {
+	half := len(x.recent) / 2
+	for i, v := range x.recent[:half] {
+		if v != 0 {
+			x.old[x.base+policy.NodeID(i)] = v - 1
+			x.inRecent--
+		}
+	}
+	x.shift(half)
+}
+
+// shift drops the first k entries of recent (all empty or moved).
+func (x *idIndex) shift(k int) {
+	x.base += policy.NodeID(k)
+	// NB: copy into a fresh slice now and then, so the dropped prefix's
+	// memory is released rather than kept behind the slice's start.
+	if cap(x.recent) > 2*(len(x.recent)-k)+64 {
+		x.recent = append(make([]int32, 0, 2*(len(x.recent)-k)+64), x.recent[k:]...)
+		return
+	}
+	x.recent = x.recent[k:]
+}
