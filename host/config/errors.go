@@ -11,6 +11,8 @@ import (
 	"github.com/goccy/go-yaml/ast"
 	"github.com/goccy/go-yaml/printer"
 	"github.com/goccy/go-yaml/token"
+
+	"github.com/kvtier/kvtier/quantity"
 )
 
 // ErrInvalid is wrapped by every error about the content of a stack config
@@ -75,44 +77,12 @@ func (e *Error) Unwrap() []error {
 	return []error{ErrInvalid}
 }
 
-// posError is an error at a YAML token, in the shape of goccy/go-yaml's own
-// errors (yaml.Error), so that errors from custom decoders (Size, Tokens,
-// strict integers) come back from the decoder with their position.
-type posError struct {
-	tok *token.Token
-	msg string
-}
-
-func (e *posError) Error() string          { return e.msg }
-func (e *posError) GetToken() *token.Token { return e.tok }
-func (e *posError) GetMessage() string     { return e.msg }
-func (e *posError) FormatError(colored, source bool) string {
-	return yaml.FormatErrorWithToken(e.msg, e.tok, colored, source)
-}
-
-var _ yaml.Error = (*posError)(nil)
-
 func nodeErr(node ast.Node, format string, args ...any) error {
-	return &posError{tok: node.GetToken(), msg: fmt.Sprintf(format, args...)}
+	return quantity.NodeErr(node, nil, format, args...)
 }
 
 // describeNode names a YAML value for "want X, got Y" messages.
-func describeNode(node ast.Node) string {
-	if node == nil {
-		return "nothing"
-	}
-	switch node.Type() {
-	case ast.NullType:
-		return "null"
-	case ast.MappingType:
-		return "a mapping"
-	case ast.SequenceType:
-		return "a list"
-	case ast.StringType, ast.LiteralType:
-		return fmt.Sprintf("the string %q", node.GetToken().Value)
-	}
-	return fmt.Sprintf("%s %s", node.Type().YAMLName(), node.GetToken().Value)
-}
+func describeNode(node ast.Node) string { return quantity.Describe(node) }
 
 // source is a parsed config: its name, bytes and AST, used to turn paths
 // and tokens into positions and annotated excerpts.

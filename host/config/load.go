@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/policy"
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/registry"
 	"github.com/kvtier/kvtier/tiers"
 )
@@ -139,8 +140,8 @@ type rawModel struct {
 }
 
 type rawPayload struct {
-	Name      string `yaml:"name"`
-	PageBytes Size   `yaml:"page_bytes"`
+	Name      string        `yaml:"name"`
+	PageBytes quantity.Size `yaml:"page_bytes"`
 }
 
 type rawTier struct {
@@ -227,7 +228,7 @@ func (i *strictInt) UnmarshalYAML(node ast.Node) error {
 	n, ok := node.(*ast.IntegerNode)
 	if sn, isStr := node.(*ast.StringNode); isStr && !ok && isPlainDigits(sn) {
 		// The parser reads an integer too large for 64 bits as a string.
-		return nodeErr(node, "%s is out of range", sn.Value)
+		return nodeErr(node, "%s is out of range", quantity.Clip(sn.Value, 64))
 	}
 	if !ok {
 		return nodeErr(node, "want an integer, got %s", describeNode(node))

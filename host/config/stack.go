@@ -22,6 +22,7 @@ import (
 	"regexp"
 	"strconv"
 
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/registry"
 	"github.com/kvtier/kvtier/tiers"
 )
@@ -195,7 +196,7 @@ const (
 const (
 	DefaultPageTokens   = 512
 	DefaultPayloadName  = "kv"
-	DefaultPayloadBytes = 2816 * KiB // 2.75MiB, an MLA page of 512 tokens on one rank
+	DefaultPayloadBytes = 2816 * quantity.KiB // 2.75MiB, an MLA page of 512 tokens on one rank
 )
 
 // GeometryValidator is an optional interface of a module config: a module

@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"regexp"
 
-	"github.com/kvtier/kvtier/host/config"
+	"github.com/kvtier/kvtier/quantity"
 )
 
 // Fallback says what Open does when the hugetlbfs mount is missing or full.
@@ -45,21 +45,21 @@ const (
 	// DefaultMaxSlab caps one slab file: a single CUDA host registration
 	// over more than about 1 TiB fails, and a copy may not straddle two
 	// registrations, so the slab is split into files of at most this size.
-	DefaultMaxSlab = 480 * config.GiB
+	DefaultMaxSlab = 480 * quantity.GiB
 )
 
 // Config is the l2hugetlb block of a stack's YAML.
 type Config struct {
 	// Size is the total slab size; required. It is rounded up to whole
 	// backing pages and split into files of at most MaxSlab.
-	Size config.Size `yaml:"size"`
+	Size quantity.Size `yaml:"size"`
 	// Mount is the hugetlbfs mount point (2 MiB pages).
 	Mount string `yaml:"mount"`
 	// Name prefixes the file names: NAME-<i>.slab and NAME.stack-<id>.lock.
 	// Two stacks on one mount need different names.
 	Name string `yaml:"name"`
 	// MaxSlab is the largest single slab file.
-	MaxSlab config.Size `yaml:"max_slab"`
+	MaxSlab quantity.Size `yaml:"max_slab"`
 	// Fallback is none (refuse without hugetlbfs) or shm.
 	Fallback Fallback `yaml:"fallback"`
 	// ShmDir is the tmpfs directory of the shm fallback.
@@ -91,7 +91,7 @@ func DefaultConfig() Config {
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 
 // minMaxSlab is the smallest max_slab accepted: one hugepage.
-const minMaxSlab = 2 * config.MiB
+const minMaxSlab = 2 * quantity.MiB
 
 // Validate checks the config without touching the system.
 func (c Config) Validate() error {

@@ -4,81 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/goccy/go-yaml"
 
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers"
 )
-
-// Size is a byte count that decodes from YAML as a plain integer or with a
-// unit: "64GiB", "2.75MiB", "512KiB", "1.5GB", "4096".
-type Size int64
-
-var sizeUnits = []struct {
-	suffix string
-	mult   float64
-}{
-	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
-	{"B", 1},
-}
-
-// ParseSize parses a size with an optional unit.
-func ParseSize(s string) (Size, error) {
-	t := strings.TrimSpace(s)
-	mult := 1.0
-	for _, u := range sizeUnits {
-		if strings.HasSuffix(t, u.suffix) {
-			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
-			break
-		}
-	}
-	f, err := strconv.ParseFloat(t, 64)
-	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
-		return 0, fmt.Errorf("size %q: want a number with an optional unit (KiB, MiB, GiB, TiB, KB, MB, GB, TB)", s)
-	}
-	v := f * mult
-	if v < 0 || v > math.MaxInt64/2 {
-		return 0, fmt.Errorf("size %q: out of range", s)
-	}
-	if v != math.Trunc(v) {
-		return 0, fmt.Errorf("size %q: not a whole number of bytes", s)
-	}
-	return Size(v), nil
-}
-
-// UnmarshalYAML implements yaml.BytesUnmarshaler.
-func (s *Size) UnmarshalYAML(b []byte) error {
-	var raw string
-	if err := yaml.Unmarshal(b, &raw); err != nil {
-		return err
-	}
-	v, err := ParseSize(raw)
-	if err != nil {
-		return err
-	}
-	*s = v
-	return nil
-}
-
-// MarshalYAML implements yaml.BytesMarshaler (plain bytes round-trip).
-func (s Size) MarshalYAML() ([]byte, error) { return []byte(strconv.FormatInt(int64(s), 10)), nil }
-
-// String returns the size in the largest binary unit that divides it.
-func (s Size) String() string {
-	for _, u := range []struct {
-		name string
-		m    int64
-	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
-		if s != 0 && int64(s)%u.m == 0 {
-			return fmt.Sprintf("%d%s", int64(s)/u.m, u.name)
-		}
-	}
-	return strconv.FormatInt(int64(s), 10)
-}
 
 // Disk is one disk (a directory on one device) that holds slab files.
 type Disk struct {
@@ -87,7 +19,7 @@ type Disk struct {
 	// Budget is the space the store may use on this disk, shared by every
 	// rank mapped to it and split equally over ranks and payload kinds
 	// (the same slot count per kind).
-	Budget Size `yaml:"budget"`
+	Budget quantity.Size `yaml:"budget"`
 }
 
 // Cold-start and O_DIRECT modes.
@@ -255,13 +187,13 @@ func (c *Config) SlotsPerKind(disk, ranksOnDisk int, g tiers.PayloadGeometry) (i
 		if c.Slots > 0 {
 			if c.Slots > fit {
 				return 0, fmt.Errorf("l3disk config: slots %d need %s per rank on disk %d (%s), budget %s over %d ranks fits %d",
-					c.Slots, Size(c.Slots*perSlotSet), disk, c.Disks[disk].Dir, c.Disks[disk].Budget, ranksOnDisk, fit)
+					c.Slots, quantity.Size(c.Slots*perSlotSet), disk, c.Disks[disk].Dir, c.Disks[disk].Budget, ranksOnDisk, fit)
 			}
 			return c.Slots, nil
 		}
 		if fit < 1 {
 			return 0, fmt.Errorf("l3disk config: disks[%d].budget %s over %d ranks holds no slot (one slot of every kind needs %s)",
-				disk, c.Disks[disk].Budget, ranksOnDisk, Size(perSlotSet))
+				disk, c.Disks[disk].Budget, ranksOnDisk, quantity.Size(perSlotSet))
 		}
 		return fit, nil
 	}

@@ -7,33 +7,9 @@ import (
 
 	"github.com/goccy/go-yaml"
 
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers"
 )
-
-func TestParseSize(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want Size
-		bad  bool
-	}{
-		{"4096", 4096, false},
-		{"64GiB", 64 << 30, false},
-		{"2.75MiB", 2883584, false},
-		{"1.5GB", 1500000000, false},
-		{"512 KiB", 512 << 10, false},
-		{"10B", 10, false},
-		{"1.3B", 0, true},
-		{"-1GiB", 0, true},
-		{"lots", 0, true},
-		{"", 0, true},
-		{"NaN", 0, true},
-	} {
-		got, err := ParseSize(tc.in)
-		if (err != nil) != tc.bad || got != tc.want {
-			t.Errorf("ParseSize(%q) = %d, %v; want %d, bad=%v", tc.in, got, err, tc.want, tc.bad)
-		}
-	}
-}
 
 func TestConfigYAML(t *testing.T) {
 	src := `
@@ -143,7 +119,7 @@ func TestSlotsPerKind(t *testing.T) {
 	g := tiers.PayloadGeometry{PageTokens: 1, Kinds: []tiers.PayloadSpec{{Name: "kv", PageBytes: 2883584}, {Name: "ix", PageBytes: 100}}}
 	per := SlotBytes(2883584) + SlotBytes(100)
 	c := DefaultConfig()
-	c.Disks = []Disk{{Dir: "/a", Budget: Size(2 * (10*per + 2*superblockSize))}}
+	c.Disks = []Disk{{Dir: "/a", Budget: quantity.Size(2 * (10*per + 2*superblockSize))}}
 	if n, err := c.SlotsPerKind(0, 2, g); err != nil || n != 10 {
 		t.Fatalf("slots = %d, %v; want 10", n, err)
 	}
@@ -152,7 +128,7 @@ func TestSlotsPerKind(t *testing.T) {
 		t.Fatalf("slots over budget: %v", err)
 	}
 	c.Slots = 0
-	c.Disks[0].Budget = Size(per)
+	c.Disks[0].Budget = quantity.Size(per)
 	if _, err := c.SlotsPerKind(0, 2, g); err == nil || !strings.Contains(err.Error(), "holds no slot") {
 		t.Fatalf("tiny budget: %v", err)
 	}

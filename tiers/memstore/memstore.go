@@ -16,8 +16,8 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/pagehash"
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/registry"
 	"github.com/kvtier/kvtier/tiers"
 )
@@ -31,7 +31,7 @@ const DefaultCapacity = 1 << 30
 // Config is memstore's YAML config.
 type Config struct {
 	// Capacity is the byte budget for stored payload bytes ("8GiB").
-	Capacity config.Size `yaml:"capacity"`
+	Capacity quantity.Size `yaml:"capacity"`
 }
 
 // DefaultConfig returns the defaults.
