@@ -62,7 +62,6 @@ const (
 	MiB Size = 1 << 20
 	GiB Size = 1 << 30
 	TiB Size = 1 << 40
-	PiB Size = 1 << 50
 )
 
 var sizeUnits = []struct {

@@ -112,3 +112,47 @@ func TestSizePrintsBack(t *testing.T) {
 		}
 	}
 }
+
+// TestNonsenseRefused checks that values no machine could serve are
+// refused at the offending field's YAML path and line, with the bound in
+// the message.
+func TestNonsenseRefused(t *testing.T) {
+	m := builtinModules(t)
+	l2 := func(cfg string) string {
+		return stackWith("  - name: l2\n    role: slab\n    use: l2hugetlb\n    config:\n" + cfg)
+	}
+	l3 := func(disks string) string {
+		return stackWith("  - name: l2\n    role: slab\n    use: l2hugetlb\n    config: {size: 1GiB}\n  - name: l3\n    role: store\n    use: l3disk\n    index: {use: lmdb}\n    config:\n      disks:\n" + disks)
+	}
+	tests := []struct {
+		name, yaml, path, want string
+	}{
+		{"L2 of a million TiB", l2("      size: 1000000TiB #<\n"), "$.tiers[0].config.size", "is more than 64TiB"},
+		{"L2 max_slab of 100 TiB", l2("      size: 1GiB\n      max_slab: 100TiB #<\n"), "$.tiers[0].config.max_slab", "is more than 64TiB"},
+		{"L2 size missing", l2("      fallback: shm\n"), "$.tiers[0].config.size", "size must be set"}, // at "config:" (line 9)
+		{"L2 mount with NUL", l2("      size: 1GiB\n      mount: \"/dev/huge\\0pages\" #<\n"), "$.tiers[0].config.mount", "NUL byte"},
+		{"page of 4000 TiB", "version: 1\nmodel:\n  page_tokens: 64\n  payloads:\n    - name: kv\n      page_bytes: 4000TiB #<\n", "$.model.payloads[0].page_bytes", "4000TiB is more than 1GiB"},
+		{"dir with NUL", l3("        - {dir: \"/var/tmp/a\\0b\", budget: 1GiB} #<\n"), "$.tiers[1].config.disks[0].dir", "NUL byte"},
+		{"two disks, one directory", l3("        - {dir: /var/tmp/kv, budget: 1GiB}\n        - {dir: /var/tmp/kv/, budget: 1GiB} #<\n"), "$.tiers[1].config.disks[1].dir", "repeats disks[0]"},
+		{"budget of 2 PiB", l3("        - dir: /var/tmp/kv\n          budget: 2PiB #<\n"), "$.tiers[1].config.disks[0].budget", "unknown unit"},
+		{"budget of 2048 TiB", l3("        - dir: /var/tmp/kv\n          budget: 2048TiB #<\n"), "$.tiers[1].config.disks[0].budget", "2048TiB is more than 1024TiB"},
+		{"budget zero", l3("        - dir: /var/tmp/kv\n          budget: 0 #<\n"), "$.tiers[1].config.disks[0].budget", "must be positive"},
+		{"second disk's budget", l3("        - {dir: /var/tmp/a, budget: 1GiB}\n        - dir: /var/tmp/b\n          budget: 0 #<\n"), "$.tiers[1].config.disks[1].budget", "must be positive"},
+		{"memstore of 100 TiB", stackWith("  - name: l2\n    role: slab\n    use: l2hugetlb\n    config: {size: 1GiB}\n  - name: m\n    role: store\n    use: memstore\n    config:\n      capacity: 100TiB #<\n"), "$.tiers[1].config.capacity", "is more than 64TiB"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := config.Load([]byte(tc.yaml), "n.yaml", m)
+			line := 9 // no mark: the field is absent, the error is at its block
+			for i, l := range strings.Split(tc.yaml, "\n") {
+				if strings.Contains(l, "#<") {
+					line = i + 1
+				}
+			}
+			var ce *config.Error
+			if !errors.As(err, &ce) || ce.Path != tc.path || ce.Line != line || !strings.Contains(ce.Msg, tc.want) {
+				t.Fatalf("got %v\nwant an error at %s, line %d, saying %q", err, tc.path, line, tc.want)
+			}
+		})
+	}
+}

@@ -17,10 +17,12 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"regexp"
 	"strconv"
+	"strings"
 
 	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/registry"
@@ -37,6 +39,8 @@ const (
 	MaxPageTokens = 1 << 20
 	// MaxPayloadKinds is the number of kinds a tiers.PayloadKind can index.
 	MaxPayloadKinds = 256
+	// MaxPageBytes bounds a payload's page_bytes.
+	MaxPageBytes = quantity.GiB
 )
 
 // Role is a tier's role in the stack, as written in YAML.
@@ -298,6 +302,9 @@ func checkGeometry(g tiers.PayloadGeometry) *problem {
 		if k.PageBytes <= 0 {
 			return problemf(path+".page_bytes", nil, "must be positive, got %d bytes", k.PageBytes)
 		}
+		if k.PageBytes > int64(MaxPageBytes) {
+			return problemf(path+".page_bytes", nil, "%s is more than %s; a page of one payload is kilobytes to megabytes", quantity.Size(k.PageBytes), MaxPageBytes)
+		}
 	}
 	return nil
 }
@@ -353,17 +360,31 @@ func (s *Stack) checkTiers() *problem {
 		}{{path + ".config", t.Config}, {path + ".index.config", indexConfig(t.Index)}} {
 			if v, ok := cfg.v.(interface{ Validate() error }); ok {
 				if err := v.Validate(); err != nil {
-					return problemf(cfg.path, err, "%v", err)
+					return problemf(fieldPath(cfg.path, err), err, "%v", err)
 				}
 			}
 			if v, ok := cfg.v.(GeometryValidator); ok {
 				if err := v.ValidateGeometry(s.Payload); err != nil {
-					return problemf(cfg.path, err, "this module cannot serve the stack's payload geometry ($.model): %v", err)
+					return problemf(fieldPath(cfg.path, err), err, "this module cannot serve the stack's payload geometry ($.model): %v", err)
 				}
 			}
 		}
 	}
 	return nil
+}
+
+// fieldPath returns the YAML path of the field a module's validation
+// error names (a registry.FieldError), below the module's config at path;
+// path itself when the error names no field.
+func fieldPath(path string, err error) string {
+	var fe *registry.FieldError
+	if !errors.As(err, &fe) || fe.Field == "" {
+		return path
+	}
+	if strings.HasPrefix(fe.Field, "[") {
+		return path + fe.Field
+	}
+	return path + "." + fe.Field
 }
 
 func indexConfig(ix *IndexSpec) any {

@@ -4,11 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/goccy/go-yaml"
 
 	"github.com/kvtier/kvtier/quantity"
+	"github.com/kvtier/kvtier/registry"
 	"github.com/kvtier/kvtier/tiers"
 )
 
@@ -79,61 +82,91 @@ func DefaultConfig() Config {
 	}
 }
 
+// Bounds that catch a unit mistake: no single disk, and no slot count on
+// one, comes near them.
+const (
+	// MaxBudget bounds one disk's budget.
+	MaxBudget = 1024 * quantity.TiB
+	// MaxSlots bounds slots: MaxBudget in the smallest (4 KiB) slots.
+	MaxSlots = int64(MaxBudget) / 4096
+)
+
 // Validate checks the config on its own (what needs the world size is
-// checked at Open by DiskForRank).
+// checked at Open by DiskForRank). Each problem is a registry.FieldError
+// naming its field, so the stack loader reports the field's line; all of
+// them are joined, the first in field order first.
 func (c *Config) Validate() error {
 	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, registry.FieldErrorf(field, "%s: %s", field, fmt.Sprintf(format, args...)))
+	}
 	if len(c.Disks) == 0 {
-		errs = append(errs, errors.New("disks: at least one disk is required"))
+		bad("disks", "at least one disk is required")
 	}
 	seen := map[string]int{}
 	for i, d := range c.Disks {
-		if d.Dir == "" {
-			errs = append(errs, fmt.Errorf("disks[%d].dir: empty", i))
+		dir := fmt.Sprintf("disks[%d].dir", i)
+		switch {
+		case d.Dir == "":
+			bad(dir, "empty")
+		case strings.ContainsRune(d.Dir, 0):
+			bad(dir, "%q holds a NUL byte", d.Dir)
+		default:
+			// NB: /mnt/a, /mnt/a/ and /mnt/b/../a are one directory; two
+			// disks on it would write the same slab files.
+			clean := filepath.Clean(d.Dir)
+			if j, ok := seen[clean]; ok {
+				bad(dir, "%q repeats disks[%d] (%q): two disks may not share a directory", d.Dir, j, c.Disks[j].Dir)
+			} else {
+				seen[clean] = i
+			}
 		}
-		if j, ok := seen[d.Dir]; ok && d.Dir != "" {
-			errs = append(errs, fmt.Errorf("disks[%d].dir: %q repeats disks[%d]", i, d.Dir, j))
-		}
-		seen[d.Dir] = i
+		budget := fmt.Sprintf("disks[%d].budget", i)
 		if d.Budget <= 0 && c.Slots <= 0 {
-			errs = append(errs, fmt.Errorf("disks[%d].budget: must be positive (or set slots)", i))
+			bad(budget, "must be positive (or set slots)")
+		}
+		if d.Budget > MaxBudget {
+			bad(budget, "%s is more than %s, larger than any disk", d.Budget, MaxBudget)
 		}
 	}
 	if len(c.Disks) > math.MaxUint16 {
-		errs = append(errs, fmt.Errorf("disks: %d disks, at most %d", len(c.Disks), math.MaxUint16))
+		bad("disks", "%d disks, at most %d", len(c.Disks), math.MaxUint16)
 	}
 	for r, d := range c.RankDisks {
 		if d < 0 || d >= len(c.Disks) {
-			errs = append(errs, fmt.Errorf("rank_disks[%d]: disk %d out of range [0, %d)", r, d, len(c.Disks)))
+			bad(fmt.Sprintf("rank_disks[%d]", r), "disk %d out of range [0, %d)", d, len(c.Disks))
 		}
 	}
 	if c.Slots < 0 {
-		errs = append(errs, fmt.Errorf("slots: %d is negative", c.Slots))
+		bad("slots", "%d is negative", c.Slots)
+	}
+	if c.Slots > MaxSlots {
+		bad("slots", "%d is more than %d, more 4 KiB slots than %s holds", c.Slots, MaxSlots, MaxBudget)
 	}
 	if c.Depth < 1 || c.Depth > 1024 {
-		errs = append(errs, fmt.Errorf("depth: %d, want 1..1024", c.Depth))
+		bad("depth", "%d, want 1..1024", c.Depth)
 	}
 	if !(c.GCStop > 0 && c.GCStop < c.GCStart && c.GCStart <= 1) {
-		errs = append(errs, fmt.Errorf("gc_start %.3g, gc_stop %.3g: want 0 < gc_stop < gc_start <= 1", c.GCStart, c.GCStop))
+		errs = append(errs, registry.FieldErrorf("gc_start", "gc_start %.3g, gc_stop %.3g: want 0 < gc_stop < gc_start <= 1", c.GCStart, c.GCStop))
 	}
 	if c.GCBatch < 1 {
-		errs = append(errs, fmt.Errorf("gc_batch: %d, want >= 1", c.GCBatch))
+		bad("gc_batch", "%d, want >= 1", c.GCBatch)
 	}
 	switch c.ColdStart {
 	case "", tiers.ColdStartClear, tiers.ColdStartLoad:
 	default:
-		errs = append(errs, fmt.Errorf("cold_start: %q, want clear or load", c.ColdStart))
+		bad("cold_start", "%q, want clear or load", c.ColdStart)
 	}
 	switch c.ODirect {
 	case ODirectAuto, ODirectOn, ODirectOff:
 	default:
-		errs = append(errs, fmt.Errorf("o_direct: %q, want auto, on or off", c.ODirect))
+		bad("o_direct", "%q, want auto, on or off", c.ODirect)
 	}
 	if c.PLPMaxSync <= 0 {
-		errs = append(errs, fmt.Errorf("plp_max_sync: %v, want positive", c.PLPMaxSync))
+		bad("plp_max_sync", "%v, want positive", c.PLPMaxSync)
 	}
 	if c.PLPProbes < 0 || (c.RequirePLP && c.PLPProbes == 0) {
-		errs = append(errs, fmt.Errorf("plp_probes: %d, want >= 0 (>= 1 with require_plp)", c.PLPProbes))
+		bad("plp_probes", "%d, want >= 0 (>= 1 with require_plp)", c.PLPProbes)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("l3disk config: %w", err)

@@ -1,6 +1,7 @@
 package l3disk
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/goccy/go-yaml"
 
 	"github.com/kvtier/kvtier/quantity"
+	"github.com/kvtier/kvtier/registry"
 	"github.com/kvtier/kvtier/tiers"
 )
 
@@ -65,6 +67,10 @@ func TestConfigValidate(t *testing.T) {
 		{"no disks", func(c *Config) { c.Disks = nil }, "at least one disk"},
 		{"empty dir", func(c *Config) { c.Disks[1].Dir = "" }, "disks[1].dir"},
 		{"repeated dir", func(c *Config) { c.Disks[1].Dir = "/a" }, "repeats disks[0]"},
+		{"repeated dir, other spelling", func(c *Config) { c.Disks[1].Dir = "/b/../a/" }, "disks[1].dir: \"/b/../a/\" repeats disks[0]"},
+		{"NUL in dir", func(c *Config) { c.Disks[0].Dir = "/a\x00b" }, "disks[0].dir: \"/a\\x00b\" holds a NUL byte"},
+		{"budget beyond any disk", func(c *Config) { c.Disks[1].Budget = 2048 * quantity.TiB }, "disks[1].budget: 2048TiB is more than 1024TiB"},
+		{"slots beyond any disk", func(c *Config) { c.Slots = 1 << 40 }, "slots: 1099511627776 is more than"},
 		{"no budget", func(c *Config) { c.Disks[0].Budget = 0 }, "disks[0].budget"},
 		{"rank map range", func(c *Config) { c.RankDisks = []int{0, 2} }, "rank_disks[1]"},
 		{"depth", func(c *Config) { c.Depth = 0 }, "depth"},
@@ -80,6 +86,11 @@ func TestConfigValidate(t *testing.T) {
 			err := c.Validate()
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("validate: %v, want mention of %q", err, tc.want)
+			}
+			// The first problem names its field for the stack loader.
+			var fe *registry.FieldError
+			if !errors.As(err, &fe) || fe.Field == "" || !strings.Contains(err.Error(), fe.Field) {
+				t.Errorf("validate: %v: first field error %+v, want one naming a field of the message", err, fe)
 			}
 		})
 	}

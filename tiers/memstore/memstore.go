@@ -37,10 +37,18 @@ type Config struct {
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config { return Config{Capacity: DefaultCapacity} }
 
-// Validate checks the config.
+// MaxCapacity bounds capacity: more process memory than any machine has,
+// so a larger value is a unit mistake.
+const MaxCapacity = 64 * quantity.TiB
+
+// Validate checks the config. Its errors are registry.FieldErrors, so the
+// stack loader reports the field's line.
 func (c *Config) Validate() error {
 	if c.Capacity <= 0 {
-		return fmt.Errorf("memstore: capacity must be positive, got %s", c.Capacity)
+		return registry.FieldErrorf("capacity", "memstore: capacity must be positive, got %s", c.Capacity)
+	}
+	if c.Capacity > MaxCapacity {
+		return registry.FieldErrorf("capacity", "memstore: capacity %s is more than %s, more memory than any machine has", c.Capacity, MaxCapacity)
 	}
 	return nil
 }
