@@ -11,6 +11,14 @@
 // is null (`write_policy:` with no value) counts as omitted: it takes its
 // default, or is reported missing when required.
 //
+// Sizes and token counts are quantity.Size and quantity.Tokens, the one
+// syntax every module shares ("64GiB", "2.75MiB", "3M"). A module's
+// Validate may return a registry.FieldError to have its error reported at
+// the field's line. Input is bounded before the YAML parser sees it
+// (MaxConfigBytes, MaxDepth, MaxMappingKeys, MaxTokens, MaxDocuments,
+// MaxValues once aliases expand), and every message quotes and clips the
+// text it copies from the config (quantity.Quote).
+//
 // This package only describes stacks. It must never open a tier, an index
 // or a plugin, touch the file system beyond reading the config, or keep
 // package-level mutable state: what it returns is a value the host acts on.
