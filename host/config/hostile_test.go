@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 const hostileHead = "version: 1\nmodel:\n  page_tokens: 16\n  payloads: [{name: kv, page_bytes: 1000}]\n"
@@ -221,5 +222,41 @@ func TestErrorsQuoteAndClip(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLoadLinearInKeys checks that loading grows linearly with the number
+// of keys once no mapping is larger than a bound: four times the keys (in
+// four times the mappings of 100 keys, inside a plugin's config, which is
+// decoded and re-encoded whole) must cost well under the sixteen times a
+// quadratic loader would. The best of five runs of each size is compared,
+// as a ratio, so a slow machine does not fail it.
+func TestLoadLinearInKeys(t *testing.T) {
+	if testing.Short() {
+		t.Skip("timing test")
+	}
+	build := func(mappings int) []byte {
+		var b strings.Builder
+		b.WriteString(hostileHead + "tiers:\n  - {name: l2, role: slab, use: testslab}\n  - name: r\n    role: store\n    plugin:\n      path: /p\n      sha256: " + strings.Repeat("a", 64) + "\n      config:\n")
+		for i := range mappings {
+			fmt.Fprintf(&b, "        m%d:\n%s", i, keys("          ", "k", 100))
+		}
+		return []byte(b.String())
+	}
+	best := func(data []byte) time.Duration {
+		d := time.Duration(1 << 62)
+		for range 5 {
+			start := time.Now()
+			if _, err := Load(data, "lin.yaml", testModules()); err != nil {
+				t.Fatal(err)
+			}
+			d = min(d, time.Since(start))
+		}
+		return d
+	}
+	small, large := best(build(10)), best(build(40))
+	t.Logf("1000 keys: %v, 4000 keys: %v (ratio %.1f)", small, large, float64(large)/float64(small))
+	if ratio := float64(large) / float64(small); ratio > 10 {
+		t.Errorf("1000 keys load in %v, 4000 in %v: ratio %.1f, want about 4 (linear), not 16", small, large, ratio)
 	}
 }
