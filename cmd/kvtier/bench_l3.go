@@ -12,6 +12,7 @@ import (
 	"github.com/kvtier/kvtier/internal/bench/indexbench"
 	"github.com/kvtier/kvtier/internal/bench/l3bench"
 	"github.com/kvtier/kvtier/internal/benchreport"
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers/l3disk"
 )
 
@@ -96,7 +97,7 @@ func runBenchL3(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if fs.NArg() > 0 {
 		return fmt.Errorf("bench l3: unexpected arguments %q: %w", fs.Args(), errUsage)
 	}
-	size, err := l3disk.ParseSize(pageBytes)
+	size, err := quantity.ParseSize(pageBytes)
 	if err != nil {
 		return fmt.Errorf("bench l3: --page-bytes: %w: %w", err, errUsage)
 	}

@@ -12,12 +12,12 @@ import (
 	"os"
 	"time"
 
-	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/internal/bench/pluginbench"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/plugins"
 	"github.com/kvtier/kvtier/plugins/pluginhost"
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l2hugetlb"
 )
@@ -108,7 +108,7 @@ func checkStore(ctx context.Context, spec pluginhost.PluginSpec, logger *slog.Lo
 	// A small shm slab in a private directory, as a host's L2 with the shm
 	// fallback: the plugin must attach it by path.
 	scfg := l2hugetlb.DefaultConfig()
-	scfg.Size, scfg.Mount, scfg.ShmDir, scfg.Fallback = config.Size(4*pageBytes), dir+"/no-hugetlbfs", dir, l2hugetlb.FallbackShm
+	scfg.Size, scfg.Mount, scfg.ShmDir, scfg.Fallback = quantity.Size(4*pageBytes), dir+"/no-hugetlbfs", dir, l2hugetlb.FallbackShm
 	slab, err := l2hugetlb.Open(ctx, env, scfg)
 	if err != nil {
 		return fmt.Errorf("plugin check: slab: %w", err)

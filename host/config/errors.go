@@ -1,16 +1,19 @@
 package config
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"reflect"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/goccy/go-yaml"
 	"github.com/goccy/go-yaml/ast"
-	"github.com/goccy/go-yaml/printer"
 	"github.com/goccy/go-yaml/token"
+
+	"github.com/kvtier/kvtier/quantity"
 )
 
 // ErrInvalid is wrapped by every error about the content of a stack config
@@ -43,11 +46,14 @@ type Error struct {
 	Err error
 }
 
-// Error implements error.
+// Error implements error. Every part that can hold text of the config
+// (file name, path, message, excerpt) is escaped and clipped, so the
+// message is bounded and never carries control or terminal-escape bytes,
+// however hostile the input.
 func (e *Error) Error() string {
 	var b strings.Builder
 	if e.File != "" {
-		b.WriteString(e.File)
+		b.WriteString(quantity.Clip(e.File, maxNameBytes))
 		if e.Line > 0 {
 			fmt.Fprintf(&b, ":%d:%d", e.Line, e.Column)
 		}
@@ -56,13 +62,39 @@ func (e *Error) Error() string {
 		fmt.Fprintf(&b, "line %d:%d: ", e.Line, e.Column)
 	}
 	if e.Path != "" {
-		b.WriteString(e.Path)
+		b.WriteString(quantity.Clip(e.Path, maxNameBytes))
 		b.WriteString(": ")
 	}
-	b.WriteString(e.Msg)
+	b.WriteString(clipLines(e.Msg, maxMsgBytes))
 	if e.Source != "" {
 		b.WriteString("\n")
-		b.WriteString(e.Source)
+		b.WriteString(clipLines(e.Source, maxMsgBytes))
+	}
+	return b.String()
+}
+
+// Bounds of the parts of an error message.
+const (
+	maxNameBytes  = 256  // a file name or YAML path
+	maxMsgBytes   = 2048 // a message or an excerpt
+	excerptWidth  = 100  // bytes of one source line shown around the column
+	excerptBefore = 2    // lines shown before the offending one
+)
+
+// clipLines escapes every line of s as quantity.Clip does, keeping the
+// line breaks, and clips the whole to about max bytes of s.
+func clipLines(s string, max int) string {
+	var b strings.Builder
+	for i, line := range strings.Split(s, "\n") {
+		if max <= 0 {
+			b.WriteString("\n…")
+			break
+		}
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(quantity.Clip(line, max))
+		max -= len(line) + 1
 	}
 	return b.String()
 }
@@ -75,49 +107,18 @@ func (e *Error) Unwrap() []error {
 	return []error{ErrInvalid}
 }
 
-// posError is an error at a YAML token, in the shape of goccy/go-yaml's own
-// errors (yaml.Error), so that errors from custom decoders (Size, Tokens,
-// strict integers) come back from the decoder with their position.
-type posError struct {
-	tok *token.Token
-	msg string
-}
-
-func (e *posError) Error() string          { return e.msg }
-func (e *posError) GetToken() *token.Token { return e.tok }
-func (e *posError) GetMessage() string     { return e.msg }
-func (e *posError) FormatError(colored, source bool) string {
-	return yaml.FormatErrorWithToken(e.msg, e.tok, colored, source)
-}
-
-var _ yaml.Error = (*posError)(nil)
-
 func nodeErr(node ast.Node, format string, args ...any) error {
-	return &posError{tok: node.GetToken(), msg: fmt.Sprintf(format, args...)}
+	return quantity.NodeErr(node, nil, format, args...)
 }
 
 // describeNode names a YAML value for "want X, got Y" messages.
-func describeNode(node ast.Node) string {
-	if node == nil {
-		return "nothing"
-	}
-	switch node.Type() {
-	case ast.NullType:
-		return "null"
-	case ast.MappingType:
-		return "a mapping"
-	case ast.SequenceType:
-		return "a list"
-	case ast.StringType, ast.LiteralType:
-		return fmt.Sprintf("the string %q", node.GetToken().Value)
-	}
-	return fmt.Sprintf("%s %s", node.Type().YAMLName(), node.GetToken().Value)
-}
+func describeNode(node ast.Node) string { return quantity.Describe(node) }
 
 // source is a parsed config: its name, bytes and AST, used to turn paths
 // and tokens into positions and annotated excerpts.
 type source struct {
 	name  string
+	data  []byte // the config's bytes, for excerpts
 	file  *ast.File
 	lines int // lines in the config, to clamp positions the parser overshoots
 }
@@ -200,8 +201,91 @@ func (s *source) locate(e *Error, tok *token.Token) {
 		// past the last (found by FuzzLoad); name the last line instead.
 		e.Line, e.Column = s.lines, 1
 	}
-	var pp printer.Printer
-	e.Source = strings.TrimRight(pp.PrintErrorToken(tok, false), "\n")
+	e.Source = s.excerpt(e.Line, e.Column)
+}
+
+// excerpt shows the config around line and column, in the layout of
+// goccy/go-yaml's annotated errors:
+//
+//	   11 |     config:
+//	>  12 |       size: 64GB
+//	                    ^
+//
+// Lines are escaped (quantity.Clip) and a long line is shown only in a
+// window of excerptWidth bytes around the column, so the excerpt is small
+// whatever the config holds.
+func (s *source) excerpt(line, col int) string {
+	if line < 1 || len(s.data) == 0 {
+		return ""
+	}
+	first := max(1, line-excerptBefore)
+	// Find the start of line first, then cut the lines up to line.
+	off := 0
+	for n := 1; n < first; n++ {
+		i := bytes.IndexByte(s.data[off:], '\n')
+		if i < 0 {
+			return ""
+		}
+		off += i + 1
+	}
+	lines := make([][]byte, 0, line-first+1)
+	for n := first; n <= line; n++ {
+		end := bytes.IndexByte(s.data[off:], '\n')
+		if end < 0 {
+			end = len(s.data) - off
+		}
+		lines = append(lines, bytes.TrimSuffix(s.data[off:off+end], []byte("\r")))
+		off += end + 1
+		if off > len(s.data) {
+			break
+		}
+	}
+	if len(lines) == 0 {
+		return ""
+	}
+	last := lines[len(lines)-1]
+	// The column counts characters; find its byte offset in the line.
+	colOff := 0
+	for c := 1; c < col && colOff < len(last); c++ {
+		_, size := utf8.DecodeRune(last[colOff:])
+		colOff += size
+	}
+	from := 0
+	if colOff > excerptWidth/2 {
+		from = colOff - excerptWidth/2
+	}
+	window := func(l []byte) (string, int) {
+		lo := from
+		if lo >= len(l) {
+			lo = 0 // a shorter line around a long one: show its start
+		}
+		for lo > 0 && lo < len(l) && !utf8.RuneStart(l[lo]) {
+			lo--
+		}
+		text := quantity.Clip(string(l[lo:]), excerptWidth)
+		if lo > 0 {
+			text = "…" + text
+		}
+		return text, lo
+	}
+	var b strings.Builder
+	width := len(strconv.Itoa(line))
+	for i, l := range lines {
+		n := first + i
+		mark := " "
+		if n == line {
+			mark = ">"
+		}
+		text, _ := window(l)
+		fmt.Fprintf(&b, "%s%*d | %s\n", mark, max(width, 3), n, strings.TrimRight(text, " \t"))
+	}
+	_, lo := window(last)
+	caret := utf8.RuneCountInString(quantity.Clip(string(last[lo:max(lo, colOff)]), excerptWidth))
+	if lo > 0 {
+		caret++ // the "…"
+	}
+	fmt.Fprintf(&b, "%s%s^", strings.Repeat(" ", max(width, 3)+4), strings.Repeat(" ", caret))
+	return b.String()
 }
 
 // parentPath returns the path one level up: "$.a.b[2]" → "$.a.b",

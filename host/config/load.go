@@ -4,6 +4,7 @@ import (
 	"bytes"
 	_ "embed"
 	"fmt"
+	"io"
 	"os"
 	"reflect"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/policy"
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/registry"
 	"github.com/kvtier/kvtier/tiers"
 )
@@ -42,13 +44,33 @@ func Default(m Modules) (*Stack, error) {
 	return Load(defaultYAML, "default.yaml", m)
 }
 
-// LoadFile reads and loads the config at path.
+// LoadFile reads and loads the config at path. It reads at most
+// MaxConfigBytes: a larger file (or a device such as /dev/zero) is refused
+// with an *Error naming the file and the limit.
 func LoadFile(path string, m Modules) (*Stack, error) {
-	data, err := os.ReadFile(path)
+	data, err := readCapped(path, MaxConfigBytes)
+	if err != nil {
+		return nil, err
+	}
+	return Load(data, path, m)
+}
+
+// readCapped reads the file at path, refusing one of more than limit
+// bytes after reading limit+1 of them.
+func readCapped(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("read stack config: %w", err)
 	}
-	return Load(data, path, m)
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("read stack config %s: %w", path, err)
+	}
+	if int64(len(data)) > limit {
+		return nil, &Error{File: path, Msg: fmt.Sprintf("config is larger than the %s a stack config may hold", quantity.Size(limit))}
+	}
+	return data, nil
 }
 
 // Load parses data (named name in errors), decodes it strictly — every
@@ -65,8 +87,19 @@ func Load(data []byte, name string, m Modules) (*Stack, error) {
 	if m.Policies == nil {
 		m.Policies = policy.NewRegistry()
 	}
-	src := &source{name: name, lines: bytes.Count(data, []byte("\n")) + 1}
-	file, err := parser.ParseBytes(data, 0)
+	// NB: a leading byte-order mark would otherwise be read as part of
+	// the first key, and reported as an unknown field named after the
+	// first comment line.
+	data = stripBOM(data)
+	if len(data) > MaxConfigBytes {
+		return nil, &Error{File: name, Msg: fmt.Sprintf("config is %d bytes, more than the %s a stack config may hold", len(data), quantity.Size(MaxConfigBytes))}
+	}
+	src := &source{name: name, data: data, lines: bytes.Count(data, []byte("\n")) + 1}
+	toks := tokenize(string(data), MaxTokens)
+	if e := src.checkShape(toks); e != nil {
+		return nil, e
+	}
+	file, err := parser.Parse(toks, 0)
 	if err != nil {
 		return nil, src.fromDecode(err, "", nil)
 	}
@@ -89,6 +122,9 @@ func Load(data []byte, name string, m Modules) (*Stack, error) {
 	if body.Type() != ast.MappingType {
 		return nil, src.errAt("$", nil, "want a mapping at the top level, got %s", describeNode(body))
 	}
+	if e := src.checkAliases(body); e != nil {
+		return nil, e
+	}
 	if err := src.checkTags(body); err != nil {
 		return nil, err
 	}
@@ -101,6 +137,9 @@ func Load(data []byte, name string, m Modules) (*Stack, error) {
 		}
 	}
 	raw := defaultRaw()
+	if e := src.unknownField(body, reflect.TypeOf(raw)); e != nil {
+		return nil, e
+	}
 	if err := decodeNode(body, &raw, yaml.Strict()); err != nil {
 		return nil, src.fromDecode(err, "$", reflect.TypeOf(raw))
 	}
@@ -139,8 +178,8 @@ type rawModel struct {
 }
 
 type rawPayload struct {
-	Name      string `yaml:"name"`
-	PageBytes Size   `yaml:"page_bytes"`
+	Name      string        `yaml:"name"`
+	PageBytes quantity.Size `yaml:"page_bytes"`
 }
 
 type rawTier struct {
@@ -227,7 +266,7 @@ func (i *strictInt) UnmarshalYAML(node ast.Node) error {
 	n, ok := node.(*ast.IntegerNode)
 	if sn, isStr := node.(*ast.StringNode); isStr && !ok && isPlainDigits(sn) {
 		// The parser reads an integer too large for 64 bits as a string.
-		return nodeErr(node, "%s is out of range", sn.Value)
+		return nodeErr(node, "%s is out of range", quantity.Clip(sn.Value, 64))
 	}
 	if !ok {
 		return nodeErr(node, "want an integer, got %s", describeNode(node))
@@ -343,7 +382,7 @@ func (s *source) build(raw *rawStack, m Modules) (*Stack, error) {
 		path := fmt.Sprintf("$.tiers[%d]", i)
 		t := Tier{Name: rt.Name, Role: Role(rt.Role), Use: rt.Use}
 		if t.Role.rank() < 0 {
-			return nil, s.errAt(path+".role", nil, "unknown role %q (known: pool, slab, store)", rt.Role)
+			return nil, s.errAt(path+".role", nil, "unknown role %s (known: pool, slab, store)", quantity.Quote(string(rt.Role)))
 		}
 		var err error
 		if t.Plugin, err = s.plugin(path, rt.Plugin); err != nil {
@@ -353,7 +392,7 @@ func (s *source) build(raw *rawStack, m Modules) (*Stack, error) {
 			roleID, _ := t.Role.TypeID()
 			cfg, lookupErr := m.Tiers.NewConfig(roleID, rt.Use)
 			if lookupErr != nil {
-				return nil, s.errAt(path+".use", lookupErr, "no %s module named %q is registered (known: %s)", t.Role, rt.Use, knownList(tierNames(m.Tiers, roleID)))
+				return nil, s.errAt(path+".use", lookupErr, "no %s module named %s is registered (known: %s)", t.Role, quantity.Quote(rt.Use), knownList(tierNames(m.Tiers, roleID)))
 			}
 			if t.Config, err = s.decodeModule(path+".config", rt.Config, cfg, string(roleID)+"/"+rt.Use); err != nil {
 				return nil, err
@@ -369,7 +408,7 @@ func (s *source) build(raw *rawStack, m Modules) (*Stack, error) {
 			if rt.Index.Use != "" && rt.Index.Plugin == nil {
 				reg, lookupErr := m.Indexes.Lookup(indexes.IndexV1, rt.Index.Use)
 				if lookupErr != nil {
-					return nil, s.errAt(path+".index.use", lookupErr, "no index module named %q is registered (known: %s)", rt.Index.Use, knownList(m.Indexes.Names(indexes.IndexV1)))
+					return nil, s.errAt(path+".index.use", lookupErr, "no index module named %s is registered (known: %s)", quantity.Quote(rt.Index.Use), knownList(m.Indexes.Names(indexes.IndexV1)))
 				}
 				var cfg any
 				if reg.NewConfig != nil {
@@ -422,6 +461,10 @@ func (s *source) decodeModule(path string, node ast.Node, cfg any, module string
 		return nil, s.errAt(path, nil, "module %s: NewConfig returned %T, want a pointer to a struct", module, cfg)
 	}
 	if !empty {
+		if e := s.unknownField(node, reflect.TypeOf(cfg)); e != nil {
+			e.Msg = fmt.Sprintf("%s (config of %s)", e.Msg, module)
+			return nil, e
+		}
 		if err := decodeNode(node, cfg, yaml.Strict()); err != nil {
 			e := s.fromDecode(err, path, reflect.TypeOf(cfg))
 			e.Msg = fmt.Sprintf("%s (config of %s)", e.Msg, module)
@@ -464,7 +507,7 @@ func canonicalYAML(node ast.Node) ([]byte, error) {
 func (s *source) checkPolicy(st *Stack, r *policy.Registry) error {
 	reg, err := r.Lookup(policy.EvictorV1, st.Policy.Evictor)
 	if err != nil {
-		return s.errAt("$.policy.evictor", err, "no eviction policy named %q is registered (known: %s)", st.Policy.Evictor, knownList(r.Names(policy.EvictorV1)))
+		return s.errAt("$.policy.evictor", err, "no eviction policy named %s is registered (known: %s)", quantity.Quote(st.Policy.Evictor), knownList(r.Names(policy.EvictorV1)))
 	}
 	if reg.Factory == nil {
 		return s.errAt("$.policy.evictor", nil, "policy %s has no factory (a broken registration)", reg.FullID())
@@ -478,7 +521,7 @@ func (s *source) checkPolicy(st *Stack, r *policy.Registry) error {
 		if len(st.Policy.Params) > 0 {
 			path = "$.policy.params"
 		}
-		return s.errAt(path, err, "policy %q refuses this configuration: %v", st.Policy.Evictor, err)
+		return s.errAt(path, err, "policy %s refuses this configuration: %v", quantity.Quote(st.Policy.Evictor), err)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/registry"
 	"github.com/kvtier/kvtier/tiers"
 )
@@ -76,10 +77,10 @@ func TestLoadFull(t *testing.T) {
 	if got, want := s.Tiers[1].Config, (&testSlabConfig{Path: "/dev/hugepages/kvtier", Size: 1500000000, Fallback: "shm"}); !reflect.DeepEqual(got, want) {
 		t.Errorf("slab config %+v, want %+v", got, want)
 	}
-	if got, want := s.Tiers[2].Config, (&testStoreConfig{Dir: "/mnt/nvme0/kvtier", Budget: TiB, Align: 4 * KiB, Disks: []string{"/mnt/a", "/mnt/b"}}); !reflect.DeepEqual(got, want) {
+	if got, want := s.Tiers[2].Config, (&testStoreConfig{Dir: "/mnt/nvme0/kvtier", Budget: quantity.TiB, Align: 4 * quantity.KiB, Disks: []string{"/mnt/a", "/mnt/b"}}); !reflect.DeepEqual(got, want) {
 		t.Errorf("store config %+v, want %+v (budget defaulted)", got, want)
 	}
-	if got, want := s.Tiers[2].Index, (&IndexSpec{Use: "testindex", Config: &testIndexConfig{MapSize: 64 * GiB, Sync: true}}); !reflect.DeepEqual(got, want) {
+	if got, want := s.Tiers[2].Index, (&IndexSpec{Use: "testindex", Config: &testIndexConfig{MapSize: 64 * quantity.GiB, Sync: true}}); !reflect.DeepEqual(got, want) {
 		t.Errorf("index %+v, want %+v", got, want)
 	}
 	pl := s.Tiers[3].Plugin
@@ -327,7 +328,7 @@ func TestValidateBuiltStack(t *testing.T) {
 			Payload: tiers.PayloadGeometry{PageTokens: 512, Kinds: []tiers.PayloadSpec{{Name: "kv", PageBytes: 1 << 20}}},
 			Tiers: []Tier{
 				{Name: "l2", Role: RoleSlab, Use: "x", Config: &testSlabConfig{Fallback: "shm"}},
-				{Name: "l3", Role: RoleStore, Use: "y", Config: &testStoreConfig{Align: 4 * KiB}},
+				{Name: "l3", Role: RoleStore, Use: "y", Config: &testStoreConfig{Align: 4 * quantity.KiB}},
 			},
 			Policy:      Policy{Evictor: "lru", Planner: PlannerHeap},
 			WritePolicy: WriteThrough,

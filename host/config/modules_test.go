@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/policy"
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/registry"
 	"github.com/kvtier/kvtier/tiers"
 )
@@ -18,9 +19,9 @@ import (
 var errTestModule = errors.New("test module: the config tests never open tiers")
 
 type testSlabConfig struct {
-	Path     string `yaml:"path"`
-	Size     Size   `yaml:"size"`
-	Fallback string `yaml:"fallback"`
+	Path     string        `yaml:"path"`
+	Size     quantity.Size `yaml:"size"`
+	Fallback string        `yaml:"fallback"`
 }
 
 func (c *testSlabConfig) Validate() error {
@@ -31,10 +32,10 @@ func (c *testSlabConfig) Validate() error {
 }
 
 type testStoreConfig struct {
-	Dir    string   `yaml:"dir"`
-	Budget Size     `yaml:"budget"`
-	Align  Size     `yaml:"align"`
-	Disks  []string `yaml:"disks"`
+	Dir    string        `yaml:"dir"`
+	Budget quantity.Size `yaml:"budget"`
+	Align  quantity.Size `yaml:"align"`
+	Disks  []string      `yaml:"disks"`
 }
 
 func (c *testStoreConfig) ValidateGeometry(g tiers.PayloadGeometry) error {
@@ -52,8 +53,8 @@ type testPoolConfig struct {
 }
 
 type testIndexConfig struct {
-	MapSize Size `yaml:"map_size"`
-	Sync    bool `yaml:"sync"`
+	MapSize quantity.Size `yaml:"map_size"`
+	Sync    bool          `yaml:"sync"`
 }
 
 // testEvictor is the smallest Evictor: the loader builds policies only to
@@ -72,12 +73,12 @@ func testModules() Modules {
 	tr := tiers.NewRegistry()
 	must(tr.Slabs.Register(registry.Registration[tiers.Factory[tiers.Slab]]{
 		Type: tiers.SlabV1, Name: "testslab", Doc: "test slab",
-		NewConfig: func() any { return &testSlabConfig{Size: 64 * GiB, Fallback: "none"} },
+		NewConfig: func() any { return &testSlabConfig{Size: 64 * quantity.GiB, Fallback: "none"} },
 		Factory:   func(context.Context, tiers.Env, any) (tiers.Slab, error) { return nil, errTestModule },
 	}))
 	must(tr.Stores.Register(registry.Registration[tiers.Factory[tiers.Store]]{
 		Type: tiers.StoreV1, Name: "teststore", Doc: "test store",
-		NewConfig: func() any { return &testStoreConfig{Budget: TiB} },
+		NewConfig: func() any { return &testStoreConfig{Budget: quantity.TiB} },
 		Factory:   func(context.Context, tiers.Env, any) (tiers.Store, error) { return nil, errTestModule },
 	}))
 	must(tr.Stores.Register(registry.Registration[tiers.Factory[tiers.Store]]{
@@ -92,7 +93,7 @@ func testModules() Modules {
 	ir := indexes.NewRegistry()
 	must(ir.Register(registry.Registration[indexes.Factory]{
 		Type: indexes.IndexV1, Name: "testindex", Doc: "test index",
-		NewConfig: func() any { return &testIndexConfig{MapSize: 16 * GiB, Sync: true} },
+		NewConfig: func() any { return &testIndexConfig{MapSize: 16 * quantity.GiB, Sync: true} },
 		Factory:   func(context.Context, indexes.Env, any) (indexes.Index, error) { return nil, errTestModule },
 	}))
 	pr := policy.NewRegistry()

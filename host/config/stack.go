@@ -11,17 +11,28 @@
 // is null (`write_policy:` with no value) counts as omitted: it takes its
 // default, or is reported missing when required.
 //
+// Sizes and token counts are quantity.Size and quantity.Tokens, the one
+// syntax every module shares ("64GiB", "2.75MiB", "3M"). A module's
+// Validate may return a registry.FieldError to have its error reported at
+// the field's line. Input is bounded before the YAML parser sees it
+// (MaxConfigBytes, MaxDepth, MaxMappingKeys, MaxTokens, MaxDocuments,
+// MaxValues once aliases expand), and every message quotes and clips the
+// text it copies from the config (quantity.Quote).
+//
 // This package only describes stacks. It must never open a tier, an index
 // or a plugin, touch the file system beyond reading the config, or keep
 // package-level mutable state: what it returns is a value the host acts on.
 package config
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"regexp"
 	"strconv"
+	"strings"
 
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/registry"
 	"github.com/kvtier/kvtier/tiers"
 )
@@ -36,6 +47,8 @@ const (
 	MaxPageTokens = 1 << 20
 	// MaxPayloadKinds is the number of kinds a tiers.PayloadKind can index.
 	MaxPayloadKinds = 256
+	// MaxPageBytes bounds a payload's page_bytes.
+	MaxPageBytes = quantity.GiB
 )
 
 // Role is a tier's role in the stack, as written in YAML.
@@ -195,7 +208,7 @@ const (
 const (
 	DefaultPageTokens   = 512
 	DefaultPayloadName  = "kv"
-	DefaultPayloadBytes = 2816 * KiB // 2.75MiB, an MLA page of 512 tokens on one rank
+	DefaultPayloadBytes = 2816 * quantity.KiB // 2.75MiB, an MLA page of 512 tokens on one rank
 )
 
 // GeometryValidator is an optional interface of a module config: a module
@@ -249,12 +262,12 @@ func (s *Stack) check() *problem {
 	switch s.Policy.Planner {
 	case PlannerHeap, PlannerGreedy:
 	default:
-		return problemf("$.policy.planner", nil, "unknown planner %q (known: %s, %s)", s.Policy.Planner, PlannerHeap, PlannerGreedy)
+		return problemf("$.policy.planner", nil, "unknown planner %s (known: %s, %s)", quantity.Quote(string(s.Policy.Planner)), PlannerHeap, PlannerGreedy)
 	}
 	switch s.WritePolicy {
 	case WriteThrough, WriteThroughSelective, WriteBack:
 	default:
-		return problemf("$.write_policy", nil, "unknown write policy %q (known: %s, %s, %s)", s.WritePolicy, WriteThrough, WriteThroughSelective, WriteBack)
+		return problemf("$.write_policy", nil, "unknown write policy %s (known: %s, %s, %s)", quantity.Quote(string(s.WritePolicy)), WriteThrough, WriteThroughSelective, WriteBack)
 	}
 	if s.Ranks.WorldSize < 1 {
 		return problemf("$.ranks.world_size", nil, "must be at least 1, got %d", s.Ranks.WorldSize)
@@ -288,14 +301,17 @@ func checkGeometry(g tiers.PayloadGeometry) *problem {
 	for i, k := range g.Kinds {
 		path := fmt.Sprintf("$.model.payloads[%d]", i)
 		if !namePattern.MatchString(k.Name) {
-			return problemf(path+".name", nil, "payload name %q must start with a letter or digit and use only letters, digits, '_', '.' and '-'", k.Name)
+			return problemf(path+".name", nil, "payload name %s must start with a letter or digit and use only letters, digits, '_', '.' and '-'", quantity.Quote(k.Name))
 		}
 		if j, dup := seen[k.Name]; dup {
-			return problemf(path+".name", nil, "payload %q is already defined at $.model.payloads[%d]", k.Name, j)
+			return problemf(path+".name", nil, "payload %s is already defined at $.model.payloads[%d]", quantity.Quote(k.Name), j)
 		}
 		seen[k.Name] = i
 		if k.PageBytes <= 0 {
 			return problemf(path+".page_bytes", nil, "must be positive, got %d bytes", k.PageBytes)
+		}
+		if k.PageBytes > int64(MaxPageBytes) {
+			return problemf(path+".page_bytes", nil, "%s is more than %s; a page of one payload is kilobytes to megabytes", quantity.Size(k.PageBytes), MaxPageBytes)
 		}
 	}
 	return nil
@@ -314,15 +330,15 @@ func (s *Stack) checkTiers() *problem {
 	for i, t := range s.Tiers {
 		path := fmt.Sprintf("$.tiers[%d]", i)
 		if !namePattern.MatchString(t.Name) {
-			return problemf(path+".name", nil, "tier name %q must start with a letter or digit and use only letters, digits, '_', '.' and '-'", t.Name)
+			return problemf(path+".name", nil, "tier name %s must start with a letter or digit and use only letters, digits, '_', '.' and '-'", quantity.Quote(t.Name))
 		}
 		if j, dup := seen[t.Name]; dup {
-			return problemf(path+".name", nil, "tier name %q is already used by $.tiers[%d]; names must be unique", t.Name, j)
+			return problemf(path+".name", nil, "tier name %s is already used by $.tiers[%d]; names must be unique", quantity.Quote(t.Name), j)
 		}
 		seen[t.Name] = i
 		r := t.Role.rank()
 		if r < 0 {
-			return problemf(path+".role", nil, "unknown role %q (known: pool, slab, store)", t.Role)
+			return problemf(path+".role", nil, "unknown role %s (known: pool, slab, store)", quantity.Quote(string(t.Role)))
 		}
 		if r < prev {
 			return problemf(path+".role", nil, "a %s tier cannot come after a %s tier: list tiers top to bottom (pool, then slab, then stores)", t.Role, s.Tiers[i-1].Role)
@@ -330,17 +346,17 @@ func (s *Stack) checkTiers() *problem {
 		prev = r
 		count[t.Role]++
 		if t.Role != RoleStore && count[t.Role] > 1 {
-			return problemf(path+".role", nil, "a stack has at most one %s tier; %q is the second", t.Role, t.Name)
+			return problemf(path+".role", nil, "a stack has at most one %s tier; %s is the second", t.Role, quantity.Quote(t.Name))
 		}
 		if (t.Role == RolePool || t.Role == RoleStore) && !hasSlab {
-			return problemf(path+".role", nil, "%s tier %q needs a slab tier: pools and stores move pages through the slab", t.Role, t.Name)
+			return problemf(path+".role", nil, "%s tier %s needs a slab tier: pools and stores move pages through the slab", t.Role, quantity.Quote(t.Name))
 		}
 		if p := checkModule(path, t.Use, t.Plugin, t.Config); p != nil {
 			return p
 		}
 		if t.Index != nil {
 			if t.Role != RoleStore {
-				return problemf(path+".index", nil, "only store tiers take an index; %q is a %s", t.Name, t.Role)
+				return problemf(path+".index", nil, "only store tiers take an index; %s is a %s", quantity.Quote(t.Name), t.Role)
 			}
 			if p := checkModule(path+".index", t.Index.Use, t.Index.Plugin, t.Index.Config); p != nil {
 				return p
@@ -352,17 +368,31 @@ func (s *Stack) checkTiers() *problem {
 		}{{path + ".config", t.Config}, {path + ".index.config", indexConfig(t.Index)}} {
 			if v, ok := cfg.v.(interface{ Validate() error }); ok {
 				if err := v.Validate(); err != nil {
-					return problemf(cfg.path, err, "%v", err)
+					return problemf(fieldPath(cfg.path, err), err, "%v", err)
 				}
 			}
 			if v, ok := cfg.v.(GeometryValidator); ok {
 				if err := v.ValidateGeometry(s.Payload); err != nil {
-					return problemf(cfg.path, err, "this module cannot serve the stack's payload geometry ($.model): %v", err)
+					return problemf(fieldPath(cfg.path, err), err, "this module cannot serve the stack's payload geometry ($.model): %v", err)
 				}
 			}
 		}
 	}
 	return nil
+}
+
+// fieldPath returns the YAML path of the field a module's validation
+// error names (a registry.FieldError), below the module's config at path;
+// path itself when the error names no field.
+func fieldPath(path string, err error) string {
+	var fe *registry.FieldError
+	if !errors.As(err, &fe) || fe.Field == "" {
+		return path
+	}
+	if strings.HasPrefix(fe.Field, "[") {
+		return path + fe.Field
+	}
+	return path + "." + fe.Field
 }
 
 func indexConfig(ix *IndexSpec) any {
@@ -387,7 +417,7 @@ func checkModule(path, use string, plugin *PluginSpec, cfg any) *problem {
 			return problemf(path+".plugin.path", nil, "missing: the plugin binary's path")
 		}
 		if !sha256Pattern.MatchString(plugin.SHA256) {
-			return problemf(path+".plugin.sha256", nil, "want the binary's SHA-256 as 64 hex digits (sha256sum %s), got %q", plugin.Path, plugin.SHA256)
+			return problemf(path+".plugin.sha256", nil, "want the binary's SHA-256 as 64 hex digits (sha256sum %s), got %s", quantity.Clip(plugin.Path, maxNameBytes), quantity.Quote(plugin.SHA256))
 		}
 	}
 	return nil
@@ -399,10 +429,10 @@ func checkListen(path, addr string) *problem {
 	}
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return problemf(path, err, "want host:port (e.g. 127.0.0.1:9400), got %q: %v", addr, err)
+		return problemf(path, err, "want host:port (e.g. 127.0.0.1:9400), got %s: %v", quantity.Quote(addr), err)
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
-		return problemf(path, nil, "port %q of %q is not a number in [0, 65535]", port, addr)
+		return problemf(path, nil, "port %s of %s is not a number in [0, 65535]", quantity.Quote(port), quantity.Quote(addr))
 	}
 	return nil
 }

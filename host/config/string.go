@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/goccy/go-yaml"
+
+	"github.com/kvtier/kvtier/quantity"
 )
 
 // Output shapes for String: the same field names as the input, with module
@@ -80,7 +82,7 @@ func (s *Stack) MarshalYAML() ([]byte, error) {
 		API:         rawEndpoint{Listen: s.API.Listen},
 	}
 	for _, k := range s.Payload.Kinds {
-		out.Model.Payloads = append(out.Model.Payloads, rawPayload{Name: k.Name, PageBytes: Size(k.PageBytes)})
+		out.Model.Payloads = append(out.Model.Payloads, rawPayload{Name: k.Name, PageBytes: quantity.Size(k.PageBytes)})
 	}
 	for _, t := range s.Tiers {
 		ot := outTier{Name: t.Name, Role: string(t.Role), Use: t.Use, Config: t.Config}

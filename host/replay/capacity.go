@@ -5,7 +5,7 @@ import (
 	"math"
 	"strings"
 
-	"github.com/kvtier/kvtier/host/config"
+	"github.com/kvtier/kvtier/quantity"
 )
 
 // DefaultCapacities returns the capacity list of `kvtier replay` when none
@@ -14,14 +14,14 @@ import (
 func DefaultCapacities() []int64 { return []int64{1_000_000, 3_000_000, 10_000_000, 0} }
 
 // ParseCapacities parses a comma-separated list of capacities in tokens
-// with the stack config's token syntax (config.ParseTokenList: "1M",
+// with the stack config's token syntax (quantity.ParseTokenList: "1M",
 // "1.5M", "4096", "inf"), returning infinite capacity as 0. Errors name the
 // item and its position in the list.
 func ParseCapacities(s string) ([]int64, error) {
 	if strings.TrimSpace(s) == "" {
 		return nil, fmt.Errorf("capacity list is empty")
 	}
-	toks, err := config.ParseTokenList(s)
+	toks, err := quantity.ParseTokenList(s)
 	if err != nil {
 		return nil, fmt.Errorf("capacity list: %w", err)
 	}
@@ -45,7 +45,7 @@ func FormatCapacity(tokens int64) string {
 	if tokens == 0 {
 		return "inf"
 	}
-	return config.Tokens(tokens).String()
+	return quantity.Tokens(tokens).String()
 }
 
 // SweepCapacities returns points capacities spaced evenly on a log scale

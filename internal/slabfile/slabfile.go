@@ -13,7 +13,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 
-	"github.com/kvtier/kvtier/host/config"
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l2hugetlb"
 )
@@ -28,7 +28,7 @@ func Open(ctx context.Context, logger *slog.Logger, shmDir, stackID string, size
 		logger = slog.New(slog.DiscardHandler)
 	}
 	cfg := l2hugetlb.DefaultConfig()
-	cfg.Size = config.Size(size)
+	cfg.Size = quantity.Size(size)
 	cfg.Name = fmt.Sprintf("kvtier-plugin-%016x", rand.Uint64())
 	cfg.Fallback = l2hugetlb.FallbackShm
 	cfg.ShmDir = shmDir

@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/indexes/badger"
 	"github.com/kvtier/kvtier/indexes/indextest"
 	"github.com/kvtier/kvtier/pagehash"
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/memstore"
 )
@@ -51,7 +51,7 @@ func TestStoreMetamorphic(t *testing.T) {
 	ctx := context.Background()
 	const capPages = 24
 	slabA, slabB := newSlab(t, 64*slot), newSlab(t, 64*slot)
-	in, err := memstore.Open(storeEnv(t, slabA, nil), memstore.Config{Capacity: config.Size(capPages * slot)})
+	in, err := memstore.Open(storeEnv(t, slabA, nil), memstore.Config{Capacity: quantity.Size(capPages * slot)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/indexes/badger"
 	"github.com/kvtier/kvtier/internal/slabfile"
@@ -26,6 +25,7 @@ import (
 	"github.com/kvtier/kvtier/plugins/internal/wire"
 	"github.com/kvtier/kvtier/plugins/proto/indexv1"
 	"github.com/kvtier/kvtier/plugins/proto/storev1"
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/memstore"
 )
@@ -309,9 +309,9 @@ func TestCommonVersion(t *testing.T) {
 }
 
 type testConfig struct {
-	Capacity config.Size `yaml:"capacity"`
-	Name     string      `yaml:"name"`
-	Sync     bool        `yaml:"sync_writes"`
+	Capacity quantity.Size `yaml:"capacity"`
+	Name     string        `yaml:"name"`
+	Sync     bool          `yaml:"sync_writes"`
 }
 
 func (c *testConfig) Validate() error {

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvtier/kvtier/quantity"
 )
 
 // backingInfo is what statfs says about a directory.
@@ -101,7 +103,7 @@ func checkCapacity(dir string, info backingInfo, needBytes int64) error {
 	}
 	if info.kind == BackingShm {
 		return fmt.Errorf("need %s on %s but only %s free; free memory there or reduce size: %w",
-			human(needBytes), dir, human(info.freePages*info.pageSize), ErrCapacity)
+			quantity.Size(needBytes), dir, quantity.Size(info.freePages*info.pageSize), ErrCapacity)
 	}
 	advice := fmt.Sprintf("reserve more (echo %d > %s) or reduce size",
 		info.poolPages+needPages-info.freePages, poolKnob(info.pageSize))
@@ -110,7 +112,7 @@ func checkCapacity(dir string, info backingInfo, needBytes int64) error {
 			info.poolPages+needPages-info.freePages, poolKnob(info.pageSize))
 	}
 	return fmt.Errorf("need %s (%d x %s pages) on %s but only %s free; %s: %w",
-		human(needBytes), needPages, human(info.pageSize), dir, human(info.freePages*info.pageSize), advice, ErrCapacity)
+		quantity.Size(needBytes), needPages, quantity.Size(info.pageSize), dir, quantity.Size(info.freePages*info.pageSize), advice, ErrCapacity)
 }
 
 func poolKnob(pageSize int64) string {
@@ -118,12 +120,4 @@ func poolKnob(pageSize int64) string {
 		return "/proc/sys/vm/nr_hugepages"
 	}
 	return filepath.Join(poolDir(pageSize), "nr_hugepages")
-}
-
-// human formats bytes in GiB (two decimals) from 1 GiB up, else MiB.
-func human(b int64) string {
-	if b >= 1<<30 {
-		return strconv.FormatFloat(float64(b)/(1<<30), 'f', 2, 64) + " GiB"
-	}
-	return strconv.FormatFloat(float64(b)/(1<<20), 'f', -1, 64) + " MiB"
 }

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"strings"
 
-	"github.com/kvtier/kvtier/host/config"
+	"github.com/kvtier/kvtier/quantity"
+	"github.com/kvtier/kvtier/registry"
 )
 
 // Fallback says what Open does when the hugetlbfs mount is missing or full.
@@ -45,21 +47,21 @@ const (
 	// DefaultMaxSlab caps one slab file: a single CUDA host registration
 	// over more than about 1 TiB fails, and a copy may not straddle two
 	// registrations, so the slab is split into files of at most this size.
-	DefaultMaxSlab = 480 * config.GiB
+	DefaultMaxSlab = 480 * quantity.GiB
 )
 
 // Config is the l2hugetlb block of a stack's YAML.
 type Config struct {
 	// Size is the total slab size; required. It is rounded up to whole
 	// backing pages and split into files of at most MaxSlab.
-	Size config.Size `yaml:"size"`
+	Size quantity.Size `yaml:"size"`
 	// Mount is the hugetlbfs mount point (2 MiB pages).
 	Mount string `yaml:"mount"`
 	// Name prefixes the file names: NAME-<i>.slab and NAME.stack-<id>.lock.
 	// Two stacks on one mount need different names.
 	Name string `yaml:"name"`
 	// MaxSlab is the largest single slab file.
-	MaxSlab config.Size `yaml:"max_slab"`
+	MaxSlab quantity.Size `yaml:"max_slab"`
 	// Fallback is none (refuse without hugetlbfs) or shm.
 	Fallback Fallback `yaml:"fallback"`
 	// ShmDir is the tmpfs directory of the shm fallback.
@@ -91,34 +93,52 @@ func DefaultConfig() Config {
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 
 // minMaxSlab is the smallest max_slab accepted: one hugepage.
-const minMaxSlab = 2 * config.MiB
+const minMaxSlab = 2 * quantity.MiB
 
-// Validate checks the config without touching the system.
+// MaxSize bounds size (and max_slab): more host memory than any machine
+// has, so a larger value is a unit mistake.
+const MaxSize = 64 * quantity.TiB
+
+// Validate checks the config without touching the system. Each error is a
+// registry.FieldError naming its field, so the stack loader reports the
+// field's line.
 func (c Config) Validate() error {
 	if c.Size <= 0 {
-		return fmt.Errorf("l2hugetlb config: size must be set (e.g. size: 64GiB)")
+		return registry.FieldErrorf("size", "l2hugetlb config: size must be set (e.g. size: 64GiB)")
+	}
+	if c.Size > MaxSize {
+		return registry.FieldErrorf("size", "l2hugetlb config: size %s is more than %s, more host memory than any machine has", c.Size, MaxSize)
 	}
 	if !filepath.IsAbs(c.Mount) {
-		return fmt.Errorf("l2hugetlb config: mount %q must be an absolute path", c.Mount)
+		return registry.FieldErrorf("mount", "l2hugetlb config: mount %q must be an absolute path", c.Mount)
+	}
+	if strings.ContainsRune(c.Mount, 0) {
+		return registry.FieldErrorf("mount", "l2hugetlb config: mount %q holds a NUL byte", c.Mount)
 	}
 	if !nameRE.MatchString(c.Name) {
-		return fmt.Errorf("l2hugetlb config: name %q must be 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", c.Name)
+		return registry.FieldErrorf("name", "l2hugetlb config: name %q must be 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", c.Name)
 	}
 	if c.MaxSlab < minMaxSlab {
-		return fmt.Errorf("l2hugetlb config: max_slab %s is below one 2 MiB hugepage", c.MaxSlab)
+		return registry.FieldErrorf("max_slab", "l2hugetlb config: max_slab %s is below one 2 MiB hugepage", c.MaxSlab)
+	}
+	if c.MaxSlab > MaxSize {
+		return registry.FieldErrorf("max_slab", "l2hugetlb config: max_slab %s is more than %s, more host memory than any machine has", c.MaxSlab, MaxSize)
 	}
 	switch c.Fallback {
 	case FallbackNone, FallbackShm:
 	default:
-		return fmt.Errorf("l2hugetlb config: fallback %q: want none or shm", c.Fallback)
+		return registry.FieldErrorf("fallback", "l2hugetlb config: fallback %q: want none or shm", c.Fallback)
 	}
 	if !filepath.IsAbs(c.ShmDir) {
-		return fmt.Errorf("l2hugetlb config: shm_dir %q must be an absolute path", c.ShmDir)
+		return registry.FieldErrorf("shm_dir", "l2hugetlb config: shm_dir %q must be an absolute path", c.ShmDir)
+	}
+	if strings.ContainsRune(c.ShmDir, 0) {
+		return registry.FieldErrorf("shm_dir", "l2hugetlb config: shm_dir %q holds a NUL byte", c.ShmDir)
 	}
 	switch c.Stale {
 	case StaleFail, StaleRemove, StaleReuse:
 	default:
-		return fmt.Errorf("l2hugetlb config: stale %q: want fail, remove or reuse", c.Stale)
+		return registry.FieldErrorf("stale", "l2hugetlb config: stale %q: want fail, remove or reuse", c.Stale)
 	}
 	return nil
 }

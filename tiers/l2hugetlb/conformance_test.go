@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"testing"
 
-	"github.com/kvtier/kvtier/host/config"
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l2hugetlb"
 	"github.com/kvtier/kvtier/tiers/memstore"
@@ -19,7 +19,7 @@ import (
 // both, on each backing.
 func TestStoreConformanceOverSlab(t *testing.T) {
 	g := tiers.PayloadGeometry{PageTokens: 16, Kinds: []tiers.PayloadSpec{{Name: "kv", PageBytes: 20000}, {Name: "idx", PageBytes: 3000}}}
-	need := config.Size(2 * tiertest.SlabPages * g.Kinds[0].PageBytes)
+	need := quantity.Size(2 * tiertest.SlabPages * g.Kinds[0].PageBytes)
 	for _, bc := range backings(t, 4) {
 		t.Run(bc.name, func(t *testing.T) {
 			n := 0

@@ -5,6 +5,8 @@
 package l2hugetlb
 
 import (
+	"github.com/kvtier/kvtier/quantity"
+
 	"context"
 	"errors"
 	"fmt"
@@ -214,20 +216,20 @@ func setupFile(f *os.File, size int64, info backingInfo, cfg Config) ([]byte, er
 		// Allocate the tmpfs pages now: a later write fault on a full tmpfs
 		// would be a SIGBUS, not an error.
 		if err := unix.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
-			return nil, fmt.Errorf("fallocate %s (%s): %w: %w", f.Name(), human(size), err, ErrCapacity)
+			return nil, fmt.Errorf("fallocate %s (%s): %w: %w", f.Name(), quantity.Size(size), err, ErrCapacity)
 		}
 	}
 	m, err := mapFile(f, size, cfg.Populate)
 	if err != nil {
 		if errors.Is(err, unix.ENOMEM) {
-			return nil, fmt.Errorf("%w: the hugepage pool cannot back %s; reserve more (echo N > /proc/sys/vm/nr_hugepages) or reduce size: %w", err, human(size), ErrCapacity)
+			return nil, fmt.Errorf("%w: the hugepage pool cannot back %s; reserve more (echo N > /proc/sys/vm/nr_hugepages) or reduce size: %w", err, quantity.Size(size), ErrCapacity)
 		}
 		return nil, err
 	}
 	if cfg.Mlock {
 		if err := unix.Mlock(m); err != nil {
 			_ = unix.Munmap(m)
-			return nil, fmt.Errorf("mlock %s (%s): %w; raise the memlock limit (ulimit -l) or set mlock: false", f.Name(), human(size), err)
+			return nil, fmt.Errorf("mlock %s (%s): %w; raise the memlock limit (ulimit -l) or set mlock: false", f.Name(), quantity.Size(size), err)
 		}
 	}
 	return m, nil

@@ -48,13 +48,13 @@ func TestCheckCapacityMessage(t *testing.T) {
 	}{
 		{"fits", backingInfo{kind: BackingHugetlbfs, pageSize: 2 * mib, freePages: 4}, 8 * mib, nil},
 		{"pool short", backingInfo{kind: BackingHugetlbfs, pageSize: 2 * mib, freePages: 1, poolPages: 10}, 8 * mib,
-			[]string{"need 8 MiB (4 x 2 MiB pages) on /mnt/huge but only 2 MiB free", "echo 13 > /proc/sys/vm/nr_hugepages", "or reduce size"}},
+			[]string{"need 8MiB (4 x 2MiB pages) on /mnt/huge but only 2MiB free", "echo 13 > /proc/sys/vm/nr_hugepages", "or reduce size"}},
 		{"big", backingInfo{kind: BackingHugetlbfs, pageSize: 2 * mib, freePages: 512, poolPages: 512}, 2 << 30,
-			[]string{"need 2.00 GiB (1024 x 2 MiB pages)", "only 1.00 GiB free", "echo 1024 >"}},
+			[]string{"need 2GiB (1024 x 2MiB pages)", "only 1GiB free", "echo 1024 >"}},
 		{"mount limit", backingInfo{kind: BackingHugetlbfs, pageSize: 2 * mib, freePages: 2, limited: true, poolPages: 2}, 6 * mib,
 			[]string{"raise the mount's size= limit", "echo 3 >"}},
 		{"shm", backingInfo{kind: BackingShm, pageSize: 4096, freePages: 256}, 2 * mib,
-			[]string{"need 2 MiB on /mnt/huge but only 1 MiB free"}},
+			[]string{"need 2MiB on /mnt/huge but only 1MiB free"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

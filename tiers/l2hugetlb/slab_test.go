@@ -16,7 +16,7 @@ import (
 	"github.com/goccy/go-yaml"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvtier/kvtier/host/config"
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l2hugetlb"
 	"github.com/kvtier/kvtier/tiers/l2hugetlb/hugetest"
@@ -146,7 +146,7 @@ type backingCase struct {
 	name     string
 	kind     string
 	pageSize int64
-	cfg      func(size, maxSlab config.Size) l2hugetlb.Config
+	cfg      func(size, maxSlab quantity.Size) l2hugetlb.Config
 }
 
 // backings returns the hugetlbfs backing when the kernel grants pages (with
@@ -155,7 +155,7 @@ func backings(t *testing.T, pages int) []backingCase {
 	t.Helper()
 	var out []backingCase
 	if b := hugetest.Setup(t, pages); b.Kind == hugetest.BackingHugetlbfs {
-		out = append(out, backingCase{"hugetlbfs", l2hugetlb.BackingHugetlbfs, 2 << 20, func(size, maxSlab config.Size) l2hugetlb.Config {
+		out = append(out, backingCase{"hugetlbfs", l2hugetlb.BackingHugetlbfs, 2 << 20, func(size, maxSlab quantity.Size) l2hugetlb.Config {
 			c := l2hugetlb.DefaultConfig()
 			c.Size, c.MaxSlab, c.Mount = size, maxSlab, b.Dir
 			return c
@@ -164,7 +164,7 @@ func backings(t *testing.T, pages int) []backingCase {
 		t.Logf("hugetlbfs cases skipped: %s", b.Why)
 	}
 	shm := hugetest.ShmDir(t)
-	out = append(out, backingCase{"shm", l2hugetlb.BackingShm, int64(os.Getpagesize()), func(size, maxSlab config.Size) l2hugetlb.Config {
+	out = append(out, backingCase{"shm", l2hugetlb.BackingShm, int64(os.Getpagesize()), func(size, maxSlab quantity.Size) l2hugetlb.Config {
 		c := l2hugetlb.DefaultConfig()
 		c.Size, c.MaxSlab = size, maxSlab
 		c.Mount = shm // not hugetlbfs: the fallback must kick in
@@ -181,7 +181,7 @@ func TestSlabLifecycle(t *testing.T) {
 	for _, bc := range backings(t, 4) {
 		t.Run(bc.name, func(t *testing.T) {
 			page := bc.pageSize
-			cfg := bc.cfg(config.Size(3*page), config.Size(max(page, 2<<20)))
+			cfg := bc.cfg(quantity.Size(3*page), quantity.Size(max(page, 2<<20)))
 			if bc.kind == l2hugetlb.BackingShm {
 				cfg.Size = 6 << 20 // three files of 2 MiB at the 2 MiB cap
 			}
@@ -257,7 +257,7 @@ func TestSlabLifecycle(t *testing.T) {
 func TestCrossProcess(t *testing.T) {
 	for _, bc := range backings(t, 4) {
 		t.Run(bc.name, func(t *testing.T) {
-			cfg := bc.cfg(config.Size(2*bc.pageSize), config.Size(bc.pageSize))
+			cfg := bc.cfg(quantity.Size(2*bc.pageSize), quantity.Size(bc.pageSize))
 			if bc.kind == l2hugetlb.BackingShm {
 				cfg.Size, cfg.MaxSlab = 4<<20, 2<<20
 			}
@@ -290,7 +290,7 @@ func TestCrossProcess(t *testing.T) {
 func TestJoinRank(t *testing.T) {
 	for _, bc := range backings(t, 2) {
 		t.Run(bc.name, func(t *testing.T) {
-			cfg := bc.cfg(config.Size(bc.pageSize), l2hugetlb.DefaultMaxSlab)
+			cfg := bc.cfg(quantity.Size(bc.pageSize), l2hugetlb.DefaultMaxSlab)
 			// Both ranks share one metrics registry, as ranks in one process do.
 			reg := prometheus.NewRegistry()
 			env0, env1 := testEnv("stack-j", 0), testEnv("stack-j", 1)
@@ -333,7 +333,7 @@ func TestJoinRank(t *testing.T) {
 func TestLocks(t *testing.T) {
 	for _, bc := range backings(t, 3) {
 		t.Run(bc.name, func(t *testing.T) {
-			cfg := bc.cfg(config.Size(bc.pageSize), l2hugetlb.DefaultMaxSlab)
+			cfg := bc.cfg(quantity.Size(bc.pageSize), l2hugetlb.DefaultMaxSlab)
 			a, err := l2hugetlb.Open(context.Background(), testEnv("stack-a", 0), cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -373,7 +373,7 @@ func TestLocks(t *testing.T) {
 func TestStale(t *testing.T) {
 	for _, bc := range backings(t, 2) {
 		t.Run(bc.name, func(t *testing.T) {
-			cfg := bc.cfg(config.Size(bc.pageSize), l2hugetlb.DefaultMaxSlab)
+			cfg := bc.cfg(quantity.Size(bc.pageSize), l2hugetlb.DefaultMaxSlab)
 			crash := func() {
 				runChild(t, "crash", crashArg{Config: cfg, StackID: "stack-s"})
 			}
@@ -452,7 +452,7 @@ func TestRefusals(t *testing.T) {
 	cfg.Mount = b.Dir
 	cfg.Size = 6 << 20 // 3 pages on a 2-page mount
 	_, err = l2hugetlb.Open(context.Background(), testEnv("s", 0), cfg)
-	if !errors.Is(err, l2hugetlb.ErrCapacity) || !strings.Contains(err.Error(), "need 6 MiB (3 x 2 MiB pages) on "+b.Dir+" but only 4 MiB free") {
+	if !errors.Is(err, l2hugetlb.ErrCapacity) || !strings.Contains(err.Error(), "need 6MiB (3 x 2MiB pages) on "+b.Dir+" but only 4MiB free") {
 		t.Fatalf("over capacity: %v", err)
 	}
 	if left, _ := filepath.Glob(filepath.Join(b.Dir, "*")); len(left) != 0 {
@@ -476,7 +476,7 @@ func TestRefusals(t *testing.T) {
 // registry, and checks the gauges come and go with the slab.
 func TestMlockAndMetrics(t *testing.T) {
 	bc := backings(t, 1)[0]
-	cfg := bc.cfg(config.Size(bc.pageSize), l2hugetlb.DefaultMaxSlab)
+	cfg := bc.cfg(quantity.Size(bc.pageSize), l2hugetlb.DefaultMaxSlab)
 	cfg.Populate, cfg.Mlock = true, true
 	reg := prometheus.NewRegistry()
 	env := testEnv("stack-m", 0)
@@ -507,7 +507,7 @@ func TestMlockAndMetrics(t *testing.T) {
 
 func TestConfig(t *testing.T) {
 	good := l2hugetlb.DefaultConfig()
-	good.Size = 64 * config.GiB
+	good.Size = 64 * quantity.GiB
 	tests := []struct {
 		name string
 		edit func(*l2hugetlb.Config)
@@ -517,7 +517,7 @@ func TestConfig(t *testing.T) {
 		{"no size", func(c *l2hugetlb.Config) { c.Size = 0 }, "size must be set"},
 		{"relative mount", func(c *l2hugetlb.Config) { c.Mount = "huge" }, "absolute"},
 		{"bad name", func(c *l2hugetlb.Config) { c.Name = "a/b" }, "name"},
-		{"tiny max_slab", func(c *l2hugetlb.Config) { c.MaxSlab = config.MiB }, "max_slab"},
+		{"tiny max_slab", func(c *l2hugetlb.Config) { c.MaxSlab = quantity.MiB }, "max_slab"},
 		{"bad fallback", func(c *l2hugetlb.Config) { c.Fallback = "tmpfs" }, "fallback"},
 		{"bad stale", func(c *l2hugetlb.Config) { c.Stale = "keep" }, "stale"},
 		{"relative shm", func(c *l2hugetlb.Config) { c.ShmDir = "shm" }, "shm_dir"},

@@ -8,6 +8,7 @@ import (
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/policy/lru"
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l2hugetlb"
 )
@@ -32,9 +33,9 @@ func TestStackConfig(t *testing.T) {
 		want    l2hugetlb.Config
 		wantErr string
 	}{
-		{block: "{size: 64GiB}", want: func() l2hugetlb.Config { c := l2hugetlb.DefaultConfig(); c.Size = 64 * config.GiB; return c }()},
+		{block: "{size: 64GiB}", want: func() l2hugetlb.Config { c := l2hugetlb.DefaultConfig(); c.Size = 64 * quantity.GiB; return c }()},
 		{block: "{size: 1.5TiB, max_slab: 400GiB, fallback: shm, stale: remove, populate: true, mlock: true, name: prod, mount: /mnt/huge, shm_dir: /run/shm}",
-			want: l2hugetlb.Config{Size: 1536 * config.GiB, MaxSlab: 400 * config.GiB, Fallback: l2hugetlb.FallbackShm, Stale: l2hugetlb.StaleRemove,
+			want: l2hugetlb.Config{Size: 1536 * quantity.GiB, MaxSlab: 400 * quantity.GiB, Fallback: l2hugetlb.FallbackShm, Stale: l2hugetlb.StaleRemove,
 				Populate: true, Mlock: true, Name: "prod", Mount: "/mnt/huge", ShmDir: "/run/shm"}},
 		{block: "{size: 64GiB, fallbak: shm}", wantErr: "fallbak"},
 		{block: "{}", wantErr: "size must be set"},

@@ -4,81 +4,16 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/goccy/go-yaml"
 
+	"github.com/kvtier/kvtier/quantity"
+	"github.com/kvtier/kvtier/registry"
 	"github.com/kvtier/kvtier/tiers"
 )
-
-// Size is a byte count that decodes from YAML as a plain integer or with a
-// unit: "64GiB", "2.75MiB", "512KiB", "1.5GB", "4096".
-type Size int64
-
-var sizeUnits = []struct {
-	suffix string
-	mult   float64
-}{
-	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
-	{"B", 1},
-}
-
-// ParseSize parses a size with an optional unit.
-func ParseSize(s string) (Size, error) {
-	t := strings.TrimSpace(s)
-	mult := 1.0
-	for _, u := range sizeUnits {
-		if strings.HasSuffix(t, u.suffix) {
-			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
-			break
-		}
-	}
-	f, err := strconv.ParseFloat(t, 64)
-	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
-		return 0, fmt.Errorf("size %q: want a number with an optional unit (KiB, MiB, GiB, TiB, KB, MB, GB, TB)", s)
-	}
-	v := f * mult
-	if v < 0 || v > math.MaxInt64/2 {
-		return 0, fmt.Errorf("size %q: out of range", s)
-	}
-	if v != math.Trunc(v) {
-		return 0, fmt.Errorf("size %q: not a whole number of bytes", s)
-	}
-	return Size(v), nil
-}
-
-// UnmarshalYAML implements yaml.BytesUnmarshaler.
-func (s *Size) UnmarshalYAML(b []byte) error {
-	var raw string
-	if err := yaml.Unmarshal(b, &raw); err != nil {
-		return err
-	}
-	v, err := ParseSize(raw)
-	if err != nil {
-		return err
-	}
-	*s = v
-	return nil
-}
-
-// MarshalYAML implements yaml.BytesMarshaler (plain bytes round-trip).
-func (s Size) MarshalYAML() ([]byte, error) { return []byte(strconv.FormatInt(int64(s), 10)), nil }
-
-// String returns the size in the largest binary unit that divides it.
-func (s Size) String() string {
-	for _, u := range []struct {
-		name string
-		m    int64
-	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
-		if s != 0 && int64(s)%u.m == 0 {
-			return fmt.Sprintf("%d%s", int64(s)/u.m, u.name)
-		}
-	}
-	return strconv.FormatInt(int64(s), 10)
-}
 
 // Disk is one disk (a directory on one device) that holds slab files.
 type Disk struct {
@@ -87,7 +22,7 @@ type Disk struct {
 	// Budget is the space the store may use on this disk, shared by every
 	// rank mapped to it and split equally over ranks and payload kinds
 	// (the same slot count per kind).
-	Budget Size `yaml:"budget"`
+	Budget quantity.Size `yaml:"budget"`
 }
 
 // Cold-start and O_DIRECT modes.
@@ -147,61 +82,91 @@ func DefaultConfig() Config {
 	}
 }
 
+// Bounds that catch a unit mistake: no single disk, and no slot count on
+// one, comes near them.
+const (
+	// MaxBudget bounds one disk's budget.
+	MaxBudget = 1024 * quantity.TiB
+	// MaxSlots bounds slots: MaxBudget in the smallest (4 KiB) slots.
+	MaxSlots = int64(MaxBudget) / 4096
+)
+
 // Validate checks the config on its own (what needs the world size is
-// checked at Open by DiskForRank).
+// checked at Open by DiskForRank). Each problem is a registry.FieldError
+// naming its field, so the stack loader reports the field's line; all of
+// them are joined, the first in field order first.
 func (c *Config) Validate() error {
 	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, registry.FieldErrorf(field, "%s: %s", field, fmt.Sprintf(format, args...)))
+	}
 	if len(c.Disks) == 0 {
-		errs = append(errs, errors.New("disks: at least one disk is required"))
+		bad("disks", "at least one disk is required")
 	}
 	seen := map[string]int{}
 	for i, d := range c.Disks {
-		if d.Dir == "" {
-			errs = append(errs, fmt.Errorf("disks[%d].dir: empty", i))
+		dir := fmt.Sprintf("disks[%d].dir", i)
+		switch {
+		case d.Dir == "":
+			bad(dir, "empty")
+		case strings.ContainsRune(d.Dir, 0):
+			bad(dir, "%q holds a NUL byte", d.Dir)
+		default:
+			// NB: /mnt/a, /mnt/a/ and /mnt/b/../a are one directory; two
+			// disks on it would write the same slab files.
+			clean := filepath.Clean(d.Dir)
+			if j, ok := seen[clean]; ok {
+				bad(dir, "%q repeats disks[%d] (%q): two disks may not share a directory", d.Dir, j, c.Disks[j].Dir)
+			} else {
+				seen[clean] = i
+			}
 		}
-		if j, ok := seen[d.Dir]; ok && d.Dir != "" {
-			errs = append(errs, fmt.Errorf("disks[%d].dir: %q repeats disks[%d]", i, d.Dir, j))
-		}
-		seen[d.Dir] = i
+		budget := fmt.Sprintf("disks[%d].budget", i)
 		if d.Budget <= 0 && c.Slots <= 0 {
-			errs = append(errs, fmt.Errorf("disks[%d].budget: must be positive (or set slots)", i))
+			bad(budget, "must be positive (or set slots)")
+		}
+		if d.Budget > MaxBudget {
+			bad(budget, "%s is more than %s, larger than any disk", d.Budget, MaxBudget)
 		}
 	}
 	if len(c.Disks) > math.MaxUint16 {
-		errs = append(errs, fmt.Errorf("disks: %d disks, at most %d", len(c.Disks), math.MaxUint16))
+		bad("disks", "%d disks, at most %d", len(c.Disks), math.MaxUint16)
 	}
 	for r, d := range c.RankDisks {
 		if d < 0 || d >= len(c.Disks) {
-			errs = append(errs, fmt.Errorf("rank_disks[%d]: disk %d out of range [0, %d)", r, d, len(c.Disks)))
+			bad(fmt.Sprintf("rank_disks[%d]", r), "disk %d out of range [0, %d)", d, len(c.Disks))
 		}
 	}
 	if c.Slots < 0 {
-		errs = append(errs, fmt.Errorf("slots: %d is negative", c.Slots))
+		bad("slots", "%d is negative", c.Slots)
+	}
+	if c.Slots > MaxSlots {
+		bad("slots", "%d is more than %d, more 4 KiB slots than %s holds", c.Slots, MaxSlots, MaxBudget)
 	}
 	if c.Depth < 1 || c.Depth > 1024 {
-		errs = append(errs, fmt.Errorf("depth: %d, want 1..1024", c.Depth))
+		bad("depth", "%d, want 1..1024", c.Depth)
 	}
 	if !(c.GCStop > 0 && c.GCStop < c.GCStart && c.GCStart <= 1) {
-		errs = append(errs, fmt.Errorf("gc_start %.3g, gc_stop %.3g: want 0 < gc_stop < gc_start <= 1", c.GCStart, c.GCStop))
+		errs = append(errs, registry.FieldErrorf("gc_start", "gc_start %.3g, gc_stop %.3g: want 0 < gc_stop < gc_start <= 1", c.GCStart, c.GCStop))
 	}
 	if c.GCBatch < 1 {
-		errs = append(errs, fmt.Errorf("gc_batch: %d, want >= 1", c.GCBatch))
+		bad("gc_batch", "%d, want >= 1", c.GCBatch)
 	}
 	switch c.ColdStart {
 	case "", tiers.ColdStartClear, tiers.ColdStartLoad:
 	default:
-		errs = append(errs, fmt.Errorf("cold_start: %q, want clear or load", c.ColdStart))
+		bad("cold_start", "%q, want clear or load", c.ColdStart)
 	}
 	switch c.ODirect {
 	case ODirectAuto, ODirectOn, ODirectOff:
 	default:
-		errs = append(errs, fmt.Errorf("o_direct: %q, want auto, on or off", c.ODirect))
+		bad("o_direct", "%q, want auto, on or off", c.ODirect)
 	}
 	if c.PLPMaxSync <= 0 {
-		errs = append(errs, fmt.Errorf("plp_max_sync: %v, want positive", c.PLPMaxSync))
+		bad("plp_max_sync", "%v, want positive", c.PLPMaxSync)
 	}
 	if c.PLPProbes < 0 || (c.RequirePLP && c.PLPProbes == 0) {
-		errs = append(errs, fmt.Errorf("plp_probes: %d, want >= 0 (>= 1 with require_plp)", c.PLPProbes))
+		bad("plp_probes", "%d, want >= 0 (>= 1 with require_plp)", c.PLPProbes)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("l3disk config: %w", err)
@@ -255,13 +220,13 @@ func (c *Config) SlotsPerKind(disk, ranksOnDisk int, g tiers.PayloadGeometry) (i
 		if c.Slots > 0 {
 			if c.Slots > fit {
 				return 0, fmt.Errorf("l3disk config: slots %d need %s per rank on disk %d (%s), budget %s over %d ranks fits %d",
-					c.Slots, Size(c.Slots*perSlotSet), disk, c.Disks[disk].Dir, c.Disks[disk].Budget, ranksOnDisk, fit)
+					c.Slots, quantity.Size(c.Slots*perSlotSet), disk, c.Disks[disk].Dir, c.Disks[disk].Budget, ranksOnDisk, fit)
 			}
 			return c.Slots, nil
 		}
 		if fit < 1 {
 			return 0, fmt.Errorf("l3disk config: disks[%d].budget %s over %d ranks holds no slot (one slot of every kind needs %s)",
-				disk, c.Disks[disk].Budget, ranksOnDisk, Size(perSlotSet))
+				disk, c.Disks[disk].Budget, ranksOnDisk, quantity.Size(perSlotSet))
 		}
 		return fit, nil
 	}

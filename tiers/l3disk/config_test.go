@@ -1,39 +1,17 @@
 package l3disk
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/goccy/go-yaml"
 
+	"github.com/kvtier/kvtier/quantity"
+	"github.com/kvtier/kvtier/registry"
 	"github.com/kvtier/kvtier/tiers"
 )
-
-func TestParseSize(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want Size
-		bad  bool
-	}{
-		{"4096", 4096, false},
-		{"64GiB", 64 << 30, false},
-		{"2.75MiB", 2883584, false},
-		{"1.5GB", 1500000000, false},
-		{"512 KiB", 512 << 10, false},
-		{"10B", 10, false},
-		{"1.3B", 0, true},
-		{"-1GiB", 0, true},
-		{"lots", 0, true},
-		{"", 0, true},
-		{"NaN", 0, true},
-	} {
-		got, err := ParseSize(tc.in)
-		if (err != nil) != tc.bad || got != tc.want {
-			t.Errorf("ParseSize(%q) = %d, %v; want %d, bad=%v", tc.in, got, err, tc.want, tc.bad)
-		}
-	}
-}
 
 func TestConfigYAML(t *testing.T) {
 	src := `
@@ -89,6 +67,10 @@ func TestConfigValidate(t *testing.T) {
 		{"no disks", func(c *Config) { c.Disks = nil }, "at least one disk"},
 		{"empty dir", func(c *Config) { c.Disks[1].Dir = "" }, "disks[1].dir"},
 		{"repeated dir", func(c *Config) { c.Disks[1].Dir = "/a" }, "repeats disks[0]"},
+		{"repeated dir, other spelling", func(c *Config) { c.Disks[1].Dir = "/b/../a/" }, "disks[1].dir: \"/b/../a/\" repeats disks[0]"},
+		{"NUL in dir", func(c *Config) { c.Disks[0].Dir = "/a\x00b" }, "disks[0].dir: \"/a\\x00b\" holds a NUL byte"},
+		{"budget beyond any disk", func(c *Config) { c.Disks[1].Budget = 2048 * quantity.TiB }, "disks[1].budget: 2048TiB is more than 1024TiB"},
+		{"slots beyond any disk", func(c *Config) { c.Slots = 1 << 40 }, "slots: 1099511627776 is more than"},
 		{"no budget", func(c *Config) { c.Disks[0].Budget = 0 }, "disks[0].budget"},
 		{"rank map range", func(c *Config) { c.RankDisks = []int{0, 2} }, "rank_disks[1]"},
 		{"depth", func(c *Config) { c.Depth = 0 }, "depth"},
@@ -104,6 +86,11 @@ func TestConfigValidate(t *testing.T) {
 			err := c.Validate()
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("validate: %v, want mention of %q", err, tc.want)
+			}
+			// The first problem names its field for the stack loader.
+			var fe *registry.FieldError
+			if !errors.As(err, &fe) || fe.Field == "" || !strings.Contains(err.Error(), fe.Field) {
+				t.Errorf("validate: %v: first field error %+v, want one naming a field of the message", err, fe)
 			}
 		})
 	}
@@ -143,7 +130,7 @@ func TestSlotsPerKind(t *testing.T) {
 	g := tiers.PayloadGeometry{PageTokens: 1, Kinds: []tiers.PayloadSpec{{Name: "kv", PageBytes: 2883584}, {Name: "ix", PageBytes: 100}}}
 	per := SlotBytes(2883584) + SlotBytes(100)
 	c := DefaultConfig()
-	c.Disks = []Disk{{Dir: "/a", Budget: Size(2 * (10*per + 2*superblockSize))}}
+	c.Disks = []Disk{{Dir: "/a", Budget: quantity.Size(2 * (10*per + 2*superblockSize))}}
 	if n, err := c.SlotsPerKind(0, 2, g); err != nil || n != 10 {
 		t.Fatalf("slots = %d, %v; want 10", n, err)
 	}
@@ -152,7 +139,7 @@ func TestSlotsPerKind(t *testing.T) {
 		t.Fatalf("slots over budget: %v", err)
 	}
 	c.Slots = 0
-	c.Disks[0].Budget = Size(per)
+	c.Disks[0].Budget = quantity.Size(per)
 	if _, err := c.SlotsPerKind(0, 2, g); err == nil || !strings.Contains(err.Error(), "holds no slot") {
 		t.Fatalf("tiny budget: %v", err)
 	}

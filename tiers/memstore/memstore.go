@@ -16,8 +16,8 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/pagehash"
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/registry"
 	"github.com/kvtier/kvtier/tiers"
 )
@@ -31,16 +31,24 @@ const DefaultCapacity = 1 << 30
 // Config is memstore's YAML config.
 type Config struct {
 	// Capacity is the byte budget for stored payload bytes ("8GiB").
-	Capacity config.Size `yaml:"capacity"`
+	Capacity quantity.Size `yaml:"capacity"`
 }
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config { return Config{Capacity: DefaultCapacity} }
 
-// Validate checks the config.
+// MaxCapacity bounds capacity: more process memory than any machine has,
+// so a larger value is a unit mistake.
+const MaxCapacity = 64 * quantity.TiB
+
+// Validate checks the config. Its errors are registry.FieldErrors, so the
+// stack loader reports the field's line.
 func (c *Config) Validate() error {
 	if c.Capacity <= 0 {
-		return fmt.Errorf("memstore: capacity must be positive, got %s", c.Capacity)
+		return registry.FieldErrorf("capacity", "memstore: capacity must be positive, got %s", c.Capacity)
+	}
+	if c.Capacity > MaxCapacity {
+		return registry.FieldErrorf("capacity", "memstore: capacity %s is more than %s, more memory than any machine has", c.Capacity, MaxCapacity)
 	}
 	return nil
 }

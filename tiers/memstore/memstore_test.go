@@ -4,7 +4,7 @@ import (
 	"log/slog"
 	"testing"
 
-	"github.com/kvtier/kvtier/host/config"
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/memstore"
 	"github.com/kvtier/kvtier/tiers/tiertest"
@@ -36,7 +36,7 @@ func TestConformance(t *testing.T) {
 					slab := tiertest.NewHeapSlab(2 * tiertest.SlabPages * g.Kinds[0].PageBytes)
 					st, err := memstore.Open(tiers.Env{
 						Logger: slog.New(slog.DiscardHandler), Payload: g, WorldSize: 1, Slab: slab,
-					}, memstore.Config{Capacity: config.Size(tc.capacity)})
+					}, memstore.Config{Capacity: quantity.Size(tc.capacity)})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -49,7 +49,7 @@ func TestConformance(t *testing.T) {
 }
 
 func TestConfigErrors(t *testing.T) {
-	for _, c := range []config.Size{0, -1} {
+	for _, c := range []quantity.Size{0, -1} {
 		cfg := memstore.Config{Capacity: c}
 		if err := cfg.Validate(); err == nil {
 			t.Errorf("capacity %d: no error", c)

@@ -26,10 +26,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/host/placement"
 	"github.com/kvtier/kvtier/internal/benchreport"
 	"github.com/kvtier/kvtier/internal/memcopy"
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l2hugetlb"
 )
@@ -93,7 +93,7 @@ func (o Options) HugePages() int {
 // or on ShmDir when HugeDir is empty, populated.
 func OpenSlab(ctx context.Context, o Options) (*l2hugetlb.Slab, error) {
 	cfg := l2hugetlb.DefaultConfig()
-	cfg.Size = config.Size(int64(o.HugePages()) * (2 << 20))
+	cfg.Size = quantity.Size(int64(o.HugePages()) * (2 << 20))
 	cfg.Name = "kvtier-bench-l2"
 	cfg.Populate = true
 	cfg.Stale = l2hugetlb.StaleRemove

@@ -24,12 +24,12 @@ import (
 	"strconv"
 	"time"
 
-	hostconfig "github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/indexes/badger"
 	"github.com/kvtier/kvtier/indexes/lmdb"
 	"github.com/kvtier/kvtier/internal/benchreport"
 	"github.com/kvtier/kvtier/pagehash"
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l2hugetlb"
 	"github.com/kvtier/kvtier/tiers/l3disk"
@@ -193,7 +193,7 @@ func runStore(ctx context.Context, o Options, tmp string, between func() error, 
 	env := tiers.Env{Logger: o.Logger, Payload: geom, WorldSize: 1, StackID: stack}
 	// Two regions of Batch pages: one is gathered while the other fills.
 	scfg := l2hugetlb.DefaultConfig()
-	scfg.Size = hostconfig.Size(2 * int64(o.Batch) * o.PageBytes)
+	scfg.Size = quantity.Size(2 * int64(o.Batch) * o.PageBytes)
 	scfg.Fallback = l2hugetlb.FallbackShm
 	scfg.Name = stack
 	scfg.Stale = l2hugetlb.StaleRemove

@@ -24,11 +24,11 @@ import (
 	"slices"
 	"time"
 
-	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/internal/benchreport"
 	"github.com/kvtier/kvtier/internal/slabfile"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/plugins/pluginhost"
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/memstore"
 )
@@ -99,7 +99,7 @@ func Open(ctx context.Context, cfg Config) (*Pair, error) {
 	payload := tiers.PayloadGeometry{PageTokens: 64, Kinds: []tiers.PayloadSpec{{Name: "kv", PageBytes: PageBytes}}}
 	env := tiers.Env{Logger: cfg.Logger, Payload: payload, WorldSize: 1, StackID: "bench-plugin", Slab: slab, ColdStart: tiers.ColdStartClear}
 	capacity := int64(cfg.BatchPages) * PageBytes
-	in, err := memstore.Open(env, memstore.Config{Capacity: config.Size(capacity)})
+	in, err := memstore.Open(env, memstore.Config{Capacity: quantity.Size(capacity)})
 	if err != nil {
 		slab.Close()
 		return nil, fmt.Errorf("bench plugin: in-process memstore: %w", err)

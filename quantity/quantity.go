@@ -1,4 +1,13 @@
-package config
+// Package quantity is the one syntax of sizes (bytes) and token counts in
+// kvtier's YAML configs and command-line flags: Size and Tokens, their
+// parsers and their printed form. Every module's config uses it, so one
+// YAML file reads by one rule everywhere; and it carries Quote and Clip,
+// the one way text taken from a config enters an error message.
+//
+// It is a leaf: it must never import another kvtier package (a tier, an
+// index or the host's config loader may all import it), and it keeps no
+// state.
+package quantity
 
 import (
 	"errors"
@@ -8,11 +17,14 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/goccy/go-yaml"
 	"github.com/goccy/go-yaml/ast"
+	"github.com/goccy/go-yaml/token"
 )
 
 // ErrBadQuantity is matched (errors.Is) by every ParseSize, ParseTokens
-// and ParseTokenList error.
+// and ParseTokenList error, and by the YAML decoding errors of Size and
+// Tokens.
 var ErrBadQuantity = errors.New("bad quantity")
 
 // quantityError is a parse error that matches ErrBadQuantity without
@@ -26,15 +38,22 @@ func quantityErr(format string, args ...any) error {
 	return &quantityError{msg: fmt.Sprintf(format, args...)}
 }
 
+// maxQuantityText bounds the text ParseSize and ParseTokens look at: the
+// longest valid quantity ("9223372036854775806", a fraction of a few
+// digits and a unit) is far shorter, and big.Int arithmetic on a longer
+// run of digits would cost time for nothing.
+const maxQuantityText = 64
+
 // Size is a number of bytes. In YAML it is either a plain integer of bytes
 // (4096) or a string with a unit: binary KiB, MiB, GiB, TiB (powers of
 // 1024), decimal KB, MB, GB, TB (powers of 1000) or B, with an optional
 // fraction that must come to a whole number of bytes ("2.75MiB" is
 // 2883584 bytes, "0.1KiB" is refused). Units are case-insensitive; a bare
-// "K", "M" or "G" is refused as ambiguous. A Size is never negative.
+// "K", "M" or "G" is refused as ambiguous, and so is an exponent ("1e3").
+// A Size is never negative.
 //
-// Module configs may use Size for their own fields: its decoding errors
-// carry the YAML position, so the loader reports them with path and line.
+// Its YAML decoding errors carry the position of the value, so a config
+// loader reports them with the YAML path and line.
 type Size int64
 
 // Byte multiples.
@@ -56,12 +75,15 @@ var sizeUnits = []struct {
 // ParseSize parses a size such as "64GiB", "2.75MiB", "1.5GB" or "4096".
 func ParseSize(s string) (Size, error) {
 	t := strings.TrimSpace(s)
+	if len(t) > maxQuantityText {
+		return 0, quantityErr("size %s: too long for a size", Quote(s))
+	}
 	if strings.HasPrefix(t, "-") {
-		return 0, quantityErr("size %q: must not be negative", s)
+		return 0, quantityErr("size %s: must not be negative", Quote(s))
 	}
 	num, unit := splitNumber(t)
 	if num == "" {
-		return 0, quantityErr("size %q: want a number of bytes or a number with a unit (KiB, MiB, GiB, TiB, KB, MB, GB, TB, B)", s)
+		return 0, quantityErr("size %s: want a number of bytes or a number with a unit (KiB, MiB, GiB, TiB, KB, MB, GB, TB, B)", Quote(s))
 	}
 	unit = strings.TrimSpace(unit)
 	mult := int64(1)
@@ -73,13 +95,16 @@ func ParseSize(s string) (Size, error) {
 				break
 			}
 		}
+		if !found && len(unit) > 1 && (unit[0] == 'e' || unit[0] == 'E') && unit[1] >= '0' && unit[1] <= '9' {
+			return 0, quantityErr("size %s: exponent notation is not accepted; write the bytes out or use a unit (KiB, MiB, GiB, TiB, KB, MB, GB, TB)", Quote(s))
+		}
 		if !found {
-			return 0, quantityErr("size %q: unknown unit %q (want KiB, MiB, GiB, TiB for powers of 1024, KB, MB, GB, TB for powers of 1000, or B)", s, unit)
+			return 0, quantityErr("size %s: unknown unit %s (want KiB, MiB, GiB, TiB for powers of 1024, KB, MB, GB, TB for powers of 1000, or B)", Quote(s), Quote(unit))
 		}
 	}
 	v, err := scaleDecimal(num, mult)
 	if err != nil {
-		return 0, quantityErr("size %q: %v", s, err)
+		return 0, quantityErr("size %s: %v", Quote(s), err)
 	}
 	return Size(v), nil
 }
@@ -87,7 +112,8 @@ func ParseSize(s string) (Size, error) {
 // String returns the size in the largest unit, binary or decimal, that
 // expresses it exactly as a whole number or, below 10000 units, with at
 // most two decimals ("2.75MiB", "64GiB", "1.5GB"); else in bytes.
-// ParseSize(s.String()) == s.
+// ParseSize(s.String()) == s for every s >= 0. It is the one printed form
+// of a size, in configs and in messages alike.
 func (s Size) String() string {
 	for _, u := range displayUnits {
 		if int64(s) < u.mult {
@@ -121,23 +147,21 @@ var displayUnits = []struct {
 
 // UnmarshalYAML decodes an integer or a unit string.
 func (s *Size) UnmarshalYAML(node ast.Node) error {
+	var text string
 	switch n := node.(type) {
 	case *ast.IntegerNode:
-		v, err := ParseSize(n.GetToken().Value)
-		if err != nil {
-			return nodeErr(node, "%v", err)
-		}
-		*s = v
-		return nil
+		text = n.GetToken().Value
 	case *ast.StringNode:
-		v, err := ParseSize(n.Value)
-		if err != nil {
-			return nodeErr(node, "%v", err)
-		}
-		*s = v
-		return nil
+		text = n.Value
+	default:
+		return nodeErr(node, nil, "want a size such as 4096, 2MiB or 2.75MiB, got %s", Describe(node))
 	}
-	return nodeErr(node, "want a size such as 4096, 2MiB or 2.75MiB, got %s", describeNode(node))
+	v, err := ParseSize(text)
+	if err != nil {
+		return nodeErr(node, err, "%v", err)
+	}
+	*s = v
+	return nil
 }
 
 // MarshalYAML writes the size as String does.
@@ -168,15 +192,18 @@ var tokenUnits = []struct {
 // ParseTokens parses "1M", "3M", "10K", "1.5M", "4096" or "inf".
 func ParseTokens(s string) (Tokens, error) {
 	t := strings.TrimSpace(s)
+	if len(t) > maxQuantityText {
+		return 0, quantityErr("token count %s: too long for a token count", Quote(s))
+	}
 	if strings.HasPrefix(t, "-") {
-		return 0, quantityErr("token count %q: must not be negative", s)
+		return 0, quantityErr("token count %s: must not be negative", Quote(s))
 	}
 	if strings.EqualFold(t, "inf") || strings.EqualFold(t, "infinite") {
 		return InfiniteTokens, nil
 	}
 	num, unit := splitNumber(t)
 	if num == "" {
-		return 0, quantityErr("token count %q: want a number such as 4096, 1M or 1.5M, or inf", s)
+		return 0, quantityErr("token count %s: want a number such as 4096, 1M or 1.5M, or inf", Quote(s))
 	}
 	mult := int64(1)
 	if unit != "" {
@@ -188,28 +215,36 @@ func ParseTokens(s string) (Tokens, error) {
 			}
 		}
 		if !found {
-			return 0, quantityErr("token count %q: unknown suffix %q (want K, M or G, or inf)", s, unit)
+			return 0, quantityErr("token count %s: unknown suffix %s (want K, M or G, or inf)", Quote(s), Quote(unit))
 		}
 	}
 	v, err := scaleDecimal(num, mult)
 	if err != nil {
-		return 0, quantityErr("token count %q: %v", s, err)
+		return 0, quantityErr("token count %s: %v", Quote(s), err)
 	}
 	if v == math.MaxInt64 {
-		return 0, quantityErr("token count %q: too large (write inf for no limit)", s)
+		return 0, quantityErr("token count %s: too large (write inf for no limit)", Quote(s))
 	}
 	return Tokens(v), nil
 }
 
+// maxTokenListItems bounds ParseTokenList: a capacity sweep of more points
+// than this is a mistake, and the bound keeps a hostile flag cheap.
+const maxTokenListItems = 1024
+
 // ParseTokenList parses a comma-separated list such as "1M,3M,10M,inf", the
-// form of `kvtier replay --capacity`. Empty items are refused.
+// form of `kvtier replay --capacity`. Empty items are refused, and so is a
+// list of more than 1024 items.
 func ParseTokenList(s string) ([]Tokens, error) {
+	if n := strings.Count(s, ",") + 1; n > maxTokenListItems {
+		return nil, quantityErr("token count list of %d items, at most %d", n, maxTokenListItems)
+	}
 	parts := strings.Split(s, ",")
 	out := make([]Tokens, 0, len(parts))
 	for i, p := range parts {
 		t, err := ParseTokens(p)
 		if err != nil {
-			return nil, quantityErr("item %d of %q: %v", i+1, s, err)
+			return nil, quantityErr("item %d of %s: %v", i+1, Quote(s), err)
 		}
 		out = append(out, t)
 	}
@@ -247,11 +282,11 @@ func (t *Tokens) UnmarshalYAML(node ast.Node) error {
 	case *ast.InfinityNode:
 		text = "inf"
 	default:
-		return nodeErr(node, "want a token count such as 4096, 1M or inf, got %s", describeNode(node))
+		return nodeErr(node, nil, "want a token count such as 4096, 1M or inf, got %s", Describe(node))
 	}
 	v, err := ParseTokens(text)
 	if err != nil {
-		return nodeErr(node, "%v", err)
+		return nodeErr(node, err, "%v", err)
 	}
 	*t = v
 	return nil
@@ -289,7 +324,7 @@ func scaleDecimal(num string, mult int64) (int64, error) {
 	intPart, frac, _ := strings.Cut(num, ".")
 	digits, ok := new(big.Int).SetString(intPart+frac, 10)
 	if !ok {
-		return 0, quantityErr("bad number %q", num)
+		return 0, quantityErr("bad number %s", Quote(num))
 	}
 	v := new(big.Int).Mul(digits, big.NewInt(mult))
 	div := new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(len(frac))), nil)
@@ -301,4 +336,79 @@ func scaleDecimal(num string, mult int64) (int64, error) {
 		return 0, quantityErr("%s × %d is too large", num, mult)
 	}
 	return q.Int64(), nil
+}
+
+// PosError is an error at a YAML token, in the shape of goccy/go-yaml's
+// own errors (yaml.Error), so that an error from a custom decoder comes
+// back from the decoder with its position and a config loader can name
+// the line. It unwraps to its cause (ErrBadQuantity for Size and Tokens).
+type PosError struct {
+	// Token is the offending value's token; nil when not known.
+	Token *token.Token
+	// Msg says what is wrong.
+	Msg string
+	// Err is the cause, or nil.
+	Err error
+}
+
+// Error implements error.
+func (e *PosError) Error() string { return e.Msg }
+
+// Unwrap returns the cause.
+func (e *PosError) Unwrap() error { return e.Err }
+
+// GetToken returns the token (yaml.Error).
+func (e *PosError) GetToken() *token.Token { return e.Token }
+
+// GetMessage returns the message (yaml.Error).
+func (e *PosError) GetMessage() string { return e.Msg }
+
+// FormatError formats the message with the source around the token, as
+// goccy/go-yaml formats its own errors (yaml.Error).
+func (e *PosError) FormatError(colored, source bool) string {
+	return yaml.FormatErrorWithToken(e.Msg, e.Token, colored, source)
+}
+
+var _ yaml.Error = (*PosError)(nil)
+
+// NodeErr returns a *PosError at node with the message format (whose
+// arguments must already be quoted with Quote where they come from the
+// input) and the cause, which may be nil.
+func NodeErr(node ast.Node, cause error, format string, args ...any) error {
+	var tok *token.Token
+	if node != nil {
+		tok = node.GetToken()
+	}
+	return &PosError{Token: tok, Msg: fmt.Sprintf(format, args...), Err: cause}
+}
+
+func nodeErr(node ast.Node, cause error, format string, args ...any) error {
+	if cause == nil {
+		cause = ErrBadQuantity
+	}
+	return NodeErr(node, cause, format, args...)
+}
+
+// Describe names a YAML value for "want X, got Y" messages, quoting and
+// clipping any text of the input.
+func Describe(node ast.Node) string {
+	if node == nil {
+		return "nothing"
+	}
+	tok := node.GetToken()
+	val := ""
+	if tok != nil {
+		val = tok.Value
+	}
+	switch node.Type() {
+	case ast.NullType:
+		return "null"
+	case ast.MappingType, ast.MappingValueType:
+		return "a mapping"
+	case ast.SequenceType:
+		return "a list"
+	case ast.StringType, ast.LiteralType:
+		return "the string " + Quote(val)
+	}
+	return node.Type().YAMLName() + " " + Clip(val, maxQuoted)
 }

@@ -1,4 +1,4 @@
-package config
+package quantity
 
 import (
 	"errors"
@@ -36,6 +36,10 @@ func TestParseSize(t *testing.T) {
 		{in: "1.2.3MiB", err: "unknown unit"},
 		{in: "9999999TiB", err: "too large"},
 		{in: "9223372036854775808", err: "too large"},
+		{in: "1e3", err: "exponent notation"},
+		{in: "1E3KiB", err: "exponent notation"},
+		{in: "64gib", want: 64 << 30},
+		{in: strings.Repeat("1", 65), err: "too long"},
 	}
 	for _, tc := range tests {
 		got, err := ParseSize(tc.in)
@@ -206,5 +210,35 @@ func TestTokensYAML(t *testing.T) {
 	}
 	if err := yaml.Unmarshal([]byte("c: [{}]"), &d); err == nil || !strings.Contains(err.Error(), "want a token count") {
 		t.Errorf("mapping as tokens: %v", err)
+	}
+}
+
+func TestQuoteAndClip(t *testing.T) {
+	long := strings.Repeat("a", 1<<20)
+	for _, tc := range []struct {
+		in, quote, clip string
+	}{
+		{"64GiB", `"64GiB"`, "64GiB"},
+		{"a\x1b[31mred\x1b[0m", `"a\x1b[31mred\x1b[0m"`, `a\x1b[31mred\x1b[0m`},
+		{"nul\x00byte", `"nul\x00byte"`, `nul\x00byte`},
+		{"bad\xffutf8", `"bad\xffutf8"`, `bad\xffutf8`},
+		{"rtl\u202eoverride", `"rtl\u202eoverride"`, `rtl\u202eoverride`},
+		{"tab\there", `"tab\there"`, "tab\there"},
+		{"new\nline\r", `"new\nline\r"`, `new\nline\r`},
+		{`q"b\s`, `"q\"b\\s"`, `q"b\s`},
+		{"héllo", `"héllo"`, "héllo"},
+		{long, `"` + long[:64] + `"… (1048576 bytes)`, long[:64] + "…"},
+		{strings.Repeat("é", 40), `"` + strings.Repeat("é", 32) + `"… (80 bytes)`, strings.Repeat("é", 32) + "…"},
+	} {
+		if got := Quote(tc.in); got != tc.quote {
+			t.Errorf("Quote(%.40q) = %.100s, want %.100s", tc.in, got, tc.quote)
+		}
+		if got := Clip(tc.in, 64); got != tc.clip {
+			t.Errorf("Clip(%.40q, 64) = %.100s, want %.100s", tc.in, got, tc.clip)
+		}
+	}
+	// However long and hostile the input, the result is bounded.
+	if got := Quote(strings.Repeat("\x1b", 1<<20)); len(got) > 64*4+32 {
+		t.Errorf("Quote of 1 MiB of escapes is %d bytes", len(got))
 	}
 }
