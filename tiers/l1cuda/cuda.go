@@ -1,6 +1,8 @@
 package l1cuda
 
 import (
+	"github.com/kvtier/kvtier/quantity"
+
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -30,12 +32,12 @@ type CUDAConfig struct {
 	// (the driver refuses very large ones: 512 GiB has worked, 1 TiB has
 	// failed). A larger slab is registered in pieces, and a copy that
 	// would straddle two pieces is refused.
-	RegisterCeiling int64 `yaml:"register_ceiling_bytes"`
+	RegisterCeiling quantity.Size `yaml:"register_ceiling"`
 }
 
 // DefaultRegisterCeiling is 480 GiB, under the largest single registration
 // known to work.
-const DefaultRegisterCeiling = 480 << 30
+const DefaultRegisterCeiling = 480 * quantity.GiB
 
 // DefaultCUDAConfig returns the defaults.
 func DefaultCUDAConfig() CUDAConfig {
@@ -52,7 +54,7 @@ func (c *CUDAConfig) Validate() error {
 	case c.Device < 0 || c.Device > 1024:
 		return fmt.Errorf("l1 cuda pool: device %d outside [0, 1024]", c.Device)
 	case c.RegisterCeiling < 1<<21:
-		return fmt.Errorf("l1 cuda pool: register_ceiling_bytes %d is below one 2 MiB page", c.RegisterCeiling)
+		return fmt.Errorf("l1 cuda pool: register_ceiling %s is below one 2MiB page", c.RegisterCeiling)
 	}
 	for i, h := range c.IPCHandles {
 		if _, err := decodeIPCHandle(h); err != nil {
@@ -172,9 +174,9 @@ func OpenCUDA(env tiers.Env, cfg CUDAConfig) (p *CUDAPool, err error) {
 
 // register pins every slab file in pieces of at most ceiling bytes
 // (rounded down to the slab's page size), one cudaHostRegister each.
-func (p *CUDAPool) register(ceiling int64) error {
+func (p *CUDAPool) register(ceiling quantity.Size) error {
 	g := p.slab.Geometry()
-	piece := ceiling
+	piece := int64(ceiling)
 	if g.PageSize > 0 {
 		piece -= piece % g.PageSize
 	}

@@ -318,7 +318,7 @@ func TestConfigValidation(t *testing.T) {
 		{"cuda handle ok", (&CUDAConfig{Pages: 1, Layers: 1, RegisterCeiling: 1 << 30, IPCHandles: []string{good}}).Validate(), ""},
 		{"cuda short handle", (&CUDAConfig{Pages: 1, Layers: 1, RegisterCeiling: 1 << 30, IPCHandles: []string{"abcd"}}).Validate(), "ipc_handles[0]: handle of 4 hex digits"},
 		{"cuda bad hex", (&CUDAConfig{Pages: 1, Layers: 1, RegisterCeiling: 1 << 30, IPCHandles: []string{strings.Repeat("zz", 64)}}).Validate(), "not hex"},
-		{"cuda ceiling", (&CUDAConfig{Pages: 1, Layers: 1, RegisterCeiling: 4096}).Validate(), "register_ceiling_bytes 4096"},
+		{"cuda ceiling", (&CUDAConfig{Pages: 1, Layers: 1, RegisterCeiling: 4096}).Validate(), "register_ceiling 4KiB"},
 		{"cuda device", (&CUDAConfig{Pages: 1, Layers: 1, RegisterCeiling: 1 << 30, Device: -1}).Validate(), "device -1"},
 	}
 	for _, c := range cases {
