@@ -289,7 +289,7 @@ var ErrStage = errors.New("wrong stage")
 // whether it succeeded. It only bumps local progress: the outcome becomes
 // replicated at the tick whose frontier covers it.
 func (m *Machine) Done(id OpID, stage Stage, ok bool) error {
-	o, err := m.localOp(id, stage)
+	o, err := m.localOp(EvDone, id, stage)
 	if err != nil {
 		return err
 	}
@@ -300,21 +300,24 @@ func (m *Machine) Done(id OpID, stage Stage, ok bool) error {
 // Longest records this rank's answer to a lookup: the longest prefix of
 // its pages durable in the Store (0 when the Store is down or holds none).
 func (m *Machine) Longest(id OpID, pages int) error {
-	o, err := m.localOp(id, StageFound)
+	o, err := m.localOp(EvLongest, id, StageFound)
 	if err != nil {
 		return err
 	}
 	if pages < 0 || pages > len(o.hashes) {
-		return fmt.Errorf("control: longest op %d: %d pages of a %d-page lookup: %w", id, pages, len(o.hashes), ErrStage)
+		return &EventError{Kind: EvLongest, Op: id, Err: fmt.Errorf("%d pages of a %d-page lookup: %w", pages, len(o.hashes), ErrStage)}
 	}
 	o.local[StageFound] = localDone{done: true, ok: true, value: pages}
 	return nil
 }
 
-func (m *Machine) localOp(id OpID, stage Stage) (*op, error) {
+func (m *Machine) localOp(kind EventKind, id OpID, stage Stage) (*op, error) {
+	refuse := func(format string, args ...any) error {
+		return &EventError{Kind: kind, Op: id, Err: fmt.Errorf(format, args...)}
+	}
 	o := m.ops[id]
 	if o == nil {
-		return nil, fmt.Errorf("control: done op %d stage %s: %w", id, stage, ErrUnknownOp)
+		return nil, refuse("stage %s: never issued or already applied: %w", stage, ErrUnknownOp)
 	}
 	var want []Stage
 	switch o.kind {
@@ -328,13 +331,13 @@ func (m *Machine) localOp(id OpID, stage Stage) (*op, error) {
 		want = []Stage{StageLoaded}
 	}
 	if !slices.Contains(want, stage) {
-		return nil, fmt.Errorf("control: done op %d stage %s: the op finishes in %v: %w", id, stage, want, ErrStage)
+		return nil, refuse("stage %s: the op finishes in %v: %w", stage, want, ErrStage)
 	}
 	if o.local[stage].done {
-		return nil, fmt.Errorf("control: done op %d stage %s: reported twice: %w", id, stage, ErrStage)
+		return nil, refuse("stage %s reported twice: %w", stage, ErrStage)
 	}
 	if stage == StageDurable && !o.local[StageGathered].done {
-		return nil, fmt.Errorf("control: done op %d stage durable before gathered: %w", id, ErrStage)
+		return nil, refuse("stage durable before gathered: %w", ErrStage)
 	}
 	return o, nil
 }
@@ -343,7 +346,7 @@ func (m *Machine) localOp(id OpID, stage Stage) (*op, error) {
 // on any rank is down for the group from the next tick.
 func (m *Machine) SetTierUp(tier int, up bool) error {
 	if tier < 1 || tier > radix.MaxTiers {
-		return fmt.Errorf("control: set tier %d up=%t: tier must be in 1..%d: %w", tier, up, radix.MaxTiers, ErrContract)
+		return &EventError{Kind: EvTier, Err: fmt.Errorf("tier %d: want 1..%d: %w", tier, radix.MaxTiers, ErrContract)}
 	}
 	if up {
 		m.localUp |= 1 << (tier - 1)

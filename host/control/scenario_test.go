@@ -383,4 +383,3 @@ func (h *harness) state() string {
 	}
 	return strings.Join(b, "\n")
 }
-
