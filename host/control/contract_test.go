@@ -2,9 +2,11 @@ package control
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvtier/kvtier/pagehash"
 )
@@ -112,9 +114,12 @@ func TestBadFrontier(t *testing.T) {
 	good, _ := Reduce(m.Contribution())
 	before := m.Digest()
 	for name, mut := range map[string]func(*Frontier){
-		"tick":          func(f *Frontier) { f.Tick++ },
-		"base":          func(f *Frontier) { f.Lanes[LaneBackup].Base++ },
-		"beyond issued": func(f *Frontier) { f.Lanes[LaneBackup].Done++; f.Lanes[LaneBackup].OK = append(f.Lanes[LaneBackup].OK, true) },
+		"tick": func(f *Frontier) { f.Tick++ },
+		"base": func(f *Frontier) { f.Lanes[LaneBackup].Base++ },
+		"beyond issued": func(f *Frontier) {
+			f.Lanes[LaneBackup].Done++
+			f.Lanes[LaneBackup].OK = append(f.Lanes[LaneBackup].OK, true)
+		},
 		"ok bits":       func(f *Frontier) { f.Lanes[LaneBackup].OK = nil },
 		"durable ahead": func(f *Frontier) { f.Lanes[LaneDurable].Done = 1; f.Lanes[LaneDurable].OK = []bool{true} },
 	} {
@@ -171,5 +176,36 @@ func TestReduceMinAnd(t *testing.T) {
 	}
 	if _, err := Reduce(mk(1, []bool{true}, []int{1}, 0), Contribution{Tick: 1}); !errors.Is(err, ErrFrontier) {
 		t.Fatalf("different ticks: %v", err)
+	}
+}
+
+// TestSkipLoggedOncePerInterval: a skip is counted every time and logged
+// at most once per interval per reason and place; the next line carries
+// the number held back.
+func TestSkipLoggedOncePerInterval(t *testing.T) {
+	var buf strings.Builder
+	now := time.Unix(0, 0)
+	o := DefaultOptions()
+	o.L1Pages, o.L2 = 4, SimpleLayout(4, 4096)
+	o.Logger = slog.New(slog.NewTextHandler(&buf, nil))
+	o.LogInterval = time.Second
+	o.LogClock = func() time.Time { return now }
+	m, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		mustApply(t, m, fmt.Sprintf("insert req=%d hashes=x%d,y%d,z%d,w%d,v%d", i+1, i, i, i, i, i))
+	}
+	if got := m.Count("capacity at l1 admit"); got != 3 {
+		t.Fatalf("counted %d skips, want 3", got)
+	}
+	if n := strings.Count(buf.String(), "skipped"); n != 1 {
+		t.Fatalf("logged %d lines within one interval, want 1:\n%s", n, buf.String())
+	}
+	now = now.Add(2 * time.Second)
+	mustApply(t, m, "insert req=9 hashes=q1,q2,q3,q4,q5")
+	if !strings.Contains(buf.String(), "suppressed=2") {
+		t.Fatalf("the line after the interval does not count the 2 held back:\n%s", buf.String())
 	}
 }

@@ -36,8 +36,6 @@ type harness struct {
 	opts  Options
 	names map[pagehash.Hash]string
 	store map[pagehash.Hash]bool
-	// next is the stage each op's next ack reports.
-	lastReady Ready
 }
 
 func (h *harness) run(t *testing.T, td *datadriven.TestData) string {
