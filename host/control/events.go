@@ -184,10 +184,16 @@ func (m *Machine) match(e Event) error {
 			}
 		}
 	}
-	m.loadBack(e.Req, nodes)
+	res := MatchResult{Req: e.Req, Pages: pages, L1: radix.ResidentPages(nodes, 1)}
+	if last != nil {
+		res.Node = last.ID()
+	}
+	res.L2 = m.loadBack(e.Req, nodes)
 	if pages < len(e.Hashes) {
 		m.startReload(e.Req, r, e.Hashes, pages)
 	}
+	res.Held = r.held
+	m.out.matches = append(m.out.matches, res)
 	return nil
 }
 

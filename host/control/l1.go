@@ -140,7 +140,8 @@ func (m *Machine) reserveL1(node policy.NodeID, pages int64) placement.ObjectID 
 // loadBack brings the L2-resident nodes that follow the path's L1-resident
 // prefix into L1: one admission for all their pages, one op, a copy per
 // node. The path is locked by the request, so admission never evicts it.
-func (m *Machine) loadBack(req ReqID, path []*radix.Node) {
+// It returns the pages being loaded back.
+func (m *Machine) loadBack(req ReqID, path []*radix.Node) int {
 	i := 0
 	for i < len(path) && path[i].Residency().Has(1) {
 		i++
@@ -156,10 +157,10 @@ func (m *Machine) loadBack(req ReqID, path []*radix.Node) {
 		need += int64(n.Pages())
 	}
 	if len(nodes) == 0 {
-		return
+		return 0
 	}
 	if !m.admitL1(need, req, nodes[0].ID()) {
-		return
+		return 0
 	}
 	o := m.issue(opLoadBack, LaneLoadBack)
 	for _, n := range nodes {
@@ -170,6 +171,7 @@ func (m *Machine) loadBack(req ReqID, path []*radix.Node) {
 		m.out.copies = append(m.out.copies, Copy{Op: o.id, Dir: ToL1, Node: n.ID(), L1: m.ranges(m.l1, k.l1), L2: m.ranges(m.l2, k.l2)})
 	}
 	m.count("load-back")
+	return int(need)
 }
 
 // applyLoadBack applies a load-back at the frontier: its nodes become L1

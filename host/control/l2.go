@@ -42,6 +42,18 @@ func (m *Machine) backup(n *radix.Node, dropL1 bool, req ReqID) bool {
 // L2 victims in the replicated order. Exhaustion is a typed, counted,
 // rate-limited skip, never a wait.
 func (m *Machine) reserveL2(obj placement.ObjectID, pages int64, exclude policy.NodeID, req ReqID, where string) bool {
+	fits := true
+	for kind := range m.opts.L2.Kinds {
+		fits = fits && m.l2.FreePages(tiers.PayloadKind(kind)) >= pages
+	}
+	if fits {
+		// NB: the common case needs no victim list (EvictToFit would not
+		// look at it either), and building one scans every node.
+		if err := m.l2.Reserve(obj, pages, m.l2.AllKinds()); err != nil {
+			panic(fmt.Sprintf("control: l2 reserve for %s: %v", where, err))
+		}
+		return true
+	}
 	nodes := m.l2Victims(exclude)
 	victims := make([]placement.ObjectID, len(nodes))
 	for i, id := range nodes {

@@ -87,6 +87,24 @@ type Placement struct {
 	L1 []placement.Range
 }
 
+// MatchResult is the answer to a match: how much of the request's key the
+// tree holds and where.
+type MatchResult struct {
+	// Req is the request.
+	Req ReqID
+	// Node is the last node of the matched path (0: nothing matched); the
+	// request's lock is on it, and a chunked prefill extends it.
+	Node policy.NodeID
+	// Pages is the number of leading pages of the key the tree holds.
+	Pages int
+	// L1 is how many of them are resident in L1 now; L2 how many more are
+	// being loaded back from L2 (usable after the frontier commits the
+	// load-back).
+	L1, L2 int
+	// Held says the request waits for a reload of the rest.
+	Held bool
+}
+
 // Copy is one L1↔L2 copy of one node's pages.
 type Copy struct {
 	// Op is the operation; one op may cover several nodes.
@@ -189,6 +207,8 @@ type Unhold struct {
 type Ready struct {
 	// Tick is the Machine's tick (the number of Tick calls so far).
 	Tick uint64
+	// Matches answer the match events, in order.
+	Matches []MatchResult
 	// Placements are the L1 pages given to new nodes.
 	Placements []Placement
 	// Copies are L1↔L2 copies to run.
@@ -212,6 +232,7 @@ type Ready struct {
 
 // pending is the output accumulated since the last Advance.
 type pending struct {
+	matches    []MatchResult
 	placements []Placement
 	copies     []Copy
 	puts       []Put
@@ -231,6 +252,7 @@ func (m *Machine) Ready() Ready {
 	p := &m.out
 	return Ready{
 		Tick:         m.tick,
+		Matches:      p.matches,
 		Placements:   p.placements,
 		Copies:       p.copies,
 		Puts:         p.puts,
@@ -252,6 +274,6 @@ func (m *Machine) Advance() { m.out = pending{} }
 // HasReady reports whether there is output to consume.
 func (m *Machine) HasReady() bool {
 	p := &m.out
-	return len(p.placements)+len(p.copies)+len(p.puts)+len(p.lookups)+len(p.gets)+
+	return len(p.matches)+len(p.placements)+len(p.copies)+len(p.puts)+len(p.lookups)+len(p.gets)+
 		len(p.deletes)+len(p.touches)+len(p.holds)+len(p.unholds)+len(p.skips) > 0 || p.digest != nil
 }

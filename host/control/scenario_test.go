@@ -298,6 +298,13 @@ func (h *harness) drain() string {
 	r := h.m.Ready()
 	h.m.Advance()
 	var b []string
+	for _, x := range r.Matches {
+		s := fmt.Sprintf("matched req=%d node=%d pages=%d l1=%d l2=%d", x.Req, x.Node, x.Pages, x.L1, x.L2)
+		if x.Held {
+			s += " held"
+		}
+		b = append(b, s)
+	}
 	for _, p := range r.Placements {
 		b = append(b, fmt.Sprintf("place req=%d node=%d l1=%s", p.Req, p.Node, ranges(p.L1)))
 	}
