@@ -278,7 +278,7 @@ func (m *Machine) insert(e Event) error {
 		}
 		return m.settle()
 	}
-	k.l1 = m.reserveL1(last.ID(), int64(added))
+	m.setL1(last.ID(), k, m.reserveL1(last.ID(), int64(added)))
 	info, _ := m.l1.Object(k.l1)
 	m.out.placements = append(m.out.placements, Placement{Req: e.Req, Node: last.ID(), L1: info.Ranges})
 	if m.opts.WritePolicy == WriteThrough {

@@ -72,28 +72,25 @@ func (m *Machine) planInput(target int64) policy.PlanInput {
 			in.Deficits[o]++
 		}
 	}
-	kids := map[policy.NodeID]int{}
-	ids := sortedKeys(m.marks)
-	for _, id := range ids {
-		if m.marks[id].l1 != 0 {
-			kids[m.tree.Node(id).Parent().ID()]++
-		}
-	}
-	for _, id := range ids {
+	// NB: the set's order is its replicated history; the plan depends on
+	// the nodes given, not on their order (every score is total).
+	in.Nodes = m.planBuf[:0]
+	for _, id := range m.l1Set.ids {
 		k := m.marks[id]
-		n := m.tree.Node(id)
-		if k.l1 == 0 || k.loadOp != 0 {
+		if k.loadOp != 0 {
 			continue
 		}
+		n := m.tree.Node(id)
 		in.Nodes = append(in.Nodes, policy.PlanNode{
 			ID:        id,
-			Parent:    n.Parent().ID(),
-			Children:  kids[id],
+			Parent:    k.parent,
+			Children:  m.l1Kids[id],
 			Evictable: n.LockRefs() == 0 && !n.BackupPending(),
 			Counts:    planner.OwnerCounts(n.Depth(), n.Pages(), lanes),
 			Priority:  n.LastAccess(),
 		})
 	}
+	m.planBuf = in.Nodes
 	return in
 }
 
@@ -108,7 +105,7 @@ func (m *Machine) evictL1(n *radix.Node) {
 		if err := m.l1.Release(k.l1); err != nil {
 			panic(fmt.Sprintf("control: release L1 object of node %d: %v", n.ID(), err))
 		}
-		k.l1 = 0
+		m.setL1(n.ID(), k, 0)
 		m.setResidency(n, n.Residency()&^radix.L1)
 		m.count("l1 evict to l2")
 	case m.opts.WritePolicy == WriteBack || n.Children() > 0:
@@ -165,7 +162,7 @@ func (m *Machine) loadBack(req ReqID, path []*radix.Node) int {
 	o := m.issue(opLoadBack, LaneLoadBack)
 	for _, n := range nodes {
 		k := m.marks[n.ID()]
-		k.l1 = m.reserveL1(n.ID(), int64(n.Pages()))
+		m.setL1(n.ID(), k, m.reserveL1(n.ID(), int64(n.Pages())))
 		k.loadOp = o.id
 		o.nodes = append(o.nodes, n.ID())
 		m.out.copies = append(m.out.copies, Copy{Op: o.id, Dir: ToL1, Node: n.ID(), L1: m.ranges(m.l1, k.l1), L2: m.ranges(m.l2, k.l2)})
@@ -191,7 +188,7 @@ func (m *Machine) applyLoadBack(o *op, ok bool) {
 		if err := m.l1.Release(k.l1); err != nil {
 			panic(fmt.Sprintf("control: release L1 of failed load-back node %d: %v", id, err))
 		}
-		k.l1 = 0
+		m.setL1(id, k, 0)
 	}
 	if !ok {
 		m.skip(Skip{Reason: SkipFailed, Where: "load-back", Op: o.id})

@@ -32,7 +32,8 @@ func (m *Machine) backup(n *radix.Node, dropL1 bool, req ReqID) bool {
 	o := m.issue(opBackup, LaneBackup)
 	o.obj = obj
 	o.nodes = []policy.NodeID{n.ID()}
-	k.l2, k.l2Pending, k.backupOp, k.dropL1 = obj, true, o.id, dropL1
+	m.setL2(n.ID(), k, obj)
+	k.l2Pending, k.backupOp, k.dropL1 = true, o.id, dropL1
 	m.out.copies = append(m.out.copies, Copy{Op: o.id, Dir: ToL2, Node: n.ID(), L1: m.ranges(m.l1, k.l1), L2: m.ranges(m.l2, obj)})
 	m.count("backup")
 	return true
@@ -80,19 +81,14 @@ func (m *Machine) reserveL2(obj placement.ObjectID, pages int64, exclude policy.
 // pinned by an ungathered put, no load-back reading it, and no child in
 // L2; one without L1 pages must be a leaf of the tree, since it leaves it.
 func (m *Machine) l2Victims(exclude policy.NodeID) []policy.NodeID {
-	ids := sortedKeys(m.marks)
-	inL2 := map[policy.NodeID]bool{}
-	for _, id := range ids {
-		if m.marks[id].l2 != 0 {
-			inL2[m.tree.Node(id).Parent().ID()] = true
-		}
-	}
 	var out []policy.NodeID
-	for _, id := range ids {
+	for _, id := range m.l2Set.ids {
 		k := m.marks[id]
+		if id == exclude || k.l2Pending || k.spill == spillPinned || k.loadOp != 0 || m.l2Kids[id] > 0 {
+			continue
+		}
 		n := m.tree.Node(id)
-		if id == exclude || k.l2 == 0 || k.l2Pending || k.spill == spillPinned || k.loadOp != 0 ||
-			n.LockRefs() != 0 || n.BackupPending() || inL2[id] || (k.l1 == 0 && n.Children() > 0) {
+		if n.LockRefs() != 0 || n.BackupPending() || (k.l1 == 0 && n.Children() > 0) {
 			continue
 		}
 		out = append(out, id)
@@ -110,7 +106,7 @@ func (m *Machine) l2Victims(exclude policy.NodeID) []policy.NodeID {
 func (m *Machine) dropL2(id policy.NodeID) {
 	k := m.marks[id]
 	n := m.tree.Node(id)
-	k.l2 = 0
+	m.setL2(id, k, 0)
 	if k.spill == spillQueued {
 		i := slices.Index(m.queue, id)
 		m.queue = slices.Delete(m.queue, i, i+1)
@@ -166,7 +162,7 @@ func (m *Machine) applyBackup(o *op, ok bool) {
 		drop := k.dropL1
 		k.dropL1 = false
 		if !ok {
-			k.l2 = 0
+			m.setL2(id, k, 0)
 			continue
 		}
 		m.setResidency(n, n.Residency()|radix.L2)
@@ -174,7 +170,7 @@ func (m *Machine) applyBackup(o *op, ok bool) {
 			if err := m.l1.Release(k.l1); err != nil {
 				panic(fmt.Sprintf("control: release L1 of written-back node %d: %v", id, err))
 			}
-			k.l1 = 0
+			m.setL1(id, k, 0)
 			m.setResidency(n, n.Residency()&^radix.L1)
 		}
 		m.enqueueSpill(id)

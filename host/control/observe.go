@@ -77,7 +77,7 @@ func (m *Machine) settle() error {
 	o := m.obs
 	defer func() { o.inserted, o.splits, o.removed = o.inserted[:0], o.splits[:0], o.removed[:0] }()
 	for _, id := range o.inserted {
-		m.marks[id] = &mark{}
+		m.marks[id] = &mark{parent: m.tree.Node(id).Parent().ID()}
 		m.index(id)
 	}
 	for _, s := range o.splits {
@@ -110,7 +110,8 @@ func (m *Machine) onSplit(s splitEvent) error {
 	if mc == nil {
 		return fmt.Errorf("control: split of node %d: no markers (bug)", s.suffix)
 	}
-	mp := &mark{spill: mc.spill, spillOp: mc.spillOp, loadOp: mc.loadOp}
+	mp := &mark{parent: mc.parent, spill: mc.spill, spillOp: mc.spillOp, loadOp: mc.loadOp}
+	mc.parent = s.prefix
 	m.marks[s.prefix] = mp
 	m.index(s.prefix)
 	m.index(s.suffix)
@@ -119,10 +120,17 @@ func (m *Machine) onSplit(s splitEvent) error {
 		if err := m.l1.Split(mc.l1, int64(s.at), pobj); err != nil {
 			return fmt.Errorf("control: split node %d L1 object: %w", s.suffix, err)
 		}
+		// NB: the prefix takes the suffix's place under the old parent
+		// and has the suffix as its only child: the old parent's count
+		// of L1 children is unchanged.
 		mp.l1 = pobj
+		m.l1Set.add(s.prefix)
+		m.l1Kids[s.prefix] = 1
 	}
 	if mc.l2 != 0 {
 		mp.l2 = pobj
+		m.l2Set.add(s.prefix)
+		m.l2Kids[s.prefix] = 1
 		if mc.l2Pending {
 			o := m.ops[mc.backupOp]
 			o.deferred = append(o.deferred, deferredSplit{suffix: s.suffix, prefix: s.prefix, at: int64(s.at)})
@@ -156,6 +164,8 @@ func (m *Machine) onRemove(id policy.NodeID) error {
 		return fmt.Errorf("control: removal of node %d: no markers (bug)", id)
 	}
 	delete(m.marks, id)
+	delete(m.l1Kids, id)
+	delete(m.l2Kids, id)
 	if m.first[k.first] == id {
 		delete(m.first, k.first)
 	}
@@ -163,6 +173,7 @@ func (m *Machine) onRemove(id policy.NodeID) error {
 		if err := m.l1.Release(k.l1); err != nil {
 			return fmt.Errorf("control: release L1 of removed node %d: %w", id, err)
 		}
+		m.setL1(id, k, 0)
 	}
 	if k.l2 != 0 {
 		if k.l2Pending || k.spill == spillPinned || k.loadOp != 0 {
@@ -171,6 +182,7 @@ func (m *Machine) onRemove(id policy.NodeID) error {
 		if err := m.l2.Release(k.l2); err != nil {
 			return fmt.Errorf("control: release L2 of removed node %d: %w", id, err)
 		}
+		m.setL2(id, k, 0)
 	}
 	if k.spill == spillQueued {
 		if i := slices.Index(m.queue, id); i >= 0 {
@@ -250,6 +262,9 @@ func (m *Machine) CheckInvariants() error {
 		return err
 	}
 	if err := m.l2.CheckInvariants(); err != nil {
+		return err
+	}
+	if err := m.checkIndexes(); err != nil {
 		return err
 	}
 	if len(m.marks) != m.tree.Nodes() {

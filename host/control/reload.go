@@ -176,7 +176,7 @@ func (m *Machine) applyReload(o *op, ok bool) error {
 	if err := m.l2.Commit(rl.obj); err != nil {
 		return fmt.Errorf("control: commit reload object: %w", err)
 	}
-	k.l2 = rl.obj
+	m.setL2(last.ID(), k, rl.obj)
 	m.setResidency(last, radix.L2|radix.L3)
 	m.out.touches = append(m.out.touches, Touch{Hashes: o.hashes})
 	m.count("reload landed")
