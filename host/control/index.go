@@ -12,18 +12,20 @@ import (
 // an order that depends only on the history of adds and deletes (so it is
 // the same on every replica).
 type nodeSet struct {
-	ids []policy.NodeID
-	pos map[policy.NodeID]int
+	ids   []policy.NodeID
+	marks []*mark // marks[i] is ids[i]'s
+	pos   map[policy.NodeID]int
 }
 
 func newNodeSet() nodeSet { return nodeSet{pos: map[policy.NodeID]int{}} }
 
-func (s *nodeSet) add(id policy.NodeID) {
+func (s *nodeSet) add(id policy.NodeID, k *mark) {
 	if _, ok := s.pos[id]; ok {
 		return
 	}
 	s.pos[id] = len(s.ids)
 	s.ids = append(s.ids, id)
+	s.marks = append(s.marks, k)
 }
 
 func (s *nodeSet) del(id policy.NodeID) {
@@ -31,10 +33,11 @@ func (s *nodeSet) del(id policy.NodeID) {
 	if !ok {
 		return
 	}
-	last := s.ids[len(s.ids)-1]
-	s.ids[i] = last
+	n := len(s.ids) - 1
+	last := s.ids[n]
+	s.ids[i], s.marks[i] = last, s.marks[n]
 	s.pos[last] = i
-	s.ids = s.ids[:len(s.ids)-1]
+	s.ids, s.marks = s.ids[:n], s.marks[:n]
 	delete(s.pos, id)
 }
 
@@ -43,7 +46,7 @@ func (m *Machine) setL1(id policy.NodeID, k *mark, obj placement.ObjectID) {
 	had, has := k.l1 != 0, obj != 0
 	k.l1 = obj
 	if had != has {
-		m.indexSet(&m.l1Set, m.l1Kids, id, k.parent, has)
+		m.indexSet(&m.l1Set, id, k, has, func(p *mark) *int { return &p.l1Kids })
 	}
 }
 
@@ -52,19 +55,24 @@ func (m *Machine) setL2(id policy.NodeID, k *mark, obj placement.ObjectID) {
 	had, has := k.l2 != 0, obj != 0
 	k.l2 = obj
 	if had != has {
-		m.indexSet(&m.l2Set, m.l2Kids, id, k.parent, has)
+		m.indexSet(&m.l2Set, id, k, has, func(p *mark) *int { return &p.l2Kids })
 	}
 }
 
-func (m *Machine) indexSet(s *nodeSet, kids map[policy.NodeID]int, id, parent policy.NodeID, has bool) {
+func (m *Machine) indexSet(s *nodeSet, id policy.NodeID, k *mark, has bool, kids func(*mark) *int) {
+	// NB: the root (0) has no mark; a removed parent (prune goes deepest
+	// first, so only after its children) has none either.
+	p := m.marks[k.parent]
 	if has {
-		s.add(id)
-		kids[parent]++
+		s.add(id, k)
+		if p != nil {
+			*kids(p)++
+		}
 		return
 	}
 	s.del(id)
-	if kids[parent]--; kids[parent] <= 0 {
-		delete(kids, parent)
+	if p != nil {
+		*kids(p)--
 	}
 }
 
@@ -74,11 +82,11 @@ func (m *Machine) checkIndexes() error {
 	for _, tier := range []struct {
 		name string
 		set  *nodeSet
-		kids map[policy.NodeID]int
+		kids func(*mark) int
 		has  func(*mark) bool
 	}{
-		{"L1", &m.l1Set, m.l1Kids, func(k *mark) bool { return k.l1 != 0 }},
-		{"L2", &m.l2Set, m.l2Kids, func(k *mark) bool { return k.l2 != 0 }},
+		{"L1", &m.l1Set, func(k *mark) int { return k.l1Kids }, func(k *mark) bool { return k.l1 != 0 }},
+		{"L2", &m.l2Set, func(k *mark) int { return k.l2Kids }, func(k *mark) bool { return k.l2 != 0 }},
 	} {
 		want := map[policy.NodeID]int{}
 		var ids []policy.NodeID
@@ -97,13 +105,15 @@ func (m *Machine) checkIndexes() error {
 		if !slices.Equal(got, ids) {
 			return fmt.Errorf("control: %s set %v, markers say %v", tier.name, got, ids)
 		}
-		for id, n := range want {
-			if tier.kids[id] != n {
-				return fmt.Errorf("control: node %d has %d %s children, index says %d", id, n, tier.name, tier.kids[id])
+		for i, id := range tier.set.ids {
+			if tier.set.marks[i] != m.marks[id] || tier.set.pos[id] != i {
+				return fmt.Errorf("control: %s set entry %d (node %d) out of date", tier.name, i, id)
 			}
 		}
-		if len(tier.kids) != len(want) {
-			return fmt.Errorf("control: %s child index has %d entries, want %d", tier.name, len(tier.kids), len(want))
+		for _, id := range sortedKeys(m.marks) {
+			if n := tier.kids(m.marks[id]); n != want[id] {
+				return fmt.Errorf("control: node %d has %d %s children, index says %d", id, want[id], tier.name, n)
+			}
 		}
 	}
 	return nil

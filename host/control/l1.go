@@ -7,7 +7,6 @@ import (
 	"github.com/kvtier/kvtier/host/placement"
 	"github.com/kvtier/kvtier/host/radix"
 	"github.com/kvtier/kvtier/policy"
-	"github.com/kvtier/kvtier/policy/planner"
 )
 
 // admitL1 makes room for need pages in L1. The hard deficit (need minus
@@ -75,22 +74,25 @@ func (m *Machine) planInput(target int64) policy.PlanInput {
 	// NB: the set's order is its replicated history; the plan depends on
 	// the nodes given, not on their order (every score is total).
 	in.Nodes = m.planBuf[:0]
-	for _, id := range m.l1Set.ids {
-		k := m.marks[id]
+	counts := m.countBuf[:0]
+	for i, id := range m.l1Set.ids {
+		k := m.l1Set.marks[i]
 		if k.loadOp != 0 {
 			continue
 		}
 		n := m.tree.Node(id)
+		at := len(counts)
+		counts = appendOwnerCounts(counts, n.Depth(), n.Pages(), lanes)
 		in.Nodes = append(in.Nodes, policy.PlanNode{
 			ID:        id,
 			Parent:    k.parent,
-			Children:  m.l1Kids[id],
+			Children:  k.l1Kids,
 			Evictable: n.LockRefs() == 0 && !n.BackupPending(),
-			Counts:    planner.OwnerCounts(n.Depth(), n.Pages(), lanes),
+			Counts:    counts[at:len(counts):len(counts)],
 			Priority:  n.LastAccess(),
 		})
 	}
-	m.planBuf = in.Nodes
+	m.planBuf, m.countBuf = in.Nodes, counts
 	return in
 }
 
@@ -214,4 +216,22 @@ func (m *Machine) mustSettle() {
 	if err := m.settle(); err != nil {
 		panic(err.Error())
 	}
+}
+
+// appendOwnerCounts appends planner.OwnerCounts(depth, pages, lanes)
+// without allocating. NB: a later append may move the buffer; slices taken
+// from it stay valid (they keep the old array), which is all planInput
+// needs.
+func appendOwnerCounts(dst []int, depth, pages, lanes int) []int {
+	if lanes == 1 {
+		return append(dst, pages)
+	}
+	at := len(dst)
+	for range lanes {
+		dst = append(dst, pages/lanes)
+	}
+	for i := depth + pages/lanes*lanes; i < depth+pages; i++ {
+		dst[at+i%lanes]++
+	}
+	return dst
 }

@@ -82,9 +82,9 @@ func (m *Machine) reserveL2(obj placement.ObjectID, pages int64, exclude policy.
 // L2; one without L1 pages must be a leaf of the tree, since it leaves it.
 func (m *Machine) l2Victims(exclude policy.NodeID) []policy.NodeID {
 	var out []policy.NodeID
-	for _, id := range m.l2Set.ids {
-		k := m.marks[id]
-		if id == exclude || k.l2Pending || k.spill == spillPinned || k.loadOp != 0 || m.l2Kids[id] > 0 {
+	for i, id := range m.l2Set.ids {
+		k := m.l2Set.marks[i]
+		if id == exclude || k.l2Pending || k.spill == spillPinned || k.loadOp != 0 || k.l2Kids > 0 {
 			continue
 		}
 		n := m.tree.Node(id)

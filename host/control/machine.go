@@ -54,8 +54,10 @@ type mark struct {
 	// first is the node's first page hash (its key in Machine.first).
 	first pagehash.Hash
 	// parent is the node's parent (kept so a removed node's parent is
-	// known).
-	parent policy.NodeID
+	// known). l1Kids and l2Kids count its children holding an L1 / L2
+	// object (derived, not digested).
+	parent         policy.NodeID
+	l1Kids, l2Kids int
 	// l1 is the node's L1 object (0: none).
 	l1 placement.ObjectID
 	// l2 is the node's L2 object (0: none); l2Pending while its backup
@@ -172,11 +174,11 @@ type Machine struct {
 	localUp  uint8  // local: bit t-1 set when tier t is up here
 
 	// Derived indexes of the markers, never digested: the nodes holding
-	// an L1 / L2 object, and per node how many of its children do.
-	l1Set, l2Set   nodeSet
-	l1Kids, l2Kids map[policy.NodeID]int
+	// an L1 / L2 object (how many of a node's children do is in its mark).
+	l1Set, l2Set nodeSet
 
-	planBuf []policy.PlanNode
+	planBuf  []policy.PlanNode
+	countBuf []int
 
 	counts map[string]uint64
 	out    pending
@@ -218,7 +220,6 @@ func (m *Machine) reset() error {
 	m.tick = 0
 	m.marks = map[policy.NodeID]*mark{}
 	m.l1Set, m.l2Set = newNodeSet(), newNodeSet()
-	m.l1Kids, m.l2Kids = map[policy.NodeID]int{}, map[policy.NodeID]int{}
 	m.first = map[pagehash.Hash]policy.NodeID{}
 	m.reqs = map[ReqID]*request{}
 	m.ops = map[OpID]*op{}

@@ -124,13 +124,13 @@ func (m *Machine) onSplit(s splitEvent) error {
 		// and has the suffix as its only child: the old parent's count
 		// of L1 children is unchanged.
 		mp.l1 = pobj
-		m.l1Set.add(s.prefix)
-		m.l1Kids[s.prefix] = 1
+		m.l1Set.add(s.prefix, mp)
+		mp.l1Kids = 1
 	}
 	if mc.l2 != 0 {
 		mp.l2 = pobj
-		m.l2Set.add(s.prefix)
-		m.l2Kids[s.prefix] = 1
+		m.l2Set.add(s.prefix, mp)
+		mp.l2Kids = 1
 		if mc.l2Pending {
 			o := m.ops[mc.backupOp]
 			o.deferred = append(o.deferred, deferredSplit{suffix: s.suffix, prefix: s.prefix, at: int64(s.at)})
@@ -164,8 +164,6 @@ func (m *Machine) onRemove(id policy.NodeID) error {
 		return fmt.Errorf("control: removal of node %d: no markers (bug)", id)
 	}
 	delete(m.marks, id)
-	delete(m.l1Kids, id)
-	delete(m.l2Kids, id)
 	if m.first[k.first] == id {
 		delete(m.first, k.first)
 	}
