@@ -92,6 +92,9 @@ func (m *Machine) checkIndexes() error {
 		var ids []policy.NodeID
 		for _, id := range sortedKeys(m.marks) {
 			k := m.marks[id]
+			if k.node != m.tree.Node(id) {
+				return fmt.Errorf("control: node %d: marker points at another node", id)
+			}
 			if p := m.tree.Node(id).Parent().ID(); p != k.parent {
 				return fmt.Errorf("control: node %d parent %d, marker says %d", id, p, k.parent)
 			}

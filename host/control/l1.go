@@ -80,7 +80,7 @@ func (m *Machine) planInput(target int64) policy.PlanInput {
 		if k.loadOp != 0 {
 			continue
 		}
-		n := m.tree.Node(id)
+		n := k.node
 		at := len(counts)
 		counts = appendOwnerCounts(counts, n.Depth(), n.Pages(), lanes)
 		in.Nodes = append(in.Nodes, policy.PlanNode{

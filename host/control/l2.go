@@ -55,7 +55,11 @@ func (m *Machine) reserveL2(obj placement.ObjectID, pages int64, exclude policy.
 		}
 		return true
 	}
-	nodes := m.l2Victims(exclude)
+	deficit := int64(0)
+	for kind := range m.opts.L2.Kinds {
+		deficit = max(deficit, pages-m.l2.FreePages(tiers.PayloadKind(kind)))
+	}
+	nodes := m.l2Victims(exclude, deficit)
 	victims := make([]placement.ObjectID, len(nodes))
 	for i, id := range nodes {
 		victims[i] = m.marks[id].l2
@@ -80,24 +84,68 @@ func (m *Machine) reserveL2(obj placement.ObjectID, pages int64, exclude policy.
 // holds a committed object, no request lock, no pending backup, no spill
 // pinned by an ungathered put, no load-back reading it, and no child in
 // L2; one without L1 pages must be a leaf of the tree, since it leaves it.
-func (m *Machine) l2Victims(exclude policy.NodeID) []policy.NodeID {
-	var out []policy.NodeID
+//
+// Only the coldest victims whose pages cover the deficit are returned, in
+// order (evict-to-fit stops at the first fit, so it would not look
+// further); when all of them do not cover it, all are returned and the
+// reservation is exhausted.
+func (m *Machine) l2Victims(exclude policy.NodeID, deficit int64) []policy.NodeID {
+	h := m.victimBuf[:0]
 	for i, id := range m.l2Set.ids {
 		k := m.l2Set.marks[i]
 		if id == exclude || k.l2Pending || k.spill == spillPinned || k.loadOp != 0 || k.l2Kids > 0 {
 			continue
 		}
-		n := m.tree.Node(id)
+		n := k.node
 		if n.LockRefs() != 0 || n.BackupPending() || (k.l1 == 0 && n.Children() > 0) {
 			continue
 		}
-		out = append(out, id)
+		h = append(h, victim{last: n.LastAccess(), id: id, pages: int64(n.Pages())})
 	}
-	slices.SortFunc(out, func(a, b policy.NodeID) int {
-		na, nb := m.tree.Node(a), m.tree.Node(b)
-		return cmp.Or(cmp.Compare(na.LastAccess(), nb.LastAccess()), cmp.Compare(a, b))
-	})
+	m.victimBuf = h
+	// A min-heap popped until the deficit is covered: O(n + k log n)
+	// instead of sorting every candidate.
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		siftDown(h, i)
+	}
+	var out []policy.NodeID
+	for len(h) > 0 && deficit > 0 {
+		out = append(out, h[0].id)
+		deficit -= h[0].pages
+		h[0] = h[len(h)-1]
+		h = h[:len(h)-1]
+		siftDown(h, 0)
+	}
 	return out
+}
+
+// victim is an L2 eviction candidate in the replicated order.
+type victim struct {
+	last  uint64
+	id    policy.NodeID
+	pages int64
+}
+
+func (a victim) less(b victim) bool {
+	return cmp.Or(cmp.Compare(a.last, b.last), cmp.Compare(a.id, b.id)) < 0
+}
+
+func siftDown(h []victim, i int) {
+	for {
+		l := 2*i + 1
+		if l >= len(h) {
+			return
+		}
+		c := l
+		if r := l + 1; r < len(h) && h[r].less(h[l]) {
+			c = r
+		}
+		if !h[c].less(h[i]) {
+			return
+		}
+		h[i], h[c] = h[c], h[i]
+		i = c
+	}
 }
 
 // dropL2 tears down a node whose L2 object evict-to-fit released: it keeps

@@ -58,6 +58,8 @@ type mark struct {
 	// object (derived, not digested).
 	parent         policy.NodeID
 	l1Kids, l2Kids int
+	// node is the tree's node (valid while the node is in the tree).
+	node *radix.Node
 	// l1 is the node's L1 object (0: none).
 	l1 placement.ObjectID
 	// l2 is the node's L2 object (0: none); l2Pending while its backup
@@ -177,7 +179,8 @@ type Machine struct {
 	// an L1 / L2 object (how many of a node's children do is in its mark).
 	l1Set, l2Set nodeSet
 
-	planBuf  []policy.PlanNode
+	planBuf   []policy.PlanNode
+	victimBuf []victim
 	countBuf []int
 
 	counts map[string]uint64

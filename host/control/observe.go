@@ -77,7 +77,8 @@ func (m *Machine) settle() error {
 	o := m.obs
 	defer func() { o.inserted, o.splits, o.removed = o.inserted[:0], o.splits[:0], o.removed[:0] }()
 	for _, id := range o.inserted {
-		m.marks[id] = &mark{parent: m.tree.Node(id).Parent().ID()}
+		n := m.tree.Node(id)
+		m.marks[id] = &mark{parent: n.Parent().ID(), node: n}
 		m.index(id)
 	}
 	for _, s := range o.splits {
@@ -110,7 +111,7 @@ func (m *Machine) onSplit(s splitEvent) error {
 	if mc == nil {
 		return fmt.Errorf("control: split of node %d: no markers (bug)", s.suffix)
 	}
-	mp := &mark{parent: mc.parent, spill: mc.spill, spillOp: mc.spillOp, loadOp: mc.loadOp}
+	mp := &mark{parent: mc.parent, node: m.tree.Node(s.prefix), spill: mc.spill, spillOp: mc.spillOp, loadOp: mc.loadOp}
 	mc.parent = s.prefix
 	m.marks[s.prefix] = mp
 	m.index(s.prefix)
