@@ -181,7 +181,7 @@ type Machine struct {
 
 	planBuf   []policy.PlanNode
 	victimBuf []victim
-	countBuf []int
+	countBuf  []int
 
 	counts map[string]uint64
 	out    pending
