@@ -214,6 +214,12 @@ func (m *Machine) applyBackup(o *op, ok bool) {
 			continue
 		}
 		m.setResidency(n, n.Residency()|radix.L2)
+		if drop && n.LockRefs() > 0 {
+			// NB: a request locked the node while its write-back ran; its
+			// L1 pages stay until a later eviction (locks are replicated).
+			m.count("write-back kept L1 of a locked node")
+			drop = false
+		}
 		if drop {
 			if err := m.l1.Release(k.l1); err != nil {
 				panic(fmt.Sprintf("control: release L1 of written-back node %d: %v", id, err))
