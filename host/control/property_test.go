@@ -86,8 +86,8 @@ func propertyOptions() Options {
 
 // TestReplicasAgree feeds three replicas the same replicated events while
 // each finishes its ops in its own order, with its own delays and its own
-// failures, and asserts equal digests at every tick and identical
-// decisions (skips, holds) throughout.
+// failures, each losing and regaining L3 on its own, and asserts equal
+// digests at every tick and identical decisions (skips, holds) throughout.
 func TestReplicasAgree(t *testing.T) {
 	for _, wp := range []WritePolicy{WriteThrough, WriteThroughSelective, WriteBack} {
 		for seed := uint64(1); seed <= 12; seed++ {
@@ -234,13 +234,30 @@ func runReplicas(t *testing.T, seed uint64, wp WritePolicy, steps int) {
 			}
 		}
 		for _, r := range reps {
+			var err error
 			r.work(t, 0.5, 0.05)
+			// A rank loses or regains L3 on its own; the group learns it
+			// at the next frontier (AND of the tier bits).
+			switch {
+			case r.rng.IntN(100) == 0:
+				err = r.m.SetTierUp(3, false)
+			case r.rng.IntN(5) == 0:
+				err = r.m.SetTierUp(3, true)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
 		}
 		if gen.IntN(3) == 0 {
 			tick()
 		}
 	}
 	// Drain: release everything, finish every op, tick until quiet, flush.
+	for _, r := range reps {
+		if err := r.m.SetTierUp(3, true); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, req := range sortedKeys(live) {
 		apply(fmt.Sprintf("release req=%d", req))
 	}
