@@ -1,0 +1,187 @@
+package control
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Lane is one pipeline of operations whose completions reach the
+// replicated state through the frontier. The ops of a lane are numbered
+// 1, 2, ... in the replicated order they were issued in; a rank's progress
+// on a lane is the length of the prefix of them it finished.
+type Lane uint8
+
+// The lanes. A spill op belongs to two: gathered, then durable.
+const (
+	// LaneBackup: L1→L2 copies of write-through and write-back.
+	LaneBackup Lane = iota
+	// LaneLoadBack: L2→L1 copies that bring L2 hits to L1.
+	LaneLoadBack
+	// LaneGather: spills whose pages were gathered off the slab.
+	LaneGather
+	// LaneDurable: spills that are durable in the Store.
+	LaneDurable
+	// LaneLookup: longest-durable-prefix lookups for reloads.
+	LaneLookup
+	// LaneReload: L3→L2 gets of reloads.
+	LaneReload
+	// NumLanes is the number of lanes.
+	NumLanes
+)
+
+var laneNames = [NumLanes]string{"backup", "loadback", "gather", "durable", "lookup", "reload"}
+
+// String returns the lane's name.
+func (l Lane) String() string {
+	if l < NumLanes {
+		return laneNames[l]
+	}
+	return fmt.Sprintf("lane(%d)", uint8(l))
+}
+
+// LaneProgress is one rank's progress on one lane, or, in a Frontier, the
+// group's.
+type LaneProgress struct {
+	// Base is the number of the lane's ops already applied (replicated:
+	// equal on every rank).
+	Base uint64
+	// Done is the number of the lane's ops finished, counted from the
+	// first (Done >= Base).
+	Done uint64
+	// OK[i] is op Base+1+i's outcome; len(OK) = Done-Base.
+	OK []bool
+	// Values[i] is op Base+1+i's value on the lookup lane (the longest
+	// durable prefix in pages); empty on other lanes.
+	Values []int
+}
+
+// Contribution is one rank's local facts offered at a tick: its progress
+// on every lane and which tiers it can reach. A group reduces the
+// contributions of its ranks to a Frontier (Reduce); a later
+// host/consensus package takes these types over.
+type Contribution struct {
+	// Tick is the replicated tick the contribution is for.
+	Tick uint64
+	// Lanes is the progress per lane.
+	Lanes [NumLanes]LaneProgress
+	// TierUp has bit t-1 set when tier t is up on this rank.
+	TierUp uint8
+}
+
+// Frontier is what every rank applies at a tick: per lane the MIN of the
+// ranks' Done, the AND of their OK bits and the MIN of their values over
+// that prefix, and the AND of their tier bits.
+type Frontier Contribution
+
+// ErrFrontier marks contributions that cannot be reduced or a frontier the
+// Machine cannot apply: a tick or a base that differs, a shape that does
+// not match.
+var ErrFrontier = errors.New("malformed frontier")
+
+// Reduce combines the contributions of every rank of a group into the
+// frontier: element-wise MIN of Done and values, AND of ok bits and tier
+// bits. Every contribution must be for the same tick and the same bases.
+func Reduce(cs ...Contribution) (Frontier, error) {
+	if len(cs) == 0 {
+		return Frontier{}, fmt.Errorf("reduce: no contributions: %w", ErrFrontier)
+	}
+	f := Frontier{Tick: cs[0].Tick, TierUp: 0xff}
+	for l := range NumLanes {
+		f.Lanes[l].Base = cs[0].Lanes[l].Base
+		f.Lanes[l].Done = cs[0].Lanes[l].Done
+	}
+	for r, c := range cs {
+		if err := c.check(); err != nil {
+			return Frontier{}, fmt.Errorf("reduce: rank %d: %w", r, err)
+		}
+		if c.Tick != f.Tick {
+			return Frontier{}, fmt.Errorf("reduce: rank %d is at tick %d, rank 0 at %d: %w", r, c.Tick, f.Tick, ErrFrontier)
+		}
+		f.TierUp &= c.TierUp
+		for l := range NumLanes {
+			p := c.Lanes[l]
+			if p.Base != f.Lanes[l].Base {
+				return Frontier{}, fmt.Errorf("reduce: rank %d lane %s base %d, rank 0 base %d: %w", r, Lane(l), p.Base, f.Lanes[l].Base, ErrFrontier)
+			}
+			f.Lanes[l].Done = min(f.Lanes[l].Done, p.Done)
+		}
+	}
+	for l := range NumLanes {
+		fl := &f.Lanes[l]
+		n := int(fl.Done - fl.Base)
+		fl.OK = make([]bool, n)
+		for i := range fl.OK {
+			fl.OK[i] = true
+		}
+		if Lane(l) == LaneLookup {
+			fl.Values = make([]int, n)
+			for i := range fl.Values {
+				fl.Values[i] = int(^uint(0) >> 1)
+			}
+		}
+		for _, c := range cs {
+			p := c.Lanes[l]
+			for i := range n {
+				fl.OK[i] = fl.OK[i] && p.OK[i]
+				if fl.Values != nil {
+					fl.Values[i] = min(fl.Values[i], p.Values[i])
+				}
+			}
+		}
+	}
+	return f, nil
+}
+
+func (c Contribution) check() error {
+	for l := range NumLanes {
+		p := c.Lanes[l]
+		if p.Done < p.Base {
+			return fmt.Errorf("lane %s done %d below base %d: %w", Lane(l), p.Done, p.Base, ErrFrontier)
+		}
+		n := p.Done - p.Base
+		if uint64(len(p.OK)) != n {
+			return fmt.Errorf("lane %s: %d ok bits for %d ops: %w", Lane(l), len(p.OK), n, ErrFrontier)
+		}
+		want := uint64(0)
+		if Lane(l) == LaneLookup {
+			want = n
+		}
+		if uint64(len(p.Values)) != want {
+			return fmt.Errorf("lane %s: %d values for %d ops: %w", Lane(l), len(p.Values), want, ErrFrontier)
+		}
+	}
+	return nil
+}
+
+// String renders the progress compactly, lanes with nothing new left out:
+// "tick=3 backup=0..2[ok,fail] lookup=1..2[ok:3]".
+func (f Frontier) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "tick=%d", f.Tick)
+	for l := range NumLanes {
+		p := f.Lanes[l]
+		if p.Done == p.Base {
+			continue
+		}
+		fmt.Fprintf(&b, " %s=%d..%d[", Lane(l), p.Base, p.Done)
+		for i, ok := range p.OK {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			if ok {
+				b.WriteString("ok")
+			} else {
+				b.WriteString("fail")
+			}
+			if p.Values != nil {
+				fmt.Fprintf(&b, ":%d", p.Values[i])
+			}
+		}
+		b.WriteByte(']')
+	}
+	if f.TierUp != 0xff {
+		fmt.Fprintf(&b, " tier_up=%08b", f.TierUp)
+	}
+	return b.String()
+}

@@ -1,0 +1,237 @@
+package control
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/kvtier/kvtier/host/placement"
+	"github.com/kvtier/kvtier/host/radix"
+	"github.com/kvtier/kvtier/policy"
+)
+
+// admitL1 makes room for need pages in L1. The hard deficit (need minus
+// the free pages) gates: when the owner-lane plan cannot free it, nothing
+// is evicted and the admission is skipped (capacity). The free-room
+// watermark is pursued best effort: the plan aims at need plus the
+// watermark, and a shortfall is a counted, rate-limited skip, never a
+// failure (the seed's log storm came from a watermark that could not be
+// met). It reports whether need pages are free afterwards.
+func (m *Machine) admitL1(need int64, req ReqID, node policy.NodeID) bool {
+	free := m.l1.FreePages(0)
+	water := int64(math.Ceil(m.opts.FreeRoomRatio * float64(m.opts.L1Pages)))
+	target := need + water - free
+	if target <= 0 {
+		return true
+	}
+	hard := need - free
+	plan, err := m.plan.Plan(m.planInput(target))
+	if err != nil {
+		// NB: the input is built from the tree; a refusal is a bug, but a
+		// cache may always miss: skip rather than stop.
+		m.count("l1 plan error")
+		m.skip(Skip{Reason: SkipCapacity, Where: "l1 admit", Req: req, Node: node, Pages: int(need)})
+		return false
+	}
+	planned := int64(0)
+	for _, f := range plan.Freed {
+		planned += int64(f)
+	}
+	if hard > 0 && planned < hard {
+		m.skip(Skip{Reason: SkipCapacity, Where: "l1 admit", Req: req, Node: node, Pages: int(need)})
+		return false
+	}
+	for _, id := range plan.Victims {
+		if n := m.tree.Node(id); n != nil {
+			m.evictL1(n)
+		}
+	}
+	free = m.l1.FreePages(0)
+	if free < need {
+		// Write-back victims free their pages at their backup's commit.
+		m.skip(Skip{Reason: SkipCapacity, Where: "l1 admit", Req: req, Node: node, Pages: int(need)})
+		return false
+	}
+	if free-need < water {
+		m.skip(Skip{Reason: SkipWatermark, Where: "l1 admit", Req: req, Node: node, Pages: int(water - (free - need))})
+	}
+	return true
+}
+
+// planInput describes every node resident in L1 to the owner-lane
+// planner: its L1 children (a node is an L1 leaf when none of its children
+// holds L1 pages), whether it may leave L1 (no request lock, no pending
+// backup: markers only), its pages per owner lane, and its last access as
+// the priority.
+func (m *Machine) planInput(target int64) policy.PlanInput {
+	lanes := m.opts.OwnerLanes
+	in := policy.PlanInput{Deficits: make([]int, lanes)}
+	for o := range lanes {
+		in.Deficits[o] = int(target) / lanes
+		if o < int(target)%lanes {
+			in.Deficits[o]++
+		}
+	}
+	// NB: the set's order is its replicated history; the plan depends on
+	// the nodes given, not on their order (every score is total).
+	in.Nodes = m.planBuf[:0]
+	counts := m.countBuf[:0]
+	for i, id := range m.l1Set.ids {
+		k := m.l1Set.marks[i]
+		if k.loadOp != 0 {
+			continue
+		}
+		n := k.node
+		at := len(counts)
+		counts = appendOwnerCounts(counts, n.Depth(), n.Pages(), lanes)
+		in.Nodes = append(in.Nodes, policy.PlanNode{
+			ID:        id,
+			Parent:    k.parent,
+			Children:  k.l1Kids,
+			Evictable: n.LockRefs() == 0 && !n.BackupPending(),
+			Counts:    counts[at:len(counts):len(counts)],
+			Priority:  n.LastAccess(),
+		})
+	}
+	m.planBuf, m.countBuf = in.Nodes, counts
+	return in
+}
+
+// evictL1 takes a planned victim out of L1. A node backed up in L2 just
+// loses its L1 pages. One that is not is backed up first (write_back, or a
+// node with children, which cannot leave the tree alone) and leaves L1 at
+// the backup's commit; a leaf without a backup leaves the tree.
+func (m *Machine) evictL1(n *radix.Node) {
+	k := m.marks[n.ID()]
+	switch {
+	case n.Residency().Has(2):
+		if err := m.l1.Release(k.l1); err != nil {
+			panic(fmt.Sprintf("control: release L1 object of node %d: %v", n.ID(), err))
+		}
+		m.setL1(n.ID(), k, 0)
+		m.setResidency(n, n.Residency()&^radix.L1)
+		m.count("l1 evict to l2")
+	case m.opts.WritePolicy == WriteBack || n.Children() > 0:
+		if m.backup(n, true, 0) {
+			m.count("l1 evict write-back")
+		}
+	default:
+		if _, err := m.tree.Prune(n); err != nil {
+			panic(fmt.Sprintf("control: drop L1 leaf %d: %v", n.ID(), err))
+		}
+		m.mustSettle()
+		m.count("l1 evict drop")
+	}
+}
+
+// reserveL1 places an L1 object of pages pages for node; admission made
+// room, so it fits.
+func (m *Machine) reserveL1(node policy.NodeID, pages int64) placement.ObjectID {
+	obj := placement.ObjectID(node)
+	if err := m.l1.Reserve(obj, pages, m.l1.AllKinds()); err != nil {
+		panic(fmt.Sprintf("control: reserve L1 for node %d after admission: %v", node, err))
+	}
+	if err := m.l1.Commit(obj); err != nil {
+		panic(fmt.Sprintf("control: commit L1 for node %d: %v", node, err))
+	}
+	return obj
+}
+
+// loadBack brings the L2-resident nodes that follow the path's L1-resident
+// prefix into L1: one admission for all their pages, one op, a copy per
+// node. The path is locked by the request, so admission never evicts it.
+// It returns the pages being loaded back.
+func (m *Machine) loadBack(req ReqID, path []*radix.Node) int {
+	i := 0
+	for i < len(path) && path[i].Residency().Has(1) {
+		i++
+	}
+	var nodes []*radix.Node
+	need := int64(0)
+	for _, n := range path[i:] {
+		k := m.marks[n.ID()]
+		if !n.Residency().Has(2) || k.l1 != 0 || k.loadOp != 0 {
+			break
+		}
+		nodes = append(nodes, n)
+		need += int64(n.Pages())
+	}
+	if len(nodes) == 0 {
+		return 0
+	}
+	if !m.admitL1(need, req, nodes[0].ID()) {
+		return 0
+	}
+	o := m.issue(opLoadBack, LaneLoadBack)
+	for _, n := range nodes {
+		k := m.marks[n.ID()]
+		m.setL1(n.ID(), k, m.reserveL1(n.ID(), int64(n.Pages())))
+		k.loadOp = o.id
+		o.nodes = append(o.nodes, n.ID())
+		m.out.copies = append(m.out.copies, Copy{Op: o.id, Dir: ToL1, Node: n.ID(), L1: m.ranges(m.l1, k.l1), L2: m.ranges(m.l2, k.l2)})
+	}
+	m.count("load-back")
+	return int(need)
+}
+
+// applyLoadBack applies a load-back at the frontier: its nodes become L1
+// resident, or, when it failed on some rank, give their L1 pages back.
+func (m *Machine) applyLoadBack(o *op, ok bool) {
+	for _, id := range o.nodes {
+		k := m.marks[id]
+		n := m.tree.Node(id)
+		if k == nil || k.loadOp != o.id {
+			continue
+		}
+		k.loadOp = 0
+		if ok {
+			m.setResidency(n, n.Residency()|radix.L1)
+			continue
+		}
+		if err := m.l1.Release(k.l1); err != nil {
+			panic(fmt.Sprintf("control: release L1 of failed load-back node %d: %v", id, err))
+		}
+		m.setL1(id, k, 0)
+	}
+	if !ok {
+		m.skip(Skip{Reason: SkipFailed, Where: "load-back", Op: o.id})
+	}
+	m.retire(o)
+}
+
+func (m *Machine) ranges(a *placement.Allocator, obj placement.ObjectID) []placement.Range {
+	info, err := a.Object(obj)
+	if err != nil {
+		panic(fmt.Sprintf("control: object %d: %v", obj, err))
+	}
+	return info.Ranges
+}
+
+func (m *Machine) setResidency(n *radix.Node, r radix.Residency) {
+	if err := m.tree.SetResidency(n, r); err != nil {
+		panic(fmt.Sprintf("control: set residency of node %d: %v", n.ID(), err))
+	}
+}
+
+func (m *Machine) mustSettle() {
+	if err := m.settle(); err != nil {
+		panic(err.Error())
+	}
+}
+
+// appendOwnerCounts appends planner.OwnerCounts(depth, pages, lanes)
+// without allocating. NB: a later append may move the buffer; slices taken
+// from it stay valid (they keep the old array), which is all planInput
+// needs.
+func appendOwnerCounts(dst []int, depth, pages, lanes int) []int {
+	if lanes == 1 {
+		return append(dst, pages)
+	}
+	at := len(dst)
+	for range lanes {
+		dst = append(dst, pages/lanes)
+	}
+	for i := depth + pages/lanes*lanes; i < depth+pages; i++ {
+		dst[at+i%lanes]++
+	}
+	return dst
+}

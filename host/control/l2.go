@@ -1,0 +1,318 @@
+package control
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/kvtier/kvtier/host/placement"
+	"github.com/kvtier/kvtier/host/radix"
+	"github.com/kvtier/kvtier/policy"
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// backup starts the L1→L2 backup of n: an L2 object reserved through
+// evict-to-fit, the backup-pending marker set at this attach, one copy
+// op. The marker is cleared only when the frontier commits or rolls back
+// the op; request locks stay separate. With dropL1 the node leaves L1 at
+// the commit (write-back). It reports whether the backup started.
+func (m *Machine) backup(n *radix.Node, dropL1 bool, req ReqID) bool {
+	k := m.marks[n.ID()]
+	if k.l2 != 0 || n.BackupPending() || k.l1 == 0 || k.loadOp != 0 {
+		return false
+	}
+	obj := placement.ObjectID(n.ID())
+	if !m.reserveL2(obj, int64(n.Pages()), n.ID(), req, "backup") {
+		return false
+	}
+	if err := m.tree.SetBackupPending(n, true); err != nil {
+		panic(fmt.Sprintf("control: attach backup of node %d: %v", n.ID(), err))
+	}
+	o := m.issue(opBackup, LaneBackup)
+	o.obj = obj
+	o.nodes = []policy.NodeID{n.ID()}
+	m.setL2(n.ID(), k, obj)
+	k.l2Pending, k.backupOp, k.dropL1 = true, o.id, dropL1
+	m.out.copies = append(m.out.copies, Copy{Op: o.id, Dir: ToL2, Node: n.ID(), L1: m.ranges(m.l1, k.l1), L2: m.ranges(m.l2, obj)})
+	m.count("backup")
+	return true
+}
+
+// reserveL2 reserves obj through the allocator's evict-to-fit over the
+// L2 victims in the replicated order. Exhaustion is a typed, counted,
+// rate-limited skip, never a wait.
+func (m *Machine) reserveL2(obj placement.ObjectID, pages int64, exclude policy.NodeID, req ReqID, where string) bool {
+	fits := true
+	for kind := range m.opts.L2.Kinds {
+		fits = fits && m.l2.FreePages(tiers.PayloadKind(kind)) >= pages
+	}
+	if fits {
+		// NB: the common case needs no victim list (EvictToFit would not
+		// look at it either), and building one scans every node.
+		if err := m.l2.Reserve(obj, pages, m.l2.AllKinds()); err != nil {
+			panic(fmt.Sprintf("control: l2 reserve for %s: %v", where, err))
+		}
+		return true
+	}
+	deficit := int64(0)
+	for kind := range m.opts.L2.Kinds {
+		deficit = max(deficit, pages-m.l2.FreePages(tiers.PayloadKind(kind)))
+	}
+	nodes := m.l2Victims(exclude, deficit)
+	victims := make([]placement.ObjectID, len(nodes))
+	for i, id := range nodes {
+		victims[i] = m.marks[id].l2
+	}
+	evicted, err := m.l2.EvictToFit(obj, pages, m.l2.AllKinds(), victims)
+	if err != nil {
+		if !errors.Is(err, placement.ErrNoSpace) {
+			panic(fmt.Sprintf("control: l2 reserve for %s: %v", where, err))
+		}
+		m.skip(Skip{Reason: SkipExhausted, Where: "l2 reserve for " + where, Req: req, Node: exclude, Pages: int(pages)})
+		return false
+	}
+	for _, id := range nodes[:evicted] {
+		m.dropL2(id)
+	}
+	return true
+}
+
+// l2Victims returns the nodes whose L2 objects may be evicted, coldest
+// first (last access, then node id: the replicated order). It reads only
+// replicated state: the tree, the markers, the ops in flight. A victim
+// holds a committed object, no request lock, no pending backup, no spill
+// pinned by an ungathered put, no load-back reading it, and no child in
+// L2; one without L1 pages must be a leaf of the tree, since it leaves it.
+//
+// Only the coldest victims whose pages cover the deficit are returned, in
+// order (evict-to-fit stops at the first fit, so it would not look
+// further); when all of them do not cover it, all are returned and the
+// reservation is exhausted.
+func (m *Machine) l2Victims(exclude policy.NodeID, deficit int64) []policy.NodeID {
+	h := m.victimBuf[:0]
+	for i, id := range m.l2Set.ids {
+		k := m.l2Set.marks[i]
+		if id == exclude || k.l2Pending || k.spill == spillPinned || k.loadOp != 0 || k.l2Kids > 0 {
+			continue
+		}
+		n := k.node
+		if n.LockRefs() != 0 || n.BackupPending() || (k.l1 == 0 && n.Children() > 0) {
+			continue
+		}
+		h = append(h, victim{last: n.LastAccess(), id: id, pages: int64(n.Pages())})
+	}
+	m.victimBuf = h
+	// A min-heap popped until the deficit is covered: O(n + k log n)
+	// instead of sorting every candidate.
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		siftDown(h, i)
+	}
+	var out []policy.NodeID
+	for len(h) > 0 && deficit > 0 {
+		out = append(out, h[0].id)
+		deficit -= h[0].pages
+		h[0] = h[len(h)-1]
+		h = h[:len(h)-1]
+		siftDown(h, 0)
+	}
+	return out
+}
+
+// victim is an L2 eviction candidate in the replicated order.
+type victim struct {
+	last  uint64
+	id    policy.NodeID
+	pages int64
+}
+
+func (a victim) less(b victim) bool {
+	return cmp.Or(cmp.Compare(a.last, b.last), cmp.Compare(a.id, b.id)) < 0
+}
+
+func siftDown(h []victim, i int) {
+	for {
+		l := 2*i + 1
+		if l >= len(h) {
+			return
+		}
+		c := l
+		if r := l + 1; r < len(h) && h[r].less(h[l]) {
+			c = r
+		}
+		if !h[c].less(h[i]) {
+			return
+		}
+		h[i], h[c] = h[c], h[i]
+		i = c
+	}
+}
+
+// dropL2 tears down a node whose L2 object evict-to-fit released: it keeps
+// its L1 pages if it has them, else it leaves the tree. A durable victim
+// is just dropped: its pages stay in the Store for a later reload.
+func (m *Machine) dropL2(id policy.NodeID) {
+	k := m.marks[id]
+	n := m.tree.Node(id)
+	m.setL2(id, k, 0)
+	if k.spill == spillQueued {
+		i := slices.Index(m.queue, id)
+		m.queue = slices.Delete(m.queue, i, i+1)
+		k.spill = spillNone
+		m.count("spill dequeued by eviction")
+	}
+	if n.Residency().Has(3) {
+		m.count("l2 evict durable")
+	} else {
+		m.count("l2 evict not durable")
+	}
+	if k.l1 != 0 {
+		m.setResidency(n, n.Residency()&^radix.L2)
+		return
+	}
+	if _, err := m.tree.Prune(n); err != nil {
+		panic(fmt.Sprintf("control: drop L2 victim %d: %v", id, err))
+	}
+	m.mustSettle()
+}
+
+// applyBackup commits or rolls back a backup at the frontier: the object
+// is committed (and the splits its nodes went through are applied to it),
+// the markers cleared, the nodes made L2 resident and queued for spill in
+// commit order (prefix halves first); on a failure anywhere the object is
+// released and the markers cleared.
+func (m *Machine) applyBackup(o *op, ok bool) {
+	nodes := slices.Clone(o.nodes)
+	slices.SortFunc(nodes, func(a, b policy.NodeID) int {
+		return cmp.Or(cmp.Compare(m.tree.Node(a).Depth(), m.tree.Node(b).Depth()), cmp.Compare(a, b))
+	})
+	if ok {
+		if err := m.l2.Commit(o.obj); err != nil {
+			panic(fmt.Sprintf("control: commit backup op %d: %v", o.id, err))
+		}
+		for _, d := range o.deferred {
+			if err := m.l2.Split(m.marks[d.suffix].l2, d.at, placement.ObjectID(d.prefix)); err != nil {
+				panic(fmt.Sprintf("control: deferred split of node %d: %v", d.suffix, err))
+			}
+		}
+	} else {
+		if err := m.l2.Release(o.obj); err != nil {
+			panic(fmt.Sprintf("control: roll back backup op %d: %v", o.id, err))
+		}
+		m.skip(Skip{Reason: SkipFailed, Where: "backup", Op: o.id, Node: o.nodes[0]})
+	}
+	for _, id := range nodes {
+		n, k := m.tree.Node(id), m.marks[id]
+		if err := m.tree.SetBackupPending(n, false); err != nil {
+			panic(fmt.Sprintf("control: clear backup marker of node %d: %v", id, err))
+		}
+		k.l2Pending, k.backupOp = false, 0
+		drop := k.dropL1
+		k.dropL1 = false
+		if !ok {
+			m.setL2(id, k, 0)
+			continue
+		}
+		m.setResidency(n, n.Residency()|radix.L2)
+		if drop && n.LockRefs() > 0 {
+			// NB: a request locked the node while its write-back ran; its
+			// L1 pages stay until a later eviction (locks are replicated).
+			m.count("write-back kept L1 of a locked node")
+			drop = false
+		}
+		if drop {
+			if err := m.l1.Release(k.l1); err != nil {
+				panic(fmt.Sprintf("control: release L1 of written-back node %d: %v", id, err))
+			}
+			m.setL1(id, k, 0)
+			m.setResidency(n, n.Residency()&^radix.L1)
+		}
+		m.enqueueSpill(id)
+	}
+	m.retire(o)
+}
+
+// enqueueSpill queues a just-committed node for its proactive spill. The
+// queue's cap is an option, equal on every rank: a full queue is a skip.
+func (m *Machine) enqueueSpill(id policy.NodeID) {
+	if !m.opts.L3 || m.tree.Node(id).Residency().Has(3) {
+		return
+	}
+	if len(m.queue) >= m.opts.SpillQueueCap {
+		m.skip(Skip{Reason: SkipCapacity, Where: "spill queue", Node: id})
+		return
+	}
+	m.queue = append(m.queue, id)
+	m.marks[id].spill = spillQueued
+}
+
+// issueSpills issues queued spills in commit order while fewer than
+// SpillInflight are in flight. An issued spill pins its node's L2 object
+// against eviction until the gathered frontier.
+func (m *Machine) issueSpills() {
+	for len(m.queue) > 0 && m.inflight < m.opts.SpillInflight {
+		if !m.l3Usable() {
+			m.skip(Skip{Reason: SkipTierDown, Where: "spill", Node: m.queue[0]})
+			return
+		}
+		id := m.queue[0]
+		m.queue = m.queue[1:]
+		n, k := m.tree.Node(id), m.marks[id]
+		o := m.issue(opSpill, LaneGather, LaneDurable)
+		o.nodes = []policy.NodeID{id}
+		o.hashes = slices.Clone(n.Hashes())
+		k.spill, k.spillOp = spillPinned, o.id
+		m.inflight++
+		m.out.puts = append(m.out.puts, Put{Op: o.id, Node: id, Hashes: o.hashes, Spans: m.pageSpans(k.l2)})
+		m.count("spill")
+	}
+}
+
+// pageSpans returns one slab span per page of obj, kind by kind.
+func (m *Machine) pageSpans(obj placement.ObjectID) []tiers.Span {
+	var spans []tiers.Span
+	for kind := range m.opts.L2.Kinds {
+		var err error
+		if spans, err = m.l2.PageSpans(obj, tiers.PayloadKind(kind), spans); err != nil {
+			panic(fmt.Sprintf("control: spans of object %d: %v", obj, err))
+		}
+	}
+	return spans
+}
+
+// applyGather releases the eviction pin of a spill at the gathered
+// frontier: the Store has the pages off the slab on every rank.
+func (m *Machine) applyGather(o *op, ok bool) {
+	o.gatherFailed = !ok
+	for _, id := range o.nodes {
+		if k := m.marks[id]; k != nil && k.spillOp == o.id {
+			k.spill = spillGathered
+		}
+	}
+}
+
+// applyDurable marks a spill's nodes durable (L3) at the durable frontier,
+// only if it was gathered and written on every rank (ok-AND); otherwise it
+// is durable nowhere and every rank deletes what it may have written.
+func (m *Machine) applyDurable(o *op, ok bool) {
+	ok = ok && !o.gatherFailed
+	for _, id := range o.nodes {
+		k := m.marks[id]
+		if k == nil || k.spillOp != o.id {
+			continue
+		}
+		k.spill, k.spillOp = spillNone, 0
+		if ok {
+			n := m.tree.Node(id)
+			m.setResidency(n, n.Residency()|radix.L3)
+		}
+	}
+	if !ok {
+		m.out.deletes = append(m.out.deletes, Delete{Op: o.id, Hashes: o.hashes})
+		m.skip(Skip{Reason: SkipFailed, Where: "spill", Op: o.id, Node: o.nodes[0]})
+	} else {
+		m.count("spill durable")
+	}
+	m.inflight--
+	m.retire(o)
+}

@@ -1,0 +1,98 @@
+package control
+
+import (
+	"fmt"
+
+	"github.com/kvtier/kvtier/internal/invariants"
+)
+
+// laneOrder is the order Tick applies lanes in: copies first (they free
+// or fill tiers), then the spill's two stages (gathered before durable),
+// then lookups and the reloads they started.
+var laneOrder = [NumLanes]Lane{LaneBackup, LaneLoadBack, LaneGather, LaneDurable, LaneLookup, LaneReload}
+
+// Tick applies a frontier, the one place where local facts become
+// replicated: per lane, the ops the whole group finished are committed or
+// rolled back in issue order; held requests past their TTL are released;
+// queued spills are issued; every DigestEvery ticks the digest goes to
+// Ready. A frontier that does not fit the Machine (another tick, another
+// base, more ops than were issued, a bad shape) is refused with
+// ErrFrontier and changes nothing.
+func (m *Machine) Tick(f Frontier) error {
+	if err := m.checkFrontier(f); err != nil {
+		return err
+	}
+	m.tick++
+	m.tierDown = ^f.TierUp
+	for _, l := range laneOrder {
+		p := f.Lanes[l]
+		n := int(p.Done - m.applied[l])
+		ids := m.lanes[l][:n:n]
+		m.lanes[l] = m.lanes[l][n:]
+		m.applied[l] = p.Done
+		for i, id := range ids {
+			o := m.ops[id]
+			switch l {
+			case LaneBackup:
+				m.applyBackup(o, p.OK[i])
+			case LaneLoadBack:
+				m.applyLoadBack(o, p.OK[i])
+			case LaneGather:
+				m.applyGather(o, p.OK[i])
+			case LaneDurable:
+				m.applyDurable(o, p.OK[i])
+			case LaneLookup:
+				m.applyLookup(o, p.Values[i])
+			case LaneReload:
+				if err := m.applyReload(o, p.OK[i]); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	m.expireHolds()
+	m.issueSpills()
+	if invariants.Enabled {
+		if err := m.CheckInvariants(); err != nil {
+			return fmt.Errorf("control: after tick %d: %w", m.tick, err)
+		}
+	}
+	if m.opts.DigestEvery > 0 && m.tick%m.opts.DigestEvery == 0 {
+		d := m.Digest()
+		m.out.digest = &d
+	}
+	return nil
+}
+
+func (m *Machine) checkFrontier(f Frontier) error {
+	if f.Tick != m.tick {
+		return fmt.Errorf("control: frontier for tick %d, machine at tick %d: %w", f.Tick, m.tick, ErrFrontier)
+	}
+	if err := Contribution(f).check(); err != nil {
+		return fmt.Errorf("control: frontier: %w", err)
+	}
+	for l := range NumLanes {
+		p := f.Lanes[l]
+		if p.Base != m.applied[l] {
+			return fmt.Errorf("control: frontier lane %s base %d, machine applied %d: %w", Lane(l), p.Base, m.applied[l], ErrFrontier)
+		}
+		if p.Done-p.Base > uint64(len(m.lanes[l])) {
+			return fmt.Errorf("control: frontier lane %s done %d, only %d issued: %w", Lane(l), p.Done, m.applied[l]+uint64(len(m.lanes[l])), ErrFrontier)
+		}
+		if Lane(l) == LaneLookup {
+			for i, v := range p.Values {
+				o := m.ops[m.lanes[l][i]]
+				if v < 0 || v > len(o.hashes) {
+					return fmt.Errorf("control: frontier lookup op %d: %d pages of %d: %w", o.id, v, len(o.hashes), ErrFrontier)
+				}
+			}
+		}
+	}
+	// NB: a durable op must not be applied before its gathered stage; a
+	// group's MIN keeps that order, a forged frontier might not.
+	g := f.Lanes[LaneGather].Done
+	if d := f.Lanes[LaneDurable].Done; d > g {
+		return fmt.Errorf("control: frontier durable %d ahead of gathered %d: %w", d, g, ErrFrontier)
+	}
+	return nil
+}
