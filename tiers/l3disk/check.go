@@ -117,7 +117,7 @@ func Check(ctx context.Context, opts CheckOptions) (CheckReport, error) {
 		}
 		sort.Strings(paths)
 		for _, p := range paths {
-			f, _, _, err := openSlabFile(opts.FS, p, superblock{}, openMode{direct: ODirectAuto, anyGeometry: true})
+			f, _, err := openSlabFile(opts.FS, p, superblock{}, openMode{direct: ODirectAuto, anyGeometry: true})
 			if err != nil {
 				return rep, fmt.Errorf("l3 check: %w", err)
 			}

@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"sync/atomic"
 
+	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/internal/ratelog"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l3disk/diskfs"
@@ -110,21 +111,32 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 			Epoch: epochFor(1, env.Rank), StackID: stackID,
 		}
 		path := filepath.Join(dir, SlabFileName(stackID, env.Rank, uint8(k)))
-		f, created, directRefused, err := openSlabFile(fs, path, want, openMode{
+		kind := uint8(k)
+		f, info, err := openSlabFile(fs, path, want, openMode{
 			direct: cfg.ODirect, recreate: mode == tiers.ColdStartClear, create: true, depth: cfg.Depth,
+			epochFloor: func() (uint64, error) { return s.indexEpochFloor(ctx, kind) },
 		})
 		if err != nil {
 			return nil, fmt.Errorf("l3disk open: %w", err)
 		}
 		s.files = append(s.files, f)
 		s.pageBytes = append(s.pageBytes, spec.PageBytes)
-		refused = refused || directRefused
-		if created {
+		refused = refused || info.directRefused
+		switch {
+		case info.recreated != nil:
+			// NB: loud: every page the old file held is gone.
+			s.log.Error("l3 slab file unusable; recreated empty, its pages are lost", "path", path, "kind", spec.Name,
+				"reason", info.recreated.Error(), "new_epoch", f.epoch()>>16, "slots", slots)
+		case info.created:
 			s.log.Info("l3 slab file created", "path", path, "kind", spec.Name, "slots", slots, "slot_bytes", want.SlotBytes)
+		case info.truncatedAt > 0:
+			s.log.Error("l3 slab file was truncated; extended back, slots below the cut kept", "path", path, "kind", spec.Name,
+				"truncated_at_bytes", info.truncatedAt, "slots_lost", info.lostSlots, "slots_kept", slots-info.lostSlots)
 		}
 		maxSlot = max(maxSlot, want.SlotBytes)
 		s.pools = append(s.pools, newSlotPool(int(slots)))
 		s.gcActive = append(s.gcActive, false)
+		s.verified = append(s.verified, make([]bool, slots))
 	}
 	s.direct = !refused && cfg.ODirect != ODirectOff
 	if refused {
@@ -205,6 +217,24 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 		}
 	}
 	return s, nil
+}
+
+// indexEpochFloor returns the highest epoch among this store's index
+// records of kind (its disk and rank), 0 if none.
+func (s *Store) indexEpochFloor(ctx context.Context, kind uint8) (uint64, error) {
+	var top uint64
+	err := s.index.Iterate(ctx, func(e indexes.Entry) error {
+		if e.Key.Kind == kind && int(e.Record.Disk) == s.disk && epochRank(e.Record.Epoch) == s.rank {
+			top = max(top, e.Record.Epoch)
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, indexes.ErrCorrupt) {
+		// NB: corrupt records are reported after every good one was
+		// seen; they name no epoch anyone can match.
+		return 0, fmt.Errorf("highest epoch in the index: %w", err)
+	}
+	return top, nil
 }
 
 // release frees what Open acquired, for a failed Open and for Close.

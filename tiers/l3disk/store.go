@@ -63,6 +63,12 @@ type Store struct {
 	inflight  map[tiers.Key]*writeJob
 	inflightN int
 	gcActive  []bool
+	// verified marks live slots whose payload CRC was checked since open
+	// (written in this run, rebuilt, or verified on a dedup): a put is
+	// deduplicated only against such a slot, so a durable ack is true.
+	verified [][]bool
+	// rebuilt is what the cold start's index rebuild did.
+	rebuilt RebuildCounts
 
 	// clock is the store's logical access clock: bumped by the writer
 	// for LRU order, read by the syncer for the index's LastAccess.

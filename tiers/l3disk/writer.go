@@ -72,7 +72,7 @@ func (s *Store) handleGathered(job *writeJob) {
 			other := s.inflight[job.key]
 			other.items = append(other.items, job.items...)
 			return
-		case s.indexNames(job.key, slot):
+		case s.indexNames(job.key, slot) && s.verifyLive(job.key, slot):
 			s.releaseStaging(job)
 			s.st.dedups.Add(int64(len(job.items)))
 			pool.touch(slot, s.clock.Add(1))
@@ -105,6 +105,36 @@ func (s *Store) handleGathered(job *writeJob) {
 			s.handleCommits(res)
 		}
 	}
+}
+
+// verifyLive reports whether a live slot's payload verifies, reading it
+// once per open: a slot adopted by a cold-start load had only its header
+// checked, and acking a put durable against a rotten payload would be a
+// lie. A slot that fails loses its index entry (the caller then frees it
+// and writes the page again).
+func (s *Store) verifyLive(key tiers.Key, slot int32) bool {
+	k := key.Kind
+	if s.verified[k][slot] {
+		return true
+	}
+	f := s.files[k]
+	buf := <-s.readBufs
+	defer func() { s.readBufs <- buf }()
+	err := f.readSlot(int64(slot), buf.Bytes())
+	if err == nil {
+		_, err = verifySlot(buf.Bytes(), uint8(k), f.epoch(), key.Hash, s.pageBytes[k])
+	}
+	if err == nil {
+		s.verified[k][slot] = true
+		return true
+	}
+	s.st.corrupt.Add(1)
+	s.limiter.Warn("dedup-verify", "l3 put: live slot failed verification; writing the page again", "key", key.String(), "slot", slot, "path", f.path, "err", err)
+	e := []indexes.Entry{{Key: key.IndexKey(), Record: s.record(k, slot, 0)}}
+	if derr := s.index.DeleteIf(context.Background(), e, make([]bool, 1)); derr != nil {
+		s.st.indexErrors.Add(1)
+	}
+	return false
 }
 
 // indexNames reports whether the index maps key to this store's slot
@@ -144,6 +174,7 @@ func (s *Store) handleCommits(jobs []*writeJob) {
 			s.failItems(job.items, job.err)
 		} else {
 			pool.commit(job.slot, s.clock.Add(1))
+			s.verified[k][job.slot] = true
 			s.st.livePages.Add(1)
 			s.st.liveBytes.Add(s.pageBytes[k])
 			s.st.spillBytes.Add(s.pageBytes[k])
@@ -173,6 +204,7 @@ func (s *Store) handleCommits(jobs []*writeJob) {
 // freeLive releases a live slot whose index entry is gone.
 func (s *Store) freeLive(k tiers.PayloadKind, slot int32) {
 	s.pools[k].release(slot)
+	s.verified[k][slot] = false
 	s.st.usedSlots[k].Add(-1)
 	s.st.livePages.Add(-1)
 	s.st.liveBytes.Add(-s.pageBytes[k])
