@@ -113,11 +113,11 @@ func Damage(t *testing.T, opts DamageOptions) {
 		seed := Seed + uint64(c)
 		rng := rand.New(rand.NewPCG(seed, 0x76696374))
 		dir := filepath.Join(t.TempDir(), "case")
-		if err := copyDir(pristine, dir); err != nil {
+		if err := CopyDir(pristine, dir); err != nil {
 			t.Fatal(err)
 		}
 		file := files[rng.IntN(len(files))]
-		what, err := damageFile(filepath.Join(dir, file), rng)
+		what, err := DamageFile(filepath.Join(dir, file), rng)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -159,8 +159,10 @@ func tail(b []byte) []byte {
 	return b
 }
 
-// damageFile applies one random damage to path and says what it did.
-func damageFile(path string, rng *rand.Rand) (string, error) {
+// DamageFile applies one random damage to path (truncation, zeroed 4 KiB
+// blocks or bit flips, biased toward the head of the file) and says what
+// it did.
+func DamageFile(path string, rng *rand.Rand) (string, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return "", err
@@ -215,7 +217,8 @@ func damageFile(path string, rng *rand.Rand) (string, error) {
 	}
 }
 
-func copyDir(src, dst string) error {
+// CopyDir copies the regular files of src into dst (created).
+func CopyDir(src, dst string) error {
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		return err
 	}
