@@ -155,6 +155,12 @@ func rebuildFile(ctx context.Context, ix indexes.Index, f *slabFile, disk int, d
 	if err != nil {
 		return nil, err
 	}
+	return indexVerified(ctx, ix, f, disk, &sc, rc)
+}
+
+// indexVerified puts an entry for every verified slot of a scan of f (the
+// first slot of each page hash) and returns them as live slots.
+func indexVerified(ctx context.Context, ix indexes.Index, f *slabFile, disk int, sc *fileScan, rc *RebuildCounts) ([]liveSlot, error) {
 	rc.Bytes += sc.bytes
 	seen := make(map[pagehash.Hash]bool)
 	var live []liveSlot

@@ -86,6 +86,9 @@ type openMode struct {
 	// anyGeometry accepts an existing file of any geometry (offline
 	// inspection reads what is there).
 	anyGeometry bool
+	// extend allows extending a truncated file back to its geometry
+	// (kvtier inspect l3 --repair) where create is false.
+	extend bool
 	// epochFloor, if set, returns the highest epoch the index holds for
 	// this file (disk, rank, kind); a file recreated from an unreadable
 	// superblock starts above it and above every slot header's epoch.
@@ -155,7 +158,13 @@ func openSlabFile(fs diskfs.FS, path string, want superblock, m openMode) (sf *s
 			return sf, info, nil
 		}
 		whole := max(0, (size-superblockSize)/got.SlotBytes)
-		if !m.create {
+		info.truncatedAt, info.lostSlots = size, got.Slots-whole
+		if !m.create && !m.extend {
+			if m.anyGeometry {
+				// NB: inspection reads the intact head; the lost
+				// slots read as unreadable.
+				return sf, info, nil
+			}
 			return fail(fmt.Errorf("slab %s: truncated: %d bytes, superblock says %d (slots %d..%d are gone): %w",
 				path, size, sf.fileSize(), whole, got.Slots-1, ErrTruncated))
 		}
@@ -169,7 +178,6 @@ func openSlabFile(fs diskfs.FS, path string, want superblock, m openMode) (sf *s
 		if err := f.Datasync(); err != nil {
 			return fail(fmt.Errorf("slab %s: sync extended file: %w", path, err))
 		}
-		info.truncatedAt, info.lostSlots = size, got.Slots-whole
 		return sf, info, nil
 	case rerr == nil && !m.recreate:
 		return fail(fmt.Errorf("slab %s was made for kind %d, rank %d, stack %q, page bytes %d, %d slots; the config wants kind %d, rank %d, stack %q, page bytes %d, %d slots: start with cold_start: clear to recreate it",
