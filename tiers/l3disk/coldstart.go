@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvtier/kvtier/indexes"
@@ -25,8 +26,13 @@ type headerScan struct {
 
 // scanHeaders reads the header block of every slot of f (header-only: one
 // aligned block per slot, not the whole slot), depth reads in flight.
-func scanHeaders(ctx context.Context, f *slabFile, depth int) (headerScan, error) {
+//
+// With stopAtFirst it returns as soon as one valid header is found (the
+// scan is then partial): the question is only whether the file holds a
+// page.
+func scanHeaders(ctx context.Context, f *slabFile, depth int, stopAtFirst bool) (headerScan, error) {
 	n := int(f.sb.Slots)
+	var found atomic.Bool
 	sc := headerScan{headers: make([]SlotHeader, n), valid: make([]bool, n)}
 	var (
 		next         int
@@ -51,7 +57,7 @@ func scanHeaders(ctx context.Context, f *slabFile, depth int) (headerScan, error
 				slot := next
 				next++
 				mu.Unlock()
-				if slot >= n || ctx.Err() != nil {
+				if slot >= n || ctx.Err() != nil || found.Load() {
 					return
 				}
 				if err := f.readHeaderBlock(int64(slot), buf.Bytes()); err != nil {
@@ -70,6 +76,9 @@ func scanHeaders(ctx context.Context, f *slabFile, depth int) (headerScan, error
 					continue
 				}
 				sc.headers[slot], sc.valid[slot] = h, true
+				if stopAtFirst {
+					found.Store(true)
+				}
 			}
 		}()
 	}
@@ -132,9 +141,15 @@ func (s *Store) load(ctx context.Context) error {
 		}
 	}
 	if reason == nil {
+		var err error
+		if reason, err = s.indexMissing(ctx); err != nil {
+			return err
+		}
+	}
+	if reason == nil {
 		scans := make([]headerScan, len(s.files))
 		for k, f := range s.files {
-			sc, err := scanHeaders(ctx, f, s.cfg.Depth)
+			sc, err := scanHeaders(ctx, f, s.cfg.Depth, false)
 			if err != nil {
 				return err
 			}
@@ -147,6 +162,41 @@ func (s *Store) load(ctx context.Context) error {
 		}
 	}
 	return s.rebuild(ctx, reason)
+}
+
+// errFound stops an iteration at its first match.
+var errFound = errors.New("found")
+
+// indexMissing returns a reason to rebuild when the index holds no entry
+// of this store while a slab holds a page of its current epoch: the index
+// was deleted or replaced. It reads one entry and at most one valid
+// header per file, so an empty store does not pay a full header scan
+// twice and a store with a lost index goes straight to the rebuild.
+func (s *Store) indexMissing(ctx context.Context) (error, error) {
+	err := s.index.Iterate(ctx, func(e indexes.Entry) error {
+		if s.ownsRecord(e.Key, e.Record) {
+			return errFound
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errFound):
+		return nil, nil
+	case errors.Is(err, indexes.ErrCorrupt):
+		return fmt.Errorf("the index holds corrupt records: %w", err), nil
+	case err != nil:
+		return nil, fmt.Errorf("iterate index: %w", err)
+	}
+	for _, f := range s.files {
+		sc, err := scanHeaders(ctx, f, s.cfg.Depth, true)
+		if err != nil {
+			return nil, err
+		}
+		if slices.Contains(sc.valid, true) {
+			return fmt.Errorf("the index holds no entry of this store while %s holds pages of its current epoch (index missing or replaced)", f.path), nil
+		}
+	}
+	return nil, nil
 }
 
 // loadFromIndex is the usual cold-start load. It returns a non-nil reason

@@ -51,12 +51,23 @@ const scanChunk = 8 << 20
 // file's kind, epoch and page size. A chunk that fails to read is read
 // again slot by slot, so one bad sector costs one slot.
 func verifyFile(ctx context.Context, f *slabFile, depth int) (fileScan, error) {
-	n := f.sb.Slots
-	sc := fileScan{headers: make([]SlotHeader, n), verdict: make([]slotVerdict, n)}
+	sc := newFileScan(f)
+	err := verifyRange(ctx, f, depth, &sc, 0, f.sb.Slots, nil)
+	return sc, err
+}
+
+func newFileScan(f *slabFile) fileScan {
+	return fileScan{headers: make([]SlotHeader, f.sb.Slots), verdict: make([]slotVerdict, f.sb.Slots)}
+}
+
+// verifyRange fills sc for slots [from, to) of f, reading chunks of
+// scanChunk bytes; onChunk, if set, is called (on a reader goroutine) with
+// the first slot of each chunk once its verdicts are in.
+func verifyRange(ctx context.Context, f *slabFile, depth int, sc *fileScan, from, to int64, onChunk func(first int64)) error {
 	perChunk := max(1, scanChunk/f.sb.SlotBytes)
 	depth = max(depth, 1)
 	var (
-		next  int64
+		next  = from
 		mu    sync.Mutex
 		wg    sync.WaitGroup
 		errs  = make([]error, depth)
@@ -77,14 +88,14 @@ func verifyFile(ctx context.Context, f *slabFile, depth int) (fileScan, error) {
 				first := next
 				next += perChunk
 				mu.Unlock()
-				if first >= n {
+				if first >= to {
 					return
 				}
 				if err := ctx.Err(); err != nil {
 					errs[w] = fmt.Errorf("scan %s: %w", f.path, err)
 					return
 				}
-				cnt := min(perChunk, n-first)
+				cnt := min(perChunk, to-first)
 				b := buf.Bytes()[:cnt*f.sb.SlotBytes]
 				if _, err := f.f.ReadAt(b, f.offset(first)); err != nil {
 					for i := range cnt {
@@ -96,11 +107,14 @@ func verifyFile(ctx context.Context, f *slabFile, depth int) (fileScan, error) {
 						bytes[w] += f.sb.SlotBytes
 						sc.judge(f, first+i, sb)
 					}
-					continue
+				} else {
+					bytes[w] += int64(len(b))
+					for i := range cnt {
+						sc.judge(f, first+i, b[i*f.sb.SlotBytes:(i+1)*f.sb.SlotBytes])
+					}
 				}
-				bytes[w] += int64(len(b))
-				for i := range cnt {
-					sc.judge(f, first+i, b[i*f.sb.SlotBytes:(i+1)*f.sb.SlotBytes])
+				if onChunk != nil {
+					onChunk(first)
 				}
 			}
 		}()
@@ -109,7 +123,7 @@ func verifyFile(ctx context.Context, f *slabFile, depth int) (fileScan, error) {
 	for _, b := range bytes {
 		sc.bytes += b
 	}
-	return sc, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 // judge records the verdict of one slot read whole into b.
@@ -148,35 +162,99 @@ type RebuildCounts struct {
 	Elapsed time.Duration
 }
 
+// rebuildFlush is how many entries a rebuild hands the index at once: the
+// index commits (each an fsync) run while the next chunks are read, and
+// the last one, which nothing overlaps, stays small.
+const rebuildFlush = 2048
+
 // rebuildFile indexes every verified slot of f (kind k of this store's
-// disk) in batches and returns the live slots, one per page hash.
+// disk) and returns the live slots, one per page hash (the lowest slot).
+// Reads, verification and index commits overlap: readers verify chunks as
+// they arrive, a collector turns them into entries in slot order, and a
+// putter commits them.
 func rebuildFile(ctx context.Context, ix indexes.Index, f *slabFile, disk int, depth int, rc *RebuildCounts) ([]liveSlot, error) {
-	sc, err := verifyFile(ctx, f, depth)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sc := newFileScan(f)
+	perChunk := max(1, scanChunk/f.sb.SlotBytes)
+	nChunks := (f.sb.Slots + perChunk - 1) / perChunk
+	ready := make([]chan struct{}, nChunks)
+	for i := range ready {
+		ready[i] = make(chan struct{})
+	}
+	scanDone := make(chan struct{})
+	var scanErr error
+	go func() {
+		defer close(scanDone)
+		scanErr = verifyRange(ctx, f, depth, &sc, 0, f.sb.Slots, func(first int64) { close(ready[first/perChunk]) })
+	}()
+	puts := make(chan []indexes.Entry, 4)
+	putErr := make(chan error, 1)
+	go func() {
+		var err error
+		for batch := range puts {
+			if err == nil {
+				if err = putEntries(ctx, ix, f.path, batch); err != nil {
+					cancel()
+				}
+			}
+		}
+		putErr <- err
+	}()
+	var (
+		live    []liveSlot
+		pending []indexes.Entry
+		seen    = make(map[pagehash.Hash]bool)
+		err     error
+	)
+collect:
+	for c := range nChunks {
+		select {
+		case <-ready[c]:
+		case <-scanDone:
+			select {
+			case <-ready[c]:
+			default:
+				err = fmt.Errorf("rebuild from %s: scan stopped at chunk %d of %d: %w", f.path, c, nChunks, errors.Join(scanErr, ctx.Err()))
+				break collect
+			}
+		}
+		first := c * perChunk
+		l, entries := collectVerified(f, disk, &sc, first, min(f.sb.Slots, first+perChunk), seen, rc)
+		live = append(live, l...)
+		pending = append(pending, entries...)
+		if len(pending) >= rebuildFlush {
+			puts <- pending
+			pending = nil
+		}
+	}
+	if err == nil && len(pending) > 0 {
+		puts <- pending
+	}
+	close(puts)
+	<-scanDone
+	if perr := <-putErr; perr != nil {
+		return nil, perr
+	}
+	if err == nil {
+		err = scanErr
+	}
 	if err != nil {
 		return nil, err
 	}
-	return indexVerified(ctx, ix, f, disk, &sc, rc)
+	rc.Bytes += sc.bytes
+	return live, nil
 }
 
-// indexVerified puts an entry for every verified slot of a scan of f (the
-// first slot of each page hash) and returns them as live slots.
-func indexVerified(ctx context.Context, ix indexes.Index, f *slabFile, disk int, sc *fileScan, rc *RebuildCounts) ([]liveSlot, error) {
-	rc.Bytes += sc.bytes
-	seen := make(map[pagehash.Hash]bool)
-	var live []liveSlot
-	batch := make([]indexes.Entry, 0, 1024)
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		if err := ix.Put(ctx, batch); err != nil {
-			return fmt.Errorf("rebuild index from %s: put %d entries: %w", f.path, len(batch), err)
-		}
-		batch = batch[:0]
-		return nil
-	}
-	for slot, v := range sc.verdict {
-		switch v {
+// collectVerified turns the verified slots [from, to) of a scan into live
+// slots and index entries, skipping hashes already seen, and counts.
+func collectVerified(f *slabFile, disk int, sc *fileScan, from, to int64, seen map[pagehash.Hash]bool, rc *RebuildCounts) ([]liveSlot, []indexes.Entry) {
+	var (
+		live    []liveSlot
+		entries []indexes.Entry
+	)
+	for slot := from; slot < to; slot++ {
+		switch sc.verdict[slot] {
 		case verdictBadPayload, verdictBadHeader:
 			rc.Corrupt++
 			continue
@@ -195,17 +273,34 @@ func indexVerified(ctx context.Context, ix indexes.Index, f *slabFile, disk int,
 		seen[h.Hash] = true
 		rc.Kept++
 		live = append(live, liveSlot{kind: f.sb.Kind, slot: int32(slot), hash: h.Hash, verified: true})
-		batch = append(batch, indexes.Entry{
+		entries = append(entries, indexes.Entry{
 			Key:    indexes.Key{Hash: h.Hash, Kind: f.sb.Kind},
 			Record: indexes.Record{Disk: uint16(disk), Kind: f.sb.Kind, Slot: uint64(slot), Epoch: f.epoch()},
 		})
-		if len(batch) == cap(batch) {
-			if err := flush(); err != nil {
-				return nil, err
-			}
+	}
+	return live, entries
+}
+
+// rebuildBatch is the most entries one index commit of a rebuild holds.
+const rebuildBatch = 16384
+
+func putEntries(ctx context.Context, ix indexes.Index, path string, entries []indexes.Entry) error {
+	for len(entries) > 0 {
+		part := entries[:min(len(entries), rebuildBatch)]
+		entries = entries[len(part):]
+		if err := ix.Put(ctx, part); err != nil {
+			return fmt.Errorf("rebuild index from %s: put %d entries: %w", path, len(part), err)
 		}
 	}
-	if err := flush(); err != nil {
+	return nil
+}
+
+// indexVerified puts an entry for every verified slot of a finished scan
+// of f (the first slot of each page hash) and returns them as live slots.
+func indexVerified(ctx context.Context, ix indexes.Index, f *slabFile, disk int, sc *fileScan, rc *RebuildCounts) ([]liveSlot, error) {
+	rc.Bytes += sc.bytes
+	live, entries := collectVerified(f, disk, sc, 0, f.sb.Slots, make(map[pagehash.Hash]bool), rc)
+	if err := putEntries(ctx, ix, f.path, entries); err != nil {
 		return nil, err
 	}
 	return live, nil
