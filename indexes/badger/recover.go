@@ -147,14 +147,7 @@ func verifyTable(path string) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := t.VerifyChecksum(); err != nil {
-		return err
-	}
-	it := t.NewIterator(0)
-	defer func() { _ = it.Close() }()
-	for it.Rewind(); it.Valid(); it.Next() {
-		_ = it.Key()
-		_ = it.Value()
-	}
-	return nil
+	// NB: the blocks' checksums cover the entries, so walking them
+	// (which costs as much again) adds nothing once they verify.
+	return t.VerifyChecksum()
 }
