@@ -32,16 +32,6 @@ type fileScan struct {
 	bytes int64
 }
 
-func (sc *fileScan) count(v slotVerdict) int {
-	n := 0
-	for _, x := range sc.verdict {
-		if x == v {
-			n++
-		}
-	}
-	return n
-}
-
 // scanChunk is the sequential read unit of a verified scan: large enough
 // that the device streams, small enough that depth of them stay cheap.
 const scanChunk = 8 << 20
