@@ -102,7 +102,7 @@ func TestInspectL3Damage(t *testing.T) {
 			if _, err := f.WriteAt([]byte{0x55}, 40); err != nil {
 				t.Fatal(err)
 			}
-		}, "superblock unreadable", "0 naming a missing", true},
+		}, "superblock unreadable", "5 live", false},
 		{"index replaced by an empty one", func(t *testing.T, _, ixDir string) {
 			if err := os.RemoveAll(ixDir); err != nil {
 				t.Fatal(err)

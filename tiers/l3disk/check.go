@@ -31,7 +31,9 @@ type CheckOptions struct {
 	// Repair deletes index entries that name no valid slot (dangling,
 	// corrupt, of an older or a newer epoch, or naming a missing or
 	// unusable slab file), extends truncated slab files back to their
-	// geometry (their intact slots stay), and rebuilds the index from the
+	// geometry (their intact slots stay), rewrites an unreadable
+	// superblock from the slot headers when that keeps epochs
+	// increasing, and rebuilds the index from the
 	// slot headers when the index is corrupt or names none of the pages
 	// the slabs hold. Slots need no repair: a slot no entry names is free
 	// to the next cold start.
@@ -182,7 +184,7 @@ func Check(ctx context.Context, opts CheckOptions) (CheckReport, error) {
 			kind, _ := strconv.Atoi(m[3])
 			p := filepath.Join(dir, e.Name())
 			scanned++
-			c, err := openChecked(opts, p, disk, rank, kind)
+			c, err := openChecked(ctx, opts, p, m[1], disk, rank, kind)
 			if err != nil {
 				return rep, err
 			}
@@ -299,12 +301,24 @@ func stackNote(id string) string {
 // openChecked opens one slab file for the check. A file that cannot be
 // used (not a regular file, unreadable superblock) is returned with its
 // problem and no file; only a file in use by a store aborts the check.
-func openChecked(opts CheckOptions, path string, disk, rank, kind int) (*checkedFile, error) {
-	fc := &FileCheck{Path: path, Disk: disk, Rank: rank, Kind: uint8(kind)}
+func openChecked(ctx context.Context, opts CheckOptions, path, stackID string, disk, rank, kind int) (*checkedFile, error) {
+	fc := &FileCheck{Path: path, Disk: disk, Rank: rank, Kind: uint8(kind), StackID: stackID}
 	f, info, err := openSlabFile(opts.FS, path, superblock{}, openMode{direct: ODirectAuto, anyGeometry: true, extend: opts.Repair, depth: opts.Depth})
 	switch {
 	case errors.Is(err, ErrInUse):
 		return nil, fmt.Errorf("l3 check: %w", err)
+	case err != nil && opts.Repair && errors.Is(err, ErrBadHeader) && !errors.Is(err, diskfs.ErrNotRegular):
+		fc.Problem = problemOf(err)
+		sf, what, serr := salvageSuperblock(ctx, opts, path, superblock{Kind: uint8(kind), Rank: uint32(rank), StackID: stackID}, disk)
+		if serr != nil {
+			if errors.Is(serr, ErrInUse) {
+				return nil, fmt.Errorf("l3 check: %w", serr)
+			}
+			fc.Problem += "; not salvaged: " + serr.Error()
+			return &checkedFile{fc: fc}, nil
+		}
+		fc.Repaired = what
+		f = sf
 	case err != nil:
 		fc.Problem = problemOf(err)
 		return &checkedFile{fc: fc}, nil
