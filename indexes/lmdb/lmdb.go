@@ -119,7 +119,15 @@ func Open(ctx context.Context, env indexes.Env, cfg Config) (*Index, error) {
 	// aside: a mapped page past the end of a truncated file is a SIGBUS,
 	// and a page of the wrong type an assertion in mdb.c, neither of
 	// which a Go program can recover from.
-	damage := verifyWithRetry(filepath.Join(dir, dataFileName))
+	// A file another process has open was checked by that process's Open
+	// and is being written under it; reading it now could catch a commit
+	// half done, so only the first opener checks.
+	var damage error
+	if pid := otherOpeners(dir); pid == "" {
+		damage = verifyWithRetry(filepath.Join(dir, dataFileName))
+	} else {
+		env.Logger.Debug("lmdb index: data file check skipped, the environment is open in another process", "dir", dir, "pid", pid)
+	}
 	if damage != nil {
 		if err := setAside(dir, cfg, damage, env.Logger); err != nil {
 			return nil, err
