@@ -137,7 +137,7 @@ func (s *Store) load(ctx context.Context) error {
 	var reason error
 	if r, ok := s.index.(indexes.Recoverer); ok {
 		if err := r.OpenDamage(); err != nil {
-			reason = fmt.Errorf("the index was damaged and set aside at open: %w", err)
+			reason = fmt.Errorf("the index was damaged and set aside at open (it started empty): %v", err)
 		}
 	}
 	if reason == nil {
@@ -333,7 +333,10 @@ func (s *Store) adopt(live []liveSlot) {
 func (s *Store) rebuild(ctx context.Context, reason error) error {
 	s.log.Error("l3 cold start load: rebuilding the index from the slot headers", "reason", reason.Error())
 	start := time.Now()
-	if r, ok := s.index.(indexes.Resetter); ok {
+	// NB: reset only an index whose records are corrupt: one set aside at
+	// open is already fresh, and with several ranks sharing it a reset
+	// would wipe the entries another rank has just rebuilt.
+	if r, ok := s.index.(indexes.Resetter); ok && errors.Is(reason, indexes.ErrCorrupt) {
 		if err := r.Reset(ctx); err != nil {
 			return fmt.Errorf("rebuild: reset index: %w", err)
 		}
