@@ -320,3 +320,12 @@ func TestRolledBackSlab(t *testing.T) {
 		})
 	}
 }
+
+// TestSuperblockErrorWording checks that a bad superblock is called one
+// (not a bad slot header) and still matches ErrBadHeader.
+func TestSuperblockErrorWording(t *testing.T) {
+	_, err := decodeSuperblock(make([]byte, superEncodedLen))
+	if !errors.Is(err, ErrBadSuperblock) || !errors.Is(err, ErrBadHeader) || strings.Contains(err.Error(), "slot header") {
+		t.Fatalf("decode of a zeroed superblock: %v", err)
+	}
+}

@@ -146,9 +146,9 @@ func openSlabFile(fs diskfs.FS, path string, want superblock, m openMode) (sf *s
 	got, rerr := sf.readSuperblock()
 	if rerr != nil && size < superblockSize {
 		if size == 0 {
-			rerr = fmt.Errorf("empty file: %w", ErrBadHeader)
+			rerr = fmt.Errorf("empty file: %w", ErrBadSuperblock)
 		} else {
-			rerr = fmt.Errorf("truncated to %d bytes, shorter than its %d-byte superblock: %w: %w", size, superblockSize, ErrTruncated, ErrBadHeader)
+			rerr = fmt.Errorf("truncated to %d bytes, shorter than its %d-byte superblock: %w: %w", size, superblockSize, ErrTruncated, ErrBadSuperblock)
 		}
 	}
 	switch {
