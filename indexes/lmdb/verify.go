@@ -152,7 +152,23 @@ func (v *verifier) run() error {
 		return fmt.Errorf("meta: last page %d", v.lastPg)
 	}
 	free, main := decodeDB(m[metaDBs:]), decodeDB(m[metaDBs+dbRecordSize:])
-	if err := v.tree("free", free, nil); err != nil {
+	// The free tree's records are page lists (a count, then page
+	// numbers): LMDB writes new pages over them, so one that names a page
+	// in use would overwrite a live page of another type.
+	var freePages []uint64
+	if err := v.tree("free", free, func(_, data []byte, _ uint16) error {
+		if len(data) < 8 {
+			return fmt.Errorf("free list of %d bytes", len(data))
+		}
+		n := binary.LittleEndian.Uint64(data)
+		if n > uint64(len(data)/8-1) {
+			return fmt.Errorf("free list of %d pages in %d bytes", n, len(data))
+		}
+		for i := range n {
+			freePages = append(freePages, binary.LittleEndian.Uint64(data[8+8*i:]))
+		}
+		return nil
+	}); err != nil {
 		return err
 	}
 	var named []mdbDB
@@ -171,6 +187,18 @@ func (v *verifier) run() error {
 		if err := v.tree(fmt.Sprintf("named database %d", i), db, nil); err != nil {
 			return err
 		}
+	}
+	listed := make(map[uint64]bool, len(freePages))
+	for _, p := range freePages {
+		switch {
+		case p < 2 || p > v.lastPg:
+			return fmt.Errorf("free list names page %d outside [2, %d]", p, v.lastPg)
+		case v.seen[p]:
+			return fmt.Errorf("free list names page %d, which a tree uses", p)
+		case listed[p]:
+			return fmt.Errorf("free list names page %d twice", p)
+		}
+		listed[p] = true
 	}
 	return nil
 }
@@ -290,6 +318,15 @@ func (v *verifier) page(name string, pgno uint64, depth int, ordered bool, leaf 
 			ov := binary.LittleEndian.Uint64(b[dataOff:])
 			if err := v.overflowPages(name, ov, dsize); err != nil {
 				return err
+			}
+			if leaf != nil {
+				data := make([]byte, pageHdrSize+dsize)
+				if _, err := v.f.ReadAt(data, int64(ov*v.psize)); err != nil {
+					return fmt.Errorf("%s tree: overflow page %d: %v", name, ov, err)
+				}
+				if err := leaf(key, data[pageHdrSize:], nflags); err != nil {
+					return fmt.Errorf("%s tree: page %d node %d: %w", name, pgno, i, err)
+				}
 			}
 			continue
 		}
