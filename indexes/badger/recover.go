@@ -41,10 +41,35 @@ func openDB(cfg Config, dir string, log *slog.Logger) (db *badgerdb.DB, err erro
 	if strings.Contains(err.Error(), "Cannot acquire directory lock") {
 		return nil, fmt.Errorf("open badger index %s: %w (%v)", dir, indexes.ErrInUse, err)
 	}
-	if isEnvironmental(err) {
+	if isEnvironmental(err) || !opensEmpty(cfg, log) {
+		// NB: the same options fail on an empty directory too: a
+		// configuration or environment problem, not damage; never set a
+		// healthy index aside for it.
 		return nil, fmt.Errorf("open badger index %s: %w", dir, err)
 	}
 	return nil, fmt.Errorf("open badger index %s: %w: %w", dir, indexes.ErrCorrupt, err)
+}
+
+// opensEmpty reports whether Badger opens an empty database with cfg's
+// options (in a temporary directory).
+func opensEmpty(cfg Config, log *slog.Logger) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	dir, err := os.MkdirTemp("", "kvtier-badger-probe-")
+	if err != nil {
+		return false
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	db, err := badgerdb.Open(cfg.BadgerOptions(dir, slog.New(slog.DiscardHandler)))
+	if err != nil {
+		log.Debug("badger index: an empty database does not open with these options either", "err", err)
+		return false
+	}
+	_ = db.Close()
+	return true
 }
 
 // isEnvironmental reports errors that say nothing about the files' content:
