@@ -140,20 +140,23 @@ func (s *Store) load(ctx context.Context) error {
 			reason = fmt.Errorf("the index was damaged and set aside at open (it started empty): %v", err)
 		}
 	}
+	var scans []headerScan
 	if reason == nil {
 		var err error
-		if reason, err = s.indexMissing(ctx); err != nil {
+		if reason, scans, err = s.indexMissing(ctx); err != nil {
 			return err
 		}
 	}
 	if reason == nil {
-		scans := make([]headerScan, len(s.files))
-		for k, f := range s.files {
-			sc, err := scanHeaders(ctx, f, s.cfg.Depth, false)
-			if err != nil {
-				return err
+		if scans == nil {
+			scans = make([]headerScan, len(s.files))
+			for k, f := range s.files {
+				sc, err := scanHeaders(ctx, f, s.cfg.Depth, false)
+				if err != nil {
+					return err
+				}
+				scans[k] = sc
 			}
-			scans[k] = sc
 		}
 		var err error
 		reason, err = s.loadFromIndex(ctx, scans)
@@ -170,10 +173,11 @@ var errFound = errors.New("found")
 // indexMissing returns a reason to rebuild when the index holds no entry
 // of this store while a slab holds a page of its current epoch: the index
 // was deleted or replaced. It reads one entry and at most one valid
-// header per file, so an empty store does not pay a full header scan
-// twice and a store with a lost index goes straight to the rebuild.
-func (s *Store) indexMissing(ctx context.Context) (error, error) {
-	err := s.index.Iterate(ctx, func(e indexes.Entry) error {
+// header per file, so a store with a lost index goes straight to the
+// rebuild. When it had to scan every header (no entry of this store, no
+// valid page) it returns those complete scans for the load to reuse.
+func (s *Store) indexMissing(ctx context.Context) (reason error, scans []headerScan, err error) {
+	err = s.index.Iterate(ctx, func(e indexes.Entry) error {
 		if s.ownsRecord(e.Key, e.Record) {
 			return errFound
 		}
@@ -181,22 +185,23 @@ func (s *Store) indexMissing(ctx context.Context) (error, error) {
 	})
 	switch {
 	case errors.Is(err, errFound):
-		return nil, nil
+		return nil, nil, nil
 	case errors.Is(err, indexes.ErrCorrupt):
-		return fmt.Errorf("the index holds corrupt records: %w", err), nil
+		return fmt.Errorf("the index holds corrupt records: %w", err), nil, nil
 	case err != nil:
-		return nil, fmt.Errorf("iterate index: %w", err)
+		return nil, nil, fmt.Errorf("iterate index: %w", err)
 	}
 	for _, f := range s.files {
 		sc, err := scanHeaders(ctx, f, s.cfg.Depth, true)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if slices.Contains(sc.valid, true) {
-			return fmt.Errorf("the index holds no entry of this store while %s holds pages of its current epoch (index missing or replaced)", f.path), nil
+			return fmt.Errorf("the index holds no entry of this store while %s holds pages of its current epoch (index missing or replaced)", f.path), nil, nil
 		}
+		scans = append(scans, sc)
 	}
-	return nil, nil
+	return nil, scans, nil
 }
 
 // loadFromIndex is the usual cold-start load. It returns a non-nil reason
