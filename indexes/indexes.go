@@ -183,3 +183,22 @@ func DecodeKey(b []byte) (Key, error) {
 	k.Kind = b[32]
 	return k, nil
 }
+
+// Resetter is implemented by an index that can drop every entry at once.
+// A store whose index turned out corrupt resets it and rebuilds it from
+// its own durable truth (for the disk tier: the slot headers). Entries of
+// other ranks sharing the index go too; they become misses.
+type Resetter interface {
+	// Reset removes every entry.
+	Reset(ctx context.Context) error
+}
+
+// Recoverer is implemented by an index that can find, at open, that its
+// files were damaged, set them aside and start empty instead of refusing
+// to open (or crashing the process on a damaged page).
+type Recoverer interface {
+	// OpenDamage returns why the files found at open were set aside, or
+	// nil when the index opened its files as they were. A store that sees
+	// a non-nil error rebuilds its entries.
+	OpenDamage() error
+}

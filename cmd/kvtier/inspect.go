@@ -7,12 +7,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/kvtier/kvtier/host/builtin"
 	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/indexes"
+	"github.com/kvtier/kvtier/indexes/badger"
+	"github.com/kvtier/kvtier/indexes/lmdb"
 	"github.com/kvtier/kvtier/tiers/l3disk"
 )
 
@@ -79,19 +83,21 @@ func inspectL3(ctx context.Context, args []string, stdout, stderr io.Writer, m c
 		cfgPath  = fs.String("config", "", "stack config `file`; its l3disk tier names the disks and the index")
 		tierName = fs.String("tier", "", "the l3disk tier's `name` in the config (default: the only one)")
 		dirs     dirList
-		ixName   = fs.String("index", "badger", "index `module` (lmdb, badger) when no config is given")
+		ixName   = fs.String("index", "", "index `module` (lmdb, badger) when no config is given (default: detected from --index-dir)")
 		ixDir    = fs.String("index-dir", "", "index `directory` (when neither the config nor the index's own config names one)")
 		stack    = fs.String("stack", "", "only check slab files of this stack `id`")
-		repair   = fs.Bool("repair", false, "delete index entries that name no valid slot")
+		repair   = fs.Bool("repair", false, "delete index entries that name no valid slot, extend truncated slab files (keeping their intact slots), and rebuild a corrupt or missing index from the slot headers")
+		rebuild  = fs.Bool("rebuild-index", false, "replace the index's entries of these slab files with one per verified slot (creates the index if there is none; implies --repair)")
 		depth    = countFlag(fs, "depth", 8, fmt.Sprintf("`number` of reads in flight (1 to %d)", maxInspectDepth))
 		verbose  = fs.Bool("v", false, "log progress to stderr")
 	)
 	fs.Var(&dirs, "dir", "disk `directory` in disk-number order (repeat or comma-separate) when no config is given")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kvtier inspect l3 (--config FILE [--tier NAME] | --dir D[,D...] --index badger|lmdb --index-dir DIR) [--repair]")
+		fmt.Fprintln(stderr, "usage: kvtier inspect l3 (--config FILE [--tier NAME] | --dir D[,D...] --index-dir DIR [--index lmdb|badger]) [--repair | --rebuild-index]")
 		fmt.Fprintln(stderr, "\nChecks l3disk slab files against their index offline (no store may have them open):")
-		fmt.Fprintln(stderr, "counts live, orphan, corrupt and free slots and index entries without a valid slot;")
-		fmt.Fprintln(stderr, "exits 1 when it finds damage (corrupt slots or dangling entries), repaired or not.")
+		fmt.Fprintln(stderr, "counts live, orphan, corrupt, lost and free slots and index entries without a valid slot;")
+		fmt.Fprintln(stderr, "exits 1 when it finds damage, repaired or not. Without --repair or --rebuild-index it")
+		fmt.Fprintln(stderr, "writes nothing and creates nothing.")
 		fmt.Fprintln(stderr)
 		fs.PrintDefaults()
 	}
@@ -111,7 +117,7 @@ func inspectL3(ctx context.Context, args []string, stdout, stderr io.Writer, m c
 	if *verbose {
 		logger = slog.New(slog.NewTextHandler(stderr, nil))
 	}
-	ixReg := m.Indexes
+	write := *repair || *rebuild
 	var ixUse string
 	var ixCfg any
 	switch {
@@ -155,46 +161,151 @@ func inspectL3(ctx context.Context, args []string, stdout, stderr io.Writer, m c
 	default:
 		return fmt.Errorf("inspect l3: give --config FILE or --dir D: %w", errUsage)
 	}
-	reg, err := ixReg.Lookup(indexes.IndexV1, ixUse)
+	for i, d := range dirs {
+		st, err := os.Stat(d)
+		if err != nil {
+			return fmt.Errorf("inspect l3: disk %d directory: %w", i, err)
+		}
+		if !st.IsDir() {
+			return fmt.Errorf("inspect l3: disk %d: %s is not a directory", i, d)
+		}
+	}
+	if ixCfg == nil && ixUse != "" {
+		reg, err := m.Indexes.Lookup(indexes.IndexV1, ixUse)
+		if err != nil {
+			return fmt.Errorf("inspect l3: index: %w", err)
+		}
+		if reg.NewConfig != nil {
+			ixCfg = reg.NewConfig()
+		}
+	}
+	dir := indexDirOf(ixCfg, *ixDir)
+	if dir == "" {
+		return fmt.Errorf("inspect l3: no index directory: give --index-dir (or name one in the index config): %w", errUsage)
+	}
+	found := detectIndex(dir)
+	switch {
+	case ixUse == "" && found == "":
+		return fmt.Errorf("inspect l3: no index in %s (no data.mdb, no MANIFEST); give --index lmdb|badger with --rebuild-index to create one from the slabs", dir)
+	case ixUse == "":
+		ixUse = found
+	case found != "" && found != ixUse:
+		return fmt.Errorf("inspect l3: %s holds a %s index, not %s", dir, found, ixUse)
+	case found == "" && !*rebuild:
+		return fmt.Errorf("inspect l3: no %s index in %s; nothing is created without --rebuild-index", ixUse, dir)
+	}
+	reg, err := m.Indexes.Lookup(indexes.IndexV1, ixUse)
 	if err != nil {
 		return fmt.Errorf("inspect l3: index: %w", err)
 	}
 	if ixCfg == nil && reg.NewConfig != nil {
 		ixCfg = reg.NewConfig()
 	}
-	ix, err := reg.Factory(ctx, indexes.Env{Logger: logger, Dir: *ixDir}, ixCfg)
+	// NB: a read-only inspection must not move a damaged index aside.
+	setOnCorrupt(ixCfg, write)
+	ix, err := reg.Factory(ctx, indexes.Env{Logger: logger, Dir: dir}, ixCfg)
 	if err != nil {
+		if errors.Is(err, indexes.ErrCorrupt) {
+			fmt.Fprintf(stdout, "index %s (%s): DAMAGED: %v\nstatus: DAMAGED\n", dir, ixUse, err)
+			return fmt.Errorf("inspect l3: %w: the index is damaged (run with --repair to set it aside and rebuild it from the slabs)", errDamage)
+		}
 		return fmt.Errorf("inspect l3: open index %s: %w", ixUse, err)
 	}
 	rep, err := l3disk.Check(ctx, l3disk.CheckOptions{
-		Dirs: dirs, StackID: *stack, Index: ix, Repair: *repair, Depth: *depth, Logger: logger,
+		Dirs: dirs, StackID: *stack, Index: ix, Repair: *repair, RebuildIndex: *rebuild, Depth: *depth, Logger: logger,
 	})
 	err = errors.Join(err, ix.Close())
 	if err != nil {
 		return fmt.Errorf("inspect l3: %w", err)
 	}
-	writeCheckReport(stdout, rep, *repair)
+	writeCheckReport(stdout, rep, write)
 	if rep.Damaged() {
-		if *repair {
-			return fmt.Errorf("inspect l3: %w: %d corrupt slots, %d dangling entries; %d index entries repaired", errDamage, rep.Corrupt, rep.Dangling, rep.Repaired)
+		what := fmt.Sprintf("%d corrupt slots, %d lost slots, %d dangling entries, %d entries naming a missing file, %d entries newer than their file",
+			rep.Corrupt, rep.Lost, rep.Dangling, rep.Missing, rep.Newer)
+		if write {
+			return fmt.Errorf("inspect l3: %w: %s; %d index entries repaired, %d pages indexed by the rebuild", errDamage, what, rep.Repaired, rep.Rebuilt.Kept)
 		}
-		return fmt.Errorf("inspect l3: %w: %d corrupt slots, %d dangling entries (run with --repair to drop their index entries)", errDamage, rep.Corrupt, rep.Dangling)
+		return fmt.Errorf("inspect l3: %w: %s (run with --repair)", errDamage, what)
 	}
 	return nil
 }
 
+// detectIndex names the index kept in dir by its files, "" if none.
+func detectIndex(dir string) string {
+	has := func(name string) bool {
+		st, err := os.Stat(filepath.Join(dir, name))
+		return err == nil && st.Size() > 0
+	}
+	switch {
+	case has("data.mdb"):
+		return lmdb.Name
+	case has("MANIFEST") || has("KEYREGISTRY"):
+		return badger.Name
+	}
+	return ""
+}
+
+// indexDirOf returns the directory an index config names, else fallback.
+func indexDirOf(cfg any, fallback string) string {
+	switch c := cfg.(type) {
+	case *lmdb.Config:
+		if c.Dir != "" {
+			return c.Dir
+		}
+	case *badger.Config:
+		if c.Dir != "" {
+			return c.Dir
+		}
+	}
+	return fallback
+}
+
+// setOnCorrupt makes an index refuse damaged files instead of setting
+// them aside, unless the inspection may write.
+func setOnCorrupt(cfg any, write bool) {
+	mode := lmdb.OnCorruptRefuse
+	if write {
+		mode = lmdb.OnCorruptSetAside
+	}
+	switch c := cfg.(type) {
+	case *lmdb.Config:
+		c.OnCorrupt = mode
+	case *badger.Config:
+		c.OnCorrupt = mode
+	}
+}
+
 func writeCheckReport(w io.Writer, rep l3disk.CheckReport, repair bool) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "FILE\tDISK\tRANK\tKIND\tSTACK\tEPOCH\tSLOTS\tLIVE\tORPHAN\tCORRUPT\tFREE")
+	fmt.Fprintln(tw, "FILE\tDISK\tRANK\tKIND\tSTACK\tEPOCH\tSLOTS\tLIVE\tORPHAN\tCORRUPT\tLOST\tFREE")
 	for _, f := range rep.Files {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\n", f.Path, f.Disk, f.Rank, f.Kind, f.StackID,
-			f.Epoch>>16, f.Slots, f.Live, f.Orphan, f.Corrupt, f.Free)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", f.Path, f.Disk, f.Rank, f.Kind, f.StackID,
+			f.Epoch>>16, f.Slots, f.Live, f.Orphan, f.Corrupt, f.Lost, f.Free)
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(w, "slots: %d live, %d orphan, %d corrupt, %d free\n", rep.Live, rep.Orphan, rep.Corrupt, rep.Free)
-	fmt.Fprintf(w, "index entries: %d without a valid slot, %d of an older epoch, %d naming files not scanned\n", rep.Dangling, rep.Stale, rep.Unchecked)
+	for _, f := range rep.Files {
+		if f.Problem != "" {
+			fmt.Fprintf(w, "%s: %s\n", f.Path, f.Problem)
+		}
+		if f.Repaired != "" {
+			fmt.Fprintf(w, "%s: repaired: %s\n", f.Path, f.Repaired)
+		}
+	}
+	fmt.Fprintf(w, "slots: %d live, %d orphan, %d corrupt, %d lost, %d free\n", rep.Live, rep.Orphan, rep.Corrupt, rep.Lost, rep.Free)
+	fmt.Fprintf(w, "index entries: %d without a valid slot, %d of an older epoch, %d of a newer epoch than their file (rolled back), %d naming a missing or unusable slab file, %d naming disks not scanned\n",
+		rep.Dangling, rep.Stale, rep.Newer, rep.Missing, rep.Unchecked)
+	if rep.IndexCorrupt != "" {
+		fmt.Fprintf(w, "index: DAMAGED: %s\n", rep.IndexCorrupt)
+	}
+	if rep.AllOrphans {
+		fmt.Fprintf(w, "index: names none of the %d valid pages in the slabs (missing, replaced or the wrong index)\n", rep.Orphan)
+	}
 	if repair {
 		fmt.Fprintf(w, "repaired: %d index entries deleted\n", rep.Repaired)
+		if rb := rep.Rebuilt; rb.Kept > 0 || rb.Corrupt > 0 || rb.Bytes > 0 {
+			fmt.Fprintf(w, "rebuilt: index rebuilt from the slot headers: %d pages kept, %d corrupt slots, %d duplicates, %d unreadable\n",
+				rb.Kept, rb.Corrupt, rb.Duplicates, rb.Unreadable)
+		}
 	}
 	if rep.Damaged() {
 		fmt.Fprintln(w, "status: DAMAGED")

@@ -91,7 +91,7 @@ func TestInspectL3(t *testing.T) {
 	if !errors.Is(err, errDamage) {
 		t.Fatalf("inspect: %v, want damage\n%s%s", err, out.String(), errOut.String())
 	}
-	for _, want := range []string{"slots: 5 live, 0 orphan, 0 corrupt, 11 free", "1 without a valid slot", "status: DAMAGED"} {
+	for _, want := range []string{"slots: 5 live, 0 orphan, 0 corrupt, 0 lost, 11 free", "1 without a valid slot", "status: DAMAGED"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("output lacks %q:\n%s", want, out.String())
 		}
@@ -165,4 +165,19 @@ func modulesWithSlab(t *testing.T) config.Modules {
 		t.Fatal(err)
 	}
 	return m
+}
+
+// writeEmptyBadger creates an empty badger index in dir.
+func writeEmptyBadger(t *testing.T, dir string) {
+	t.Helper()
+	bc := badger.DefaultConfig()
+	bc.Dir = dir
+	bc.MemTableBytes = 16 << 20
+	ix, err := badger.Open(context.Background(), indexes.Env{Logger: slog.New(slog.DiscardHandler)}, bc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ix.Close(); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -63,6 +63,9 @@ type Index struct {
 	m    *indexes.Metrics
 	dir  string
 
+	// openDamage is why Open set damaged files aside, or nil.
+	openDamage error
+
 	// gate admits calls until Close, which waits for those in flight.
 	gate indexes.CloseGate
 	// writeMu serializes write transactions; it is why conflict detection
@@ -74,7 +77,11 @@ type Index struct {
 	scratch []byte
 }
 
-var _ indexes.Index = (*Index)(nil)
+var (
+	_ indexes.Index     = (*Index)(nil)
+	_ indexes.Resetter  = (*Index)(nil)
+	_ indexes.Recoverer = (*Index)(nil)
+)
 
 // Register adds the Badger index to r under indexes.IndexV1 and Name.
 func Register(r *indexes.Registry) error {
@@ -118,18 +125,22 @@ func Open(ctx context.Context, env indexes.Env, cfg Config) (*Index, error) {
 	if err != nil {
 		return nil, err
 	}
-	db, err := badgerdb.Open(cfg.BadgerOptions(dir, env.Logger))
+	db, err := openDB(cfg, dir, env.Logger)
+	var damage error
+	if err != nil && !errors.Is(err, indexes.ErrInUse) && errors.Is(err, indexes.ErrCorrupt) {
+		damage = err
+		if err := setAside(dir, cfg, damage, env.Logger); err != nil {
+			_ = lock.Close()
+			return nil, err
+		}
+		db, err = openDB(cfg, dir, env.Logger)
+	}
 	if err != nil {
 		_ = lock.Close()
-		// Badger formats its lock error without %w (outside its debug
-		// build), so the message is all there is to recognise it by.
-		if strings.Contains(err.Error(), "Cannot acquire directory lock") {
-			return nil, fmt.Errorf("open badger index %s: %w (%v)", dir, indexes.ErrInUse, err)
-		}
-		return nil, fmt.Errorf("open badger index %s: %w", dir, err)
+		return nil, err
 	}
 	env.Logger.Debug("badger index open", "dir", dir, "config", cfg.String())
-	return &Index{db: db, lock: lock, log: env.Logger, m: m, dir: dir}, nil
+	return &Index{db: db, lock: lock, log: env.Logger, m: m, dir: dir, openDamage: damage}, nil
 }
 
 // BadgerOptions returns the Badger options Open uses for a database in
@@ -144,6 +155,10 @@ func (c Config) BadgerOptions(dir string, log *slog.Logger) badgerdb.Options {
 		WithNumCompactors(2).
 		WithDetectConflicts(false).
 		WithNumVersionsToKeep(1).
+		// NB: verify table checksums at open and block checksums on
+		// every read from disk, so a damaged table is an error, not a
+		// slice-bounds panic deep in the table iterator.
+		WithChecksumVerificationMode(options.OnTableAndBlockRead).
 		// NB: records are 32 bytes and always stay in the LSM tree; a
 		// small threshold also lets small memtables open (Badger refuses a
 		// threshold above 15% of the memtable).
@@ -223,6 +238,7 @@ func (ix *Index) wrapTxnErr(op string, n int, err error) error {
 // Put inserts or replaces the entries in one transaction.
 func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) (err error) {
 	defer ix.m.Done(indexes.OpPut, len(entries), &err)
+	defer ix.recoverPanic("put", &err)
 	release, err := ix.enter(ctx, "put")
 	if err != nil {
 		return err
@@ -254,6 +270,7 @@ func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) (err error) {
 // returned after every key has been answered.
 func (ix *Index) Get(ctx context.Context, keys []indexes.Key, dst []indexes.Record, found []bool) (err error) {
 	defer ix.m.Done(indexes.OpGet, len(keys), &err)
+	defer ix.recoverPanic("get", &err)
 	if len(dst) != len(keys) || len(found) != len(keys) {
 		return fmt.Errorf("badger index %s: get %d keys into %d records and %d found flags: %w", ix.dir, len(keys), len(dst), len(found), indexes.ErrInvalid)
 	}
@@ -302,6 +319,7 @@ func (ix *Index) Get(ctx context.Context, keys []indexes.Key, dst []indexes.Reco
 // Delete removes keys in one transaction; absent keys are ignored.
 func (ix *Index) Delete(ctx context.Context, keys []indexes.Key) (err error) {
 	defer ix.m.Done(indexes.OpDelete, len(keys), &err)
+	defer ix.recoverPanic("delete", &err)
 	release, err := ix.enter(ctx, "delete")
 	if err != nil {
 		return err
@@ -330,6 +348,7 @@ func (ix *Index) Delete(ctx context.Context, keys []indexes.Key) (err error) {
 // so a key named twice is deleted at most once.
 func (ix *Index) DeleteIf(ctx context.Context, entries []indexes.Entry, deleted []bool) (err error) {
 	defer ix.m.Done(indexes.OpDeleteIf, len(entries), &err)
+	defer ix.recoverPanic("delete-if", &err)
 	if len(deleted) != len(entries) {
 		return fmt.Errorf("badger index %s: delete-if %d entries with %d result flags: %w", ix.dir, len(entries), len(deleted), indexes.ErrInvalid)
 	}
@@ -380,6 +399,7 @@ func (ix *Index) DeleteIf(ctx context.Context, entries []indexes.Entry, deleted 
 // Touch sets LastAccess of the present keys to at, in one transaction.
 func (ix *Index) Touch(ctx context.Context, keys []indexes.Key, at uint64) (err error) {
 	defer ix.m.Done(indexes.OpTouch, len(keys), &err)
+	defer ix.recoverPanic("touch", &err)
 	release, err := ix.enter(ctx, "touch")
 	if err != nil {
 		return err
@@ -445,6 +465,7 @@ func (ix *Index) readRecord(txn *badgerdb.Txn, kb []byte, k indexes.Key) (indexe
 func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) (err error) {
 	yielded := 0
 	defer func() { ix.m.Done(indexes.OpIterate, yielded, &err) }()
+	defer ix.recoverPanic("iterate", &err)
 	release, err := ix.enter(ctx, "iterate")
 	if err != nil {
 		return err
@@ -509,6 +530,7 @@ func (ix *Index) Iterate(ctx context.Context, fn func(indexes.Entry) error) (err
 // fixed limit.
 func (ix *Index) Stats(ctx context.Context) (_ indexes.Stats, err error) {
 	defer ix.m.Done(indexes.OpStats, 0, &err)
+	defer ix.recoverPanic("stats", &err)
 	release, err := ix.enter(ctx, "stats")
 	if err != nil {
 		return indexes.Stats{}, err

@@ -25,7 +25,20 @@ type Config struct {
 	// and lookups are point reads of random hashes, so a small cache does
 	// as well as a large one; the OS page cache does the rest.
 	BlockCacheBytes int64 `yaml:"block_cache_bytes"`
+	// OnCorrupt is what Open does with files Badger cannot read:
+	// "set_aside" (default, also when empty) moves them into a sibling
+	// directory DIR.corrupt-TIME, logs why at error level, starts an
+	// empty database and reports the damage through OpenDamage, so the
+	// store rebuilds its entries; "refuse" fails Open with
+	// indexes.ErrCorrupt and leaves the files alone.
+	OnCorrupt string `yaml:"on_corrupt"`
 }
+
+// OnCorrupt modes of Config.OnCorrupt.
+const (
+	OnCorruptSetAside = "set_aside"
+	OnCorruptRefuse   = "refuse"
+)
 
 // Limits of the config values.
 const (
@@ -48,12 +61,17 @@ func (c Config) Validate() error {
 	if c.BlockCacheBytes < 0 || c.BlockCacheBytes > maxBlockCache {
 		return fmt.Errorf("badger index config: block_cache_bytes %d outside [0, %d]", c.BlockCacheBytes, int64(maxBlockCache))
 	}
+	switch c.OnCorrupt {
+	case "", OnCorruptSetAside, OnCorruptRefuse:
+	default:
+		return fmt.Errorf("badger index config: on_corrupt %q: want %q or %q", c.OnCorrupt, OnCorruptSetAside, OnCorruptRefuse)
+	}
 	return nil
 }
 
 // String returns the config as a one-line YAML mapping that decodes back
 // into an equal Config.
 func (c Config) String() string {
-	return fmt.Sprintf("{dir: %s, sync: %t, memtable_bytes: %d, block_cache_bytes: %d}",
-		strconv.Quote(c.Dir), c.Sync, c.MemTableBytes, c.BlockCacheBytes)
+	return fmt.Sprintf("{dir: %s, sync: %t, memtable_bytes: %d, block_cache_bytes: %d, on_corrupt: %s}",
+		strconv.Quote(c.Dir), c.Sync, c.MemTableBytes, c.BlockCacheBytes, strconv.Quote(c.OnCorrupt))
 }

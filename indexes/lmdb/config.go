@@ -39,7 +39,21 @@ type Config struct {
 	// Sync is the durability of a committed batch: "full" (default),
 	// "nometa" or "none"; see SyncFull, SyncNoMeta and SyncNone.
 	Sync string `yaml:"sync"`
+	// OnCorrupt is what Open does with a data file that fails its
+	// structural check (VerifyFile) or that LMDB calls invalid:
+	// "set_aside" (default, also when empty) renames it to
+	// data.mdb.corrupt-TIME, logs why at error level, starts an empty
+	// environment and reports the damage through OpenDamage, so the
+	// store rebuilds its entries; "refuse" fails Open with
+	// indexes.ErrCorrupt and leaves the files alone.
+	OnCorrupt string `yaml:"on_corrupt"`
 }
+
+// OnCorrupt modes of Config.OnCorrupt.
+const (
+	OnCorruptSetAside = "set_aside"
+	OnCorruptRefuse   = "refuse"
+)
 
 // Limits of the config values.
 const (
@@ -68,12 +82,17 @@ func (c Config) Validate() error {
 	default:
 		return fmt.Errorf("lmdb index config: sync %q: want %q, %q or %q", c.Sync, SyncFull, SyncNoMeta, SyncNone)
 	}
+	switch c.OnCorrupt {
+	case "", OnCorruptSetAside, OnCorruptRefuse:
+	default:
+		return fmt.Errorf("lmdb index config: on_corrupt %q: want %q or %q", c.OnCorrupt, OnCorruptSetAside, OnCorruptRefuse)
+	}
 	return nil
 }
 
 // String returns the config as a one-line YAML mapping that decodes back
 // into an equal Config.
 func (c Config) String() string {
-	return fmt.Sprintf("{dir: %s, map_size_bytes: %d, max_readers: %d, sync: %s}",
-		strconv.Quote(c.Dir), c.MapSizeBytes, c.MaxReaders, strconv.Quote(c.Sync))
+	return fmt.Sprintf("{dir: %s, map_size_bytes: %d, max_readers: %d, sync: %s, on_corrupt: %s}",
+		strconv.Quote(c.Dir), c.MapSizeBytes, c.MaxReaders, strconv.Quote(c.Sync), strconv.Quote(c.OnCorrupt))
 }

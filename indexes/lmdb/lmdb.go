@@ -65,6 +65,8 @@ type Index struct {
 
 	// staleReaders is how many dead processes' reader slots Open cleared.
 	staleReaders int
+	// openDamage is why Open set a damaged data file aside, or nil.
+	openDamage error
 
 	// gate admits calls until Close, which waits for those in flight.
 	gate indexes.CloseGate
@@ -74,7 +76,11 @@ type Index struct {
 	writeMu sync.Mutex
 }
 
-var _ indexes.Index = (*Index)(nil)
+var (
+	_ indexes.Index     = (*Index)(nil)
+	_ indexes.Resetter  = (*Index)(nil)
+	_ indexes.Recoverer = (*Index)(nil)
+)
 
 // Register adds the LMDB index to r under indexes.IndexV1 and Name.
 func Register(r *indexes.Registry) error {
@@ -114,16 +120,48 @@ func Open(ctx context.Context, env indexes.Env, cfg Config) (*Index, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open lmdb index %s: %w", dir, err)
 	}
+	// NB: check the data file before LMDB maps it, and before this
+	// process takes its slot, so a sole opener can set a damaged file
+	// aside: a mapped page past the end of a truncated file is a SIGBUS,
+	// and a page of the wrong type an assertion in mdb.c, neither of
+	// which a Go program can recover from.
+	// A file another process has open was checked by that process's Open
+	// and is being written under it; reading it now could catch a commit
+	// half done, so only the first opener checks.
+	var damage error
+	if pid := otherOpeners(dir); pid == "" {
+		damage = verifyWithRetry(filepath.Join(dir, dataFileName))
+	} else {
+		env.Logger.Debug("lmdb index: data file check skipped, the environment is open in another process", "dir", dir, "pid", pid)
+	}
+	if damage != nil {
+		if err := setAside(dir, cfg, damage, env.Logger); err != nil {
+			return nil, err
+		}
+	}
 	procLock, err := lockProcessSlot(dir)
 	if err != nil {
 		return nil, err
 	}
 	ix, err := openEnv(dir, cfg, env.Logger)
+	if err != nil && damage == nil && isInvalidFile(err) {
+		// LMDB itself calls the file invalid (a meta page VerifyFile
+		// accepted but LMDB does not, or a lock file of another format).
+		damage = err
+		_ = procLock.Close()
+		if err := setAside(dir, cfg, damage, env.Logger); err != nil {
+			return nil, err
+		}
+		if procLock, err = lockProcessSlot(dir); err != nil {
+			return nil, err
+		}
+		ix, err = openEnv(dir, cfg, env.Logger)
+	}
 	if err != nil {
 		_ = procLock.Close()
 		return nil, err
 	}
-	ix.procLock, ix.m = procLock, m
+	ix.procLock, ix.m, ix.openDamage = procLock, m, damage
 	return ix, nil
 }
 
@@ -302,6 +340,8 @@ func (ix *Index) wrapErr(op string, n int, err error) error {
 			ix.dir, op, n, ix.mapSize, indexes.ErrFull, err)
 	case isErrno(err, mdb.ReadersFull):
 		return fmt.Errorf("lmdb index %s: %s: every reader slot is taken (raise max_readers): %w", ix.dir, op, err)
+	case isErrno(err, mdb.Corrupted) || isErrno(err, mdb.PageNotFound):
+		return fmt.Errorf("lmdb index %s: %s batch of %d: %w: %w", ix.dir, op, n, indexes.ErrCorrupt, err)
 	case isErrno(err, mdb.MapResized):
 		return fmt.Errorf("lmdb index %s: %s: another process grew the map beyond %d bytes; configure every rank with the same map_size_bytes: %w",
 			ix.dir, op, ix.mapSize, err)

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
-	"sync"
+	"strconv"
 
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/tiers/l3disk/diskfs"
@@ -15,19 +17,30 @@ import (
 
 // CheckOptions configures an offline check of l3disk slab files against
 // their index (kvtier inspect l3). No store may have the files open: the
-// check takes each file's lock and fails with ErrInUse otherwise.
+// check takes each file's lock and fails with ErrInUse otherwise. Without
+// Repair or RebuildIndex it writes nothing.
 type CheckOptions struct {
 	// Dirs are the disk directories in disk-number order (disk i of the
-	// config is Dirs[i]; records name disks by that number).
+	// config is Dirs[i]; records name disks by that number). Each must
+	// exist.
 	Dirs []string
 	// StackID, if set, limits the check to that stack's slab files.
 	StackID string
 	// Index is the store's index, opened by the caller.
 	Index indexes.Index
 	// Repair deletes index entries that name no valid slot (dangling,
-	// corrupt or of an older epoch). Slots need no repair: a slot no
-	// entry names is free to the next cold start.
+	// corrupt, of an older or a newer epoch, or naming a missing or
+	// unusable slab file), extends truncated slab files back to their
+	// geometry (their intact slots stay), rewrites an unreadable
+	// superblock from the slot headers when that keeps epochs
+	// increasing, and rebuilds the index from the
+	// slot headers when the index is corrupt or names none of the pages
+	// the slabs hold. Slots need no repair: a slot no entry names is free
+	// to the next cold start.
 	Repair bool
+	// RebuildIndex replaces every entry of the scanned files with one per
+	// verified slot, whatever the index held (implies Repair).
+	RebuildIndex bool
 	// Depth is the number of reads in flight (default 8).
 	Depth int
 	// FS is the file system (default the real one).
@@ -49,34 +62,70 @@ type FileCheck struct {
 	// Live slots hold a page their index entry names, verified in full
 	// (header and payload CRC). Orphan slots hold a valid page of the
 	// current epoch that no entry names. Corrupt slots are named by an
-	// entry but fail verification. Free slots are everything else (never
-	// written, older epoch, or unreadable garbage no entry names).
-	Live, Orphan, Corrupt, Free int64
+	// entry but fail verification. Lost slots lie past the end of a
+	// truncated file or failed to read. Free slots are everything else
+	// (never written, older epoch, or garbage no entry names).
+	Live, Orphan, Corrupt, Lost, Free int64
+	// Problem says why the file could not be used as it is (truncated, an
+	// unreadable superblock, not a regular file); empty if it could.
+	Problem string
+	// Repaired says what Repair did to the file itself, if anything.
+	Repaired string
 }
 
 // CheckReport is the result of Check.
 type CheckReport struct {
 	Files []FileCheck
 	// Totals over Files.
-	Live, Orphan, Corrupt, Free int64
+	Live, Orphan, Corrupt, Lost, Free int64
 	// Dangling counts index entries of the current epoch that name no
 	// valid slot (out of range, a slot holding another page or nothing);
 	// Stale counts entries of an older epoch (left by a cold start clear
-	// whose background sweep did not finish); Unchecked counts entries
-	// naming a (disk, rank, kind) none of the scanned files hold.
-	Dangling, Stale, Unchecked int64
+	// whose background sweep did not finish); Newer counts entries of a
+	// newer epoch than their file's (the file was rolled back); Missing
+	// counts entries naming a slab file of a scanned disk that is absent
+	// or unusable; Unchecked counts entries naming a disk not scanned.
+	Dangling, Stale, Newer, Missing, Unchecked int64
+	// IndexCorrupt is the index's own failure (corrupt records, damaged
+	// files set aside at open), empty if none.
+	IndexCorrupt string
+	// AllOrphans: the slabs hold valid pages and the index names none of
+	// them (a missing, replaced or wrong index).
+	AllOrphans bool
 	// Repaired counts index entries deleted by Repair.
 	Repaired int64
+	// Rebuilt is what rebuilding the index from the slot headers did
+	// (zero if it did not run).
+	Rebuilt RebuildCounts
 }
 
-// Damaged reports whether the check found damage: corrupt slots or
-// dangling entries. Orphans and stale entries are the normal residue of
-// a crash or a clear and are not damage.
-func (r CheckReport) Damaged() bool { return r.Corrupt > 0 || r.Dangling > 0 }
+// Damaged reports whether the check found damage: corrupt or lost slots,
+// entries that name no valid slot or a missing file, unusable files, an
+// index that is corrupt or names none of the pages. Orphans and stale
+// entries are the normal residue of a crash or a clear and are not damage.
+func (r CheckReport) Damaged() bool {
+	for _, f := range r.Files {
+		if f.Problem != "" {
+			return true
+		}
+	}
+	return r.Corrupt > 0 || r.Lost > 0 || r.Dangling > 0 || r.Newer > 0 || r.Missing > 0 || r.IndexCorrupt != "" || r.AllOrphans
+}
 
 type fileKey struct {
 	disk, rank int
 	kind       uint8
+}
+
+// slabNamePattern parses SlabFileName.
+var slabNamePattern = regexp.MustCompile(`^kvtier-l3-(.+)-r(\d+)-k(\d+)\.slab$`)
+
+// checkedFile is one slab file being checked.
+type checkedFile struct {
+	fc   *FileCheck
+	f    *slabFile // nil when the file is unusable
+	scan fileScan
+	refd []bool
 }
 
 // Check scans every slab file in opts.Dirs (full reads: header and payload
@@ -86,6 +135,10 @@ func Check(ctx context.Context, opts CheckOptions) (CheckReport, error) {
 	if opts.Index == nil {
 		return rep, fmt.Errorf("l3 check: no index")
 	}
+	if len(opts.Dirs) == 0 {
+		return rep, fmt.Errorf("l3 check: no disk directory given")
+	}
+	opts.Repair = opts.Repair || opts.RebuildIndex
 	if opts.FS == nil {
 		opts.FS = diskfs.OS{}
 	}
@@ -96,173 +149,201 @@ func Check(ctx context.Context, opts CheckOptions) (CheckReport, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	type scanned struct {
-		fc      *FileCheck
-		f       *slabFile
-		headers []SlotHeader
-		valid   []bool // header of the current epoch with a good payload CRC
-		written []bool // header of the current epoch (payload maybe bad)
-		refd    []bool
-	}
-	files := map[fileKey]*scanned{}
+	files := map[fileKey]*checkedFile{}
+	unusable := map[fileKey]bool{} // files that exist but cannot be read as slabs
+	var order []*checkedFile
 	defer func() {
-		for _, s := range files {
-			_ = s.f.close()
+		for _, c := range order {
+			if c.f != nil {
+				_ = c.f.close()
+			}
 		}
 	}()
+	scanned := 0
 	for disk, dir := range opts.Dirs {
-		paths, err := filepath.Glob(filepath.Join(dir, slabGlob))
+		st, err := os.Stat(dir)
+		if err != nil {
+			return rep, fmt.Errorf("l3 check: disk %d directory: %w", disk, err)
+		}
+		if !st.IsDir() {
+			return rep, fmt.Errorf("l3 check: disk %d: %s is not a directory", disk, dir)
+		}
+		ents, err := os.ReadDir(dir)
 		if err != nil {
 			return rep, fmt.Errorf("l3 check: list %s: %w", dir, err)
 		}
-		sort.Strings(paths)
-		for _, p := range paths {
-			f, _, _, err := openSlabFile(opts.FS, p, superblock{}, openMode{direct: ODirectAuto, anyGeometry: true})
-			if err != nil {
-				return rep, fmt.Errorf("l3 check: %w", err)
-			}
-			if opts.StackID != "" && f.sb.StackID != opts.StackID {
-				_ = f.close()
+		for _, e := range ents {
+			m := slabNamePattern.FindStringSubmatch(e.Name())
+			if m == nil {
 				continue
 			}
-			k := fileKey{disk, int(f.sb.Rank), f.sb.Kind}
+			if opts.StackID != "" && m[1] != opts.StackID {
+				continue
+			}
+			rank, _ := strconv.Atoi(m[2])
+			kind, _ := strconv.Atoi(m[3])
+			p := filepath.Join(dir, e.Name())
+			scanned++
+			c, err := openChecked(ctx, opts, p, m[1], disk, rank, kind)
+			if err != nil {
+				return rep, err
+			}
+			order = append(order, c)
+			if c.f == nil {
+				unusable[fileKey{disk, rank, uint8(kind)}] = true
+				log.Warn("l3 check: unusable slab file", "path", p, "problem", c.fc.Problem)
+				continue
+			}
+			k := fileKey{disk, int(c.f.sb.Rank), c.f.sb.Kind}
 			if other, dup := files[k]; dup {
-				_ = f.close()
 				return rep, fmt.Errorf("l3 check: %s and %s both hold disk %d rank %d kind %d (different stacks in one directory? pass --stack)", other.fc.Path, p, disk, k.rank, k.kind)
 			}
-			n := f.sb.Slots
-			s := &scanned{
-				fc: &FileCheck{Path: p, Disk: disk, Rank: int(f.sb.Rank), Kind: f.sb.Kind, StackID: f.sb.StackID,
-					Epoch: f.sb.Epoch, Slots: n, SlotBytes: f.sb.SlotBytes},
-				f: f, headers: make([]SlotHeader, n), valid: make([]bool, n), written: make([]bool, n), refd: make([]bool, n),
-			}
-			files[k] = s
-			log.Info("l3 check: scanning", "path", p, "slots", n)
-			if err := fullScan(ctx, f, opts.Depth, s.headers, s.valid, s.written); err != nil {
+			files[k] = c
+			log.Info("l3 check: scanning", "path", p, "slots", c.f.sb.Slots)
+			if c.scan, err = verifyFile(ctx, c.f, opts.Depth); err != nil {
 				return rep, fmt.Errorf("l3 check: %w", err)
 			}
+			c.refd = make([]bool, c.f.sb.Slots)
 		}
+	}
+	if scanned == 0 {
+		return rep, fmt.Errorf("l3 check: no slab files (%s) in %v%s", slabGlob, opts.Dirs, stackNote(opts.StackID))
+	}
+	if d, ok := opts.Index.(indexes.Recoverer); ok && d.OpenDamage() != nil {
+		rep.IndexCorrupt = "set aside at open: " + d.OpenDamage().Error()
 	}
 	var bad []indexes.Entry
 	err := opts.Index.Iterate(ctx, func(e indexes.Entry) error {
 		rec := e.Record
-		s, ok := files[fileKey{int(rec.Disk), epochRank(rec.Epoch), e.Key.Kind}]
+		k := fileKey{int(rec.Disk), epochRank(rec.Epoch), e.Key.Kind}
+		c, ok := files[k]
 		if !ok {
-			rep.Unchecked++
+			if int(rec.Disk) < len(opts.Dirs) && (opts.StackID == "" || unusable[k]) {
+				rep.Missing++
+				bad = append(bad, e)
+			} else {
+				rep.Unchecked++
+			}
 			return nil
 		}
+		sc := &c.scan
 		switch {
-		case rec.Epoch != s.f.epoch():
+		case rec.Epoch < c.f.epoch():
 			rep.Stale++
 			bad = append(bad, e)
-		case rec.Kind != e.Key.Kind || rec.Slot >= uint64(s.fc.Slots) || !s.written[rec.Slot] ||
-			s.headers[rec.Slot].Hash != e.Key.Hash || s.refd[rec.Slot]:
+		case rec.Epoch > c.f.epoch():
+			rep.Newer++
+			bad = append(bad, e)
+		case rec.Kind != e.Key.Kind || rec.Slot >= uint64(c.fc.Slots) || c.refd[rec.Slot]:
 			rep.Dangling++
 			bad = append(bad, e)
-		case !s.valid[rec.Slot]:
-			s.refd[rec.Slot] = true
-			s.fc.Corrupt++
+		case sc.verdict[rec.Slot] == verdictUnreadable:
+			c.refd[rec.Slot] = true
+			rep.Dangling++
+			bad = append(bad, e)
+		case sc.verdict[rec.Slot] == verdictBadPayload && sc.headers[rec.Slot].Hash == e.Key.Hash:
+			c.refd[rec.Slot] = true
+			c.fc.Corrupt++
+			bad = append(bad, e)
+		case sc.verdict[rec.Slot] != verdictValid || sc.headers[rec.Slot].Hash != e.Key.Hash:
+			rep.Dangling++
 			bad = append(bad, e)
 		default:
-			s.refd[rec.Slot] = true
-			s.fc.Live++
+			c.refd[rec.Slot] = true
+			c.fc.Live++
 		}
 		return nil
 	})
 	if err != nil {
-		return rep, fmt.Errorf("l3 check: iterate index: %w", err)
-	}
-	keys := make([]fileKey, 0, len(files))
-	for k := range files {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool {
-		a, b := keys[i], keys[j]
-		if a.disk != b.disk {
-			return a.disk < b.disk
+		if !errors.Is(err, indexes.ErrCorrupt) {
+			return rep, fmt.Errorf("l3 check: iterate index: %w", err)
 		}
-		if a.rank != b.rank {
-			return a.rank < b.rank
-		}
-		return a.kind < b.kind
-	})
-	for _, k := range keys {
-		s := files[k]
-		for i := range s.refd {
-			if s.written[i] && s.valid[i] && !s.refd[i] {
-				s.fc.Orphan++
-			}
-		}
-		s.fc.Free = s.fc.Slots - s.fc.Live - s.fc.Orphan - s.fc.Corrupt
-		rep.Files = append(rep.Files, *s.fc)
-		rep.Live += s.fc.Live
-		rep.Orphan += s.fc.Orphan
-		rep.Corrupt += s.fc.Corrupt
-		rep.Free += s.fc.Free
+		rep.IndexCorrupt = err.Error()
 	}
-	if opts.Repair && len(bad) > 0 {
-		for len(bad) > 0 {
-			part := bad[:min(len(bad), 1024)]
-			bad = bad[len(part):]
-			deleted := make([]bool, len(part))
-			if err := opts.Index.DeleteIf(ctx, part, deleted); err != nil {
-				return rep, fmt.Errorf("l3 check: repair: delete %d entries: %w", len(part), err)
-			}
-			for _, d := range deleted {
-				if d {
-					rep.Repaired++
+	sort.Slice(order, func(i, j int) bool { return order[i].fc.Path < order[j].fc.Path })
+	for _, c := range order {
+		if c.f != nil {
+			for i, v := range c.scan.verdict {
+				switch {
+				case v == verdictValid && !c.refd[i]:
+					c.fc.Orphan++
+				case v == verdictUnreadable:
+					c.fc.Lost++
 				}
 			}
+			c.fc.Free = c.fc.Slots - c.fc.Live - c.fc.Orphan - c.fc.Corrupt - c.fc.Lost
 		}
+		rep.Live += c.fc.Live
+		rep.Orphan += c.fc.Orphan
+		rep.Corrupt += c.fc.Corrupt
+		rep.Lost += c.fc.Lost
+		rep.Free += c.fc.Free
+	}
+	rep.AllOrphans = rep.Live == 0 && rep.Orphan > 0
+	if opts.Repair {
+		if err := repair(ctx, opts, &rep, files, bad, log); err != nil {
+			return rep, err
+		}
+	}
+	for _, c := range order {
+		rep.Files = append(rep.Files, *c.fc)
 	}
 	return rep, nil
 }
 
-// fullScan reads every slot of f whole and fills headers, written (a
-// header of the current epoch) and valid (written and the payload CRC
-// matches).
-func fullScan(ctx context.Context, f *slabFile, depth int, headers []SlotHeader, valid, written []bool) error {
-	var (
-		next int64
-		mu   sync.Mutex
-		wg   sync.WaitGroup
-		errs = make([]error, depth)
-	)
-	for w := range depth {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf, err := diskfs.NewAlignedBuffer(int(f.sb.SlotBytes))
-			if err != nil {
-				errs[w] = err
-				return
-			}
-			defer func() { _ = buf.Free() }()
-			for {
-				mu.Lock()
-				slot := next
-				next++
-				mu.Unlock()
-				if slot >= f.sb.Slots {
-					return
-				}
-				if err := ctx.Err(); err != nil {
-					errs[w] = err
-					return
-				}
-				if err := f.readSlot(slot, buf.Bytes()); err != nil {
-					continue // unreadable: neither written nor valid
-				}
-				h, err := DecodeSlotHeader(buf.Bytes())
-				if err != nil || h.Kind != f.sb.Kind || h.Epoch != f.epoch() || int64(h.PayloadLen) != f.sb.PageBytes {
-					continue
-				}
-				headers[slot], written[slot] = h, true
-				_, err = verifySlot(buf.Bytes(), h.Kind, h.Epoch, h.Hash, f.sb.PageBytes)
-				valid[slot] = err == nil
-			}
-		}()
+func stackNote(id string) string {
+	if id == "" {
+		return ""
 	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return fmt.Sprintf(" of stack %q", id)
+}
+
+// openChecked opens one slab file for the check. A file that cannot be
+// used (not a regular file, unreadable superblock) is returned with its
+// problem and no file; only a file in use by a store aborts the check.
+func openChecked(ctx context.Context, opts CheckOptions, path, stackID string, disk, rank, kind int) (*checkedFile, error) {
+	fc := &FileCheck{Path: path, Disk: disk, Rank: rank, Kind: uint8(kind), StackID: stackID}
+	f, info, err := openSlabFile(opts.FS, path, superblock{}, openMode{direct: ODirectAuto, anyGeometry: true, extend: opts.Repair, depth: opts.Depth})
+	switch {
+	case errors.Is(err, ErrInUse):
+		return nil, fmt.Errorf("l3 check: %w", err)
+	case err != nil && opts.Repair && errors.Is(err, ErrBadHeader) && !errors.Is(err, diskfs.ErrNotRegular):
+		fc.Problem = problemOf(err)
+		sf, what, serr := salvageSuperblock(ctx, opts, path, superblock{Kind: uint8(kind), Rank: uint32(rank), StackID: stackID}, disk)
+		if serr != nil {
+			if errors.Is(serr, ErrInUse) {
+				return nil, fmt.Errorf("l3 check: %w", serr)
+			}
+			fc.Problem += "; not salvaged: " + serr.Error()
+			return &checkedFile{fc: fc}, nil
+		}
+		fc.Repaired = what
+		f = sf
+	case err != nil:
+		fc.Problem = problemOf(err)
+		return &checkedFile{fc: fc}, nil
+	}
+	fc.Rank, fc.Kind, fc.StackID = int(f.sb.Rank), f.sb.Kind, f.sb.StackID
+	fc.Epoch, fc.Slots, fc.SlotBytes = f.sb.Epoch, f.sb.Slots, f.sb.SlotBytes
+	if info.truncatedAt > 0 {
+		fc.Problem = fmt.Sprintf("truncated: %d bytes, its superblock says %d; slots %d..%d are gone",
+			info.truncatedAt, f.fileSize(), f.sb.Slots-info.lostSlots, f.sb.Slots-1)
+		if opts.Repair {
+			fc.Repaired = fmt.Sprintf("extended back to %d bytes; the %d slots below the cut kept", f.fileSize(), f.sb.Slots-info.lostSlots)
+		}
+	}
+	return &checkedFile{fc: fc, f: f}, nil
+}
+
+// problemOf words why a slab file is unusable.
+func problemOf(err error) string {
+	switch {
+	case errors.Is(err, diskfs.ErrNotRegular):
+		return "not a regular file: " + err.Error()
+	case errors.Is(err, ErrTruncated):
+		return "truncated: " + err.Error()
+	case errors.Is(err, ErrBadHeader):
+		return "superblock unreadable (the store's next open recreates the file, losing its pages): " + err.Error()
+	}
+	return err.Error()
 }

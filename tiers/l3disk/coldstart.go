@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/pagehash"
@@ -24,8 +26,13 @@ type headerScan struct {
 
 // scanHeaders reads the header block of every slot of f (header-only: one
 // aligned block per slot, not the whole slot), depth reads in flight.
-func scanHeaders(ctx context.Context, f *slabFile, depth int) (headerScan, error) {
+//
+// With stopAtFirst it returns as soon as one valid header is found (the
+// scan is then partial): the question is only whether the file holds a
+// page.
+func scanHeaders(ctx context.Context, f *slabFile, depth int, stopAtFirst bool) (headerScan, error) {
 	n := int(f.sb.Slots)
+	var found atomic.Bool
 	sc := headerScan{headers: make([]SlotHeader, n), valid: make([]bool, n)}
 	var (
 		next         int
@@ -50,7 +57,7 @@ func scanHeaders(ctx context.Context, f *slabFile, depth int) (headerScan, error
 				slot := next
 				next++
 				mu.Unlock()
-				if slot >= n || ctx.Err() != nil {
+				if slot >= n || ctx.Err() != nil || found.Load() {
 					return
 				}
 				if err := f.readHeaderBlock(int64(slot), buf.Bytes()); err != nil {
@@ -69,6 +76,9 @@ func scanHeaders(ctx context.Context, f *slabFile, depth int) (headerScan, error
 					continue
 				}
 				sc.headers[slot], sc.valid[slot] = h, true
+				if stopAtFirst {
+					found.Store(true)
+				}
 			}
 		}()
 	}
@@ -105,10 +115,11 @@ func (s *Store) ownsRecord(k indexes.Key, rec indexes.Record) bool {
 
 // liveSlot is a slot the cold-start load found referenced and valid.
 type liveSlot struct {
-	kind uint8
-	slot int32
-	hash pagehash.Hash
-	at   uint64
+	kind     uint8
+	slot     int32
+	hash     pagehash.Hash
+	at       uint64
+	verified bool // payload CRC checked since open
 }
 
 // load rebuilds the slot pools and LRU from the slot headers cross-checked
@@ -117,15 +128,85 @@ type liveSlot struct {
 // index maps the header's hash to exactly that slot; index entries that
 // fail the check are dropped, valid headers that no entry references
 // (orphans: written, never indexed, or reclaimed) are freed.
+//
+// The slabs are the truth and the index a cache of them: when the index
+// was set aside as damaged at open, fails with indexes.ErrCorrupt, or holds
+// nothing of this store while its slabs hold pages, load rebuilds it from
+// the slot headers (verifying every payload CRC) instead.
 func (s *Store) load(ctx context.Context) error {
-	scans := make([]headerScan, len(s.files))
-	for k, f := range s.files {
-		sc, err := scanHeaders(ctx, f, s.cfg.Depth)
-		if err != nil {
+	var reason error
+	if r, ok := s.index.(indexes.Recoverer); ok {
+		if err := r.OpenDamage(); err != nil {
+			reason = fmt.Errorf("the index was damaged and set aside at open (it started empty): %v", err)
+		}
+	}
+	var scans []headerScan
+	if reason == nil {
+		var err error
+		if reason, scans, err = s.indexMissing(ctx); err != nil {
 			return err
 		}
-		scans[k] = sc
 	}
+	if reason == nil {
+		if scans == nil {
+			scans = make([]headerScan, len(s.files))
+			for k, f := range s.files {
+				sc, err := scanHeaders(ctx, f, s.cfg.Depth, false)
+				if err != nil {
+					return err
+				}
+				scans[k] = sc
+			}
+		}
+		var err error
+		reason, err = s.loadFromIndex(ctx, scans)
+		if err != nil || reason == nil {
+			return err
+		}
+	}
+	return s.rebuild(ctx, reason)
+}
+
+// errFound stops an iteration at its first match.
+var errFound = errors.New("found")
+
+// indexMissing returns a reason to rebuild when the index holds no entry
+// of this store while a slab holds a page of its current epoch: the index
+// was deleted or replaced. It reads one entry and at most one valid
+// header per file, so a store with a lost index goes straight to the
+// rebuild. When it had to scan every header (no entry of this store, no
+// valid page) it returns those complete scans for the load to reuse.
+func (s *Store) indexMissing(ctx context.Context) (reason error, scans []headerScan, err error) {
+	err = s.index.Iterate(ctx, func(e indexes.Entry) error {
+		if s.ownsRecord(e.Key, e.Record) {
+			return errFound
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errFound):
+		return nil, nil, nil
+	case errors.Is(err, indexes.ErrCorrupt):
+		return fmt.Errorf("the index holds corrupt records: %w", err), nil, nil
+	case err != nil:
+		return nil, nil, fmt.Errorf("iterate index: %w", err)
+	}
+	for _, f := range s.files {
+		sc, err := scanHeaders(ctx, f, s.cfg.Depth, true)
+		if err != nil {
+			return nil, nil, err
+		}
+		if slices.Contains(sc.valid, true) {
+			return fmt.Errorf("the index holds no entry of this store while %s holds pages of its current epoch (index missing or replaced)", f.path), nil, nil
+		}
+		scans = append(scans, sc)
+	}
+	return nil, scans, nil
+}
+
+// loadFromIndex is the usual cold-start load. It returns a non-nil reason
+// (and changes nothing) when the index must be rebuilt instead.
+func (s *Store) loadFromIndex(ctx context.Context, scans []headerScan) (rebuild error, err error) {
 	claimed := make([][]bool, len(s.files))
 	for k := range s.files {
 		claimed[k] = make([]bool, s.files[k].sb.Slots)
@@ -134,13 +215,17 @@ func (s *Store) load(ctx context.Context) error {
 		live  []liveSlot
 		drop  []indexes.Entry
 		stale int
+		owned int
+		top   = make([]uint64, len(s.files))
 	)
-	err := s.index.Iterate(ctx, func(e indexes.Entry) error {
+	err = s.index.Iterate(ctx, func(e indexes.Entry) error {
 		if !s.ownsRecord(e.Key, e.Record) {
 			return nil
 		}
+		owned++
 		k := e.Key.Kind
 		f, rec := s.files[k], e.Record
+		top[k] = max(top[k], rec.Epoch)
 		switch {
 		case rec.Epoch != f.epoch():
 			stale++
@@ -154,8 +239,41 @@ func (s *Store) load(ctx context.Context) error {
 		}
 		return nil
 	})
+	if errors.Is(err, indexes.ErrCorrupt) {
+		return fmt.Errorf("the index holds corrupt records: %w", err), nil
+	}
 	if err != nil {
-		return fmt.Errorf("iterate index: %w", err)
+		return nil, fmt.Errorf("iterate index: %w", err)
+	}
+	valid := 0
+	for k := range scans {
+		for _, v := range scans[k].valid {
+			if v {
+				valid++
+			}
+		}
+	}
+	if owned == 0 && valid > 0 {
+		return fmt.Errorf("the index holds no entry of this store while its slabs hold %d pages of the current epoch (index missing or replaced)", valid), nil
+	}
+	for k, f := range s.files {
+		if top[k] > f.epoch() {
+			// NB: the index has seen a newer epoch of this file than the
+			// file says: it was rolled back (restored from a copy). Move
+			// past every epoch the index has seen so none of its records
+			// can ever match a slot again; the file's pages are dropped.
+			old := f.epoch()
+			sb := f.sb
+			sb.Epoch = epochFor((top[k]>>16)+1, s.rank)
+			if err := f.writeSuperblock(sb); err != nil {
+				return nil, fmt.Errorf("slab %s rolled back: move its epoch past the index's: %w", f.path, err)
+			}
+			s.log.Error("l3 slab file rolled back to an older epoch than its index records; its pages are dropped",
+				"path", f.path, "file_epoch", old>>16, "index_epoch", top[k]>>16, "new_epoch", f.epoch()>>16)
+			live = slices.DeleteFunc(live, func(l liveSlot) bool { return l.kind == uint8(k) })
+			clear(claimed[k])
+			clear(scans[k].valid)
+		}
 	}
 	dropped := 0
 	for len(drop) > 0 {
@@ -163,7 +281,7 @@ func (s *Store) load(ctx context.Context) error {
 		drop = drop[len(part):]
 		deleted := make([]bool, len(part))
 		if err := s.index.DeleteIf(ctx, part, deleted); err != nil {
-			return fmt.Errorf("drop %d bad index entries: %w", len(part), err)
+			return nil, fmt.Errorf("drop %d bad index entries: %w", len(part), err)
 		}
 		for _, d := range deleted {
 			if d {
@@ -171,25 +289,9 @@ func (s *Store) load(ctx context.Context) error {
 			}
 		}
 	}
-	slices.SortFunc(live, func(a, b liveSlot) int {
-		return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.kind, b.kind), cmp.Compare(a.slot, b.slot))
-	})
-	maxAt := uint64(0)
-	for _, l := range live {
-		s.pools[l.kind].occupy(l.slot, l.hash, l.at)
-		maxAt = max(maxAt, l.at)
-		s.st.usedSlots[l.kind].Add(1)
-		s.st.livePages.Add(1)
-		s.st.liveBytes.Add(s.pageBytes[l.kind])
-	}
-	s.clock.Store(maxAt)
+	s.adopt(live)
 	orphans, badHeaders, readErrors := 0, 0, 0
-	for k, p := range s.pools {
-		p.compactFree()
-		if err := p.check(); err != nil {
-			// NB: broken invariant of the rebuild itself.
-			panic(fmt.Sprintf("l3disk: slot pool of kind %d after load: %v", k, err))
-		}
+	for k := range s.pools {
 		for slot, v := range scans[k].valid {
 			if v && !claimed[k][slot] {
 				orphans++
@@ -204,8 +306,93 @@ func (s *Store) load(ctx context.Context) error {
 	s.st.loadStaleEntry.Store(int64(stale))
 	s.log.Info("l3 cold start load", "live", len(live), "orphans_freed", orphans,
 		"entries_dropped", dropped, "stale_entries", stale, "torn_headers", badHeaders, "read_errors", readErrors)
+	return nil, nil
+}
+
+// adopt makes the live slots live in the pools, coldest first.
+func (s *Store) adopt(live []liveSlot) {
+	slices.SortFunc(live, func(a, b liveSlot) int {
+		return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.kind, b.kind), cmp.Compare(a.slot, b.slot))
+	})
+	maxAt := uint64(0)
+	for _, l := range live {
+		s.pools[l.kind].occupy(l.slot, l.hash, l.at)
+		s.verified[l.kind][l.slot] = l.verified
+		maxAt = max(maxAt, l.at)
+		s.st.usedSlots[l.kind].Add(1)
+		s.st.livePages.Add(1)
+		s.st.liveBytes.Add(s.pageBytes[l.kind])
+	}
+	s.clock.Store(maxAt)
+	for k, p := range s.pools {
+		p.compactFree()
+		if err := p.check(); err != nil {
+			// NB: broken invariant of the rebuild itself.
+			panic(fmt.Sprintf("l3disk: slot pool of kind %d after load: %v", k, err))
+		}
+	}
+}
+
+// rebuild replaces this store's index entries with what its slabs hold:
+// every slot of the current epoch whose header and payload verify.
+func (s *Store) rebuild(ctx context.Context, reason error) error {
+	s.log.Error("l3 cold start load: rebuilding the index from the slot headers", "reason", reason.Error())
+	start := time.Now()
+	// NB: reset only an index whose records are corrupt: one set aside at
+	// open is already fresh, and with several ranks sharing it a reset
+	// would wipe the entries another rank has just rebuilt.
+	if r, ok := s.index.(indexes.Resetter); ok && errors.Is(reason, indexes.ErrCorrupt) {
+		if err := r.Reset(ctx); err != nil {
+			return fmt.Errorf("rebuild: reset index: %w", err)
+		}
+	} else if err := s.dropOwnEntries(ctx); err != nil {
+		return fmt.Errorf("rebuild (%w): the index cannot be reset and its entries cannot be dropped: %w", reason, err)
+	}
+	var (
+		rc   RebuildCounts
+		live []liveSlot
+	)
+	for _, f := range s.files {
+		l, err := rebuildFile(ctx, s.index, f, s.disk, s.cfg.Depth, &rc)
+		if err != nil {
+			return fmt.Errorf("rebuild: %w", err)
+		}
+		live = append(live, l...)
+	}
+	rc.Elapsed = time.Since(start)
+	s.adopt(live)
+	s.rebuilt = rc
+	s.st.loadLive.Store(rc.Kept)
+	s.log.Warn("l3 index rebuilt from the slot headers", "pages_kept", rc.Kept, "corrupt_slots", rc.Corrupt,
+		"duplicate_slots", rc.Duplicates, "unreadable_slots", rc.Unreadable, "bytes_read", rc.Bytes, "elapsed", rc.Elapsed)
 	return nil
 }
+
+// dropOwnEntries deletes this store's entries from an index that cannot
+// be reset (a plugin): others' entries stay.
+func (s *Store) dropOwnEntries(ctx context.Context) error {
+	var own []indexes.Entry
+	if err := s.index.Iterate(ctx, func(e indexes.Entry) error {
+		if s.ownsRecord(e.Key, e.Record) {
+			own = append(own, e)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	for len(own) > 0 {
+		part := own[:min(len(own), 1024)]
+		own = own[len(part):]
+		if err := s.index.DeleteIf(ctx, part, make([]bool, len(part))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Rebuilt returns what the cold start's index rebuild did (zero when the
+// index was loaded as it was).
+func (s *Store) Rebuilt() RebuildCounts { return s.rebuilt }
 
 // LoadCounts reports what the last cold-start load found.
 type LoadCounts struct {

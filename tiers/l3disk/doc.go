@@ -15,6 +15,15 @@
 // reader racing a reuse sees a miss. The writer goroutine alone owns the
 // slot free lists, the page-level LRU and garbage collection.
 //
+// The slabs are the truth and the index a cache of them: a cold start
+// load whose index is damaged, corrupt or missing rebuilds it from the slot
+// headers, verifying every payload CRC. Epochs never go backwards (a file
+// recreated from an unreadable superblock starts above every epoch its
+// headers and the index have seen), a put is deduplicated only against a
+// slot verified since open (a durable ack is never false), a truncated slab
+// keeps its intact slots, and the store opens only regular files it can
+// reach without following a symlink. See docs/reliability.md.
+//
 // The store moves bytes and keeps its own bookkeeping. It never decides
 // what the cache holds (that is the host's replicated decision); its
 // garbage collection only reclaims disk space, and a reclaimed page is a

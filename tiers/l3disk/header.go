@@ -32,6 +32,17 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // here" (never written, torn, or overwritten by something else).
 var ErrBadHeader = errors.New("bad slot header")
 
+// ErrBadSuperblock marks a slab superblock that fails to decode (wrong
+// magic, version or checksum, inconsistent geometry). It matches
+// ErrBadHeader too, so callers that treat both alike keep working; its
+// message names the superblock, not a slot.
+var ErrBadSuperblock error = badSuperblock{}
+
+type badSuperblock struct{}
+
+func (badSuperblock) Error() string        { return "bad superblock" }
+func (badSuperblock) Is(target error) bool { return target == ErrBadHeader }
+
 // SlotHeader is the self-describing 64-byte header at the start of every
 // written slot:
 //
@@ -158,23 +169,23 @@ func (s superblock) encode(dst []byte) error {
 func decodeSuperblock(b []byte) (superblock, error) {
 	var s superblock
 	if len(b) < superEncodedLen {
-		return s, fmt.Errorf("superblock: %d bytes, want %d: %w", len(b), superEncodedLen, ErrBadHeader)
+		return s, fmt.Errorf("superblock: %d bytes, want %d: %w", len(b), superEncodedLen, ErrBadSuperblock)
 	}
 	if string(b[0:8]) != superMagic {
-		return s, fmt.Errorf("superblock: magic %q, want %q: %w", b[0:8], superMagic, ErrBadHeader)
+		return s, fmt.Errorf("superblock: magic %q, want %q: %w", b[0:8], superMagic, ErrBadSuperblock)
 	}
 	if got, want := binary.LittleEndian.Uint32(b[113:]), crc32.Checksum(b[:113], castagnoli); got != want {
-		return s, fmt.Errorf("superblock: crc %#08x, computed %#08x: %w", got, want, ErrBadHeader)
+		return s, fmt.Errorf("superblock: crc %#08x, computed %#08x: %w", got, want, ErrBadSuperblock)
 	}
 	if v := binary.LittleEndian.Uint16(b[8:]); v != FormatVersion {
-		return s, fmt.Errorf("superblock: format version %d, want %d: %w", v, FormatVersion, ErrBadHeader)
+		return s, fmt.Errorf("superblock: format version %d, want %d: %w", v, FormatVersion, ErrBadSuperblock)
 	}
 	n := int(b[48])
 	if n > maxStackID {
-		return s, fmt.Errorf("superblock: stack id length %d > %d: %w", n, maxStackID, ErrBadHeader)
+		return s, fmt.Errorf("superblock: stack id length %d > %d: %w", n, maxStackID, ErrBadSuperblock)
 	}
 	if b[11] != 0 || !allZero(b[49+n:49+maxStackID]) {
-		return s, fmt.Errorf("superblock: reserved bytes set: %w", ErrBadHeader)
+		return s, fmt.Errorf("superblock: reserved bytes set: %w", ErrBadSuperblock)
 	}
 	s.Kind = b[10]
 	s.Rank = binary.LittleEndian.Uint32(b[12:])
@@ -185,7 +196,7 @@ func decodeSuperblock(b []byte) (superblock, error) {
 	s.StackID = string(b[49 : 49+n])
 	if s.PageBytes <= 0 || s.Slots < 0 || s.SlotBytes != SlotBytes(s.PageBytes) {
 		return s, fmt.Errorf("superblock: page bytes %d, slot bytes %d, slots %d are inconsistent: %w",
-			s.PageBytes, s.SlotBytes, s.Slots, ErrBadHeader)
+			s.PageBytes, s.SlotBytes, s.Slots, ErrBadSuperblock)
 	}
 	return s, nil
 }

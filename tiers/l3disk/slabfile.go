@@ -78,34 +78,60 @@ type openMode struct {
 	// recreate allows replacing a file made for another geometry
 	// (cold start clear).
 	recreate bool
-	// create allows creating a missing or unreadable file; false for
-	// offline inspection.
+	// create allows creating a missing or unreadable file and extending
+	// a truncated one; false for offline inspection.
 	create bool
 	// depth is the number of preallocation writes in flight.
 	depth int
 	// anyGeometry accepts an existing file of any geometry (offline
 	// inspection reads what is there).
 	anyGeometry bool
+	// extend allows extending a truncated file back to its geometry
+	// (kvtier inspect l3 --repair) where create is false.
+	extend bool
+	// epochFloor, if set, returns the highest epoch the index holds for
+	// this file (disk, rank, kind); a file recreated from an unreadable
+	// superblock starts above it and above every slot header's epoch.
+	epochFloor func() (uint64, error)
 }
+
+// openInfo says what openSlabFile did besides opening.
+type openInfo struct {
+	// created: the file was (re)created and preallocated.
+	created bool
+	// directRefused: auto mode fell back to buffered I/O.
+	directRefused bool
+	// recreated is why an existing file was replaced (nil if it was not):
+	// every page in it is lost.
+	recreated error
+	// truncatedAt is the length a truncated file had before it was
+	// extended back to its geometry (0 if it was not truncated): the
+	// slots wholly below it keep their pages.
+	truncatedAt int64
+	// lostSlots is the number of slots at or beyond truncatedAt.
+	lostSlots int64
+}
+
+// ErrTruncated marks a slab file shorter than its superblock says.
+var ErrTruncated = errors.New("slab file truncated")
 
 // openSlabFile opens (creating and preallocating if needed) the slab file
 // at path for the geometry in want, locked against any other opener.
-// directRefused reports that auto mode fell back to buffered I/O.
-func openSlabFile(fs diskfs.FS, path string, want superblock, m openMode) (sf *slabFile, created, directRefused bool, err error) {
+func openSlabFile(fs diskfs.FS, path string, want superblock, m openMode) (sf *slabFile, info openInfo, err error) {
 	f, err := fs.OpenFile(path, diskfs.OpenOptions{Create: m.create, Direct: m.direct != ODirectOff})
 	if errors.Is(err, diskfs.ErrDirectRefused) && m.direct == ODirectAuto {
-		directRefused = true
+		info.directRefused = true
 		f, err = fs.OpenFile(path, diskfs.OpenOptions{Create: m.create})
 	}
 	if err != nil {
 		if errors.Is(err, diskfs.ErrDirectRefused) {
-			return nil, false, false, fmt.Errorf("slab %s: o_direct is on but the file system refuses it (use o_direct: auto or off): %w", path, err)
+			return nil, info, fmt.Errorf("slab %s: o_direct is on but the file system refuses it (use o_direct: auto or off): %w", path, err)
 		}
-		return nil, false, false, fmt.Errorf("slab %s: %w", path, err)
+		return nil, info, fmt.Errorf("slab %s: %w", path, err)
 	}
 	sf = &slabFile{fs: fs, f: f, path: path}
-	fail := func(err error) (*slabFile, bool, bool, error) {
-		return nil, false, false, errors.Join(err, f.Close())
+	fail := func(err error) (*slabFile, openInfo, error) {
+		return nil, openInfo{}, errors.Join(err, f.Close())
 	}
 	if err := f.Lock(); err != nil {
 		if errors.Is(err, diskfs.ErrLocked) {
@@ -113,24 +139,46 @@ func openSlabFile(fs diskfs.FS, path string, want superblock, m openMode) (sf *s
 		}
 		return fail(fmt.Errorf("slab %s: %w", path, err))
 	}
+	size, err := f.Size()
+	if err != nil {
+		return fail(err)
+	}
 	got, rerr := sf.readSuperblock()
+	if rerr != nil && size < superblockSize {
+		if size == 0 {
+			rerr = fmt.Errorf("empty file: %w", ErrBadSuperblock)
+		} else {
+			rerr = fmt.Errorf("truncated to %d bytes, shorter than its %d-byte superblock: %w: %w", size, superblockSize, ErrTruncated, ErrBadSuperblock)
+		}
+	}
 	switch {
 	case rerr == nil && (m.anyGeometry || sameGeometry(got, want)):
 		sf.sb = got
-		size, err := f.Size()
-		if err != nil {
+		if size >= sf.fileSize() {
+			return sf, info, nil
+		}
+		whole := max(0, (size-superblockSize)/got.SlotBytes)
+		info.truncatedAt, info.lostSlots = size, got.Slots-whole
+		if !m.create && !m.extend {
+			if m.anyGeometry {
+				// NB: inspection reads the intact head; the lost
+				// slots read as unreadable.
+				return sf, info, nil
+			}
+			return fail(fmt.Errorf("slab %s: truncated: %d bytes, superblock says %d (slots %d..%d are gone): %w",
+				path, size, sf.fileSize(), whole, got.Slots-1, ErrTruncated))
+		}
+		// NB: a truncation (by hand, or a file system repair) keeps the
+		// slots wholly below the cut: extend the file back with zeros
+		// from the first damaged slot on and keep the epoch, so the
+		// cold start finds the survivors.
+		if err := sf.fillZeros(sf.offset(whole), sf.fileSize(), m.depth); err != nil {
 			return fail(err)
 		}
-		if size < sf.fileSize() {
-			if !m.create {
-				return fail(fmt.Errorf("slab %s: %d bytes, superblock says %d: %w", path, size, sf.fileSize(), ErrBadHeader))
-			}
-			// A crash between preallocation and the superblock write
-			// cannot leave this (the superblock is written last); a
-			// truncation by hand can. Recreate.
-			break
+		if err := f.Datasync(); err != nil {
+			return fail(fmt.Errorf("slab %s: sync extended file: %w", path, err))
 		}
-		return sf, false, directRefused, nil
+		return sf, info, nil
 	case rerr == nil && !m.recreate:
 		return fail(fmt.Errorf("slab %s was made for kind %d, rank %d, stack %q, page bytes %d, %d slots; the config wants kind %d, rank %d, stack %q, page bytes %d, %d slots: start with cold_start: clear to recreate it",
 			path, got.Kind, got.Rank, got.StackID, got.PageBytes, got.Slots, want.Kind, want.Rank, want.StackID, want.PageBytes, want.Slots))
@@ -139,10 +187,30 @@ func openSlabFile(fs diskfs.FS, path string, want superblock, m openMode) (sf *s
 	}
 	// New, unreadable or (with recreate) of another geometry: preallocate.
 	sf.sb = want
-	if rerr == nil && got.Epoch >= want.Epoch {
-		// NB: keep epochs increasing across a recreate so no record of
-		// the old file can ever match the new one.
-		sf.sb.Epoch = epochFor((got.Epoch>>16)+1, int(want.Rank))
+	switch {
+	case rerr == nil:
+		info.recreated = fmt.Errorf("made for another geometry (kind %d, page bytes %d, %d slots, stack %q)", got.Kind, got.PageBytes, got.Slots, got.StackID)
+		if got.Epoch >= want.Epoch {
+			// NB: keep epochs increasing across a recreate so no record of
+			// the old file can ever match the new one.
+			sf.sb.Epoch = epochFor((got.Epoch>>16)+1, int(want.Rank))
+		}
+	case size > 0:
+		info.recreated = rerr
+		// NB: the superblock, and the epoch in it, is lost. Start above
+		// every epoch still visible (slot headers, index records) so no
+		// old record can match the new file: epochs never go backwards.
+		floor := sf.headerEpochFloor(want, size)
+		if m.epochFloor != nil {
+			ix, err := m.epochFloor()
+			if err != nil {
+				return fail(fmt.Errorf("slab %s: superblock unreadable (%w) and the index cannot say which epochs it used: %w", path, rerr, err))
+			}
+			floor = max(floor, ix)
+		}
+		if floor >= want.Epoch {
+			sf.sb.Epoch = epochFor((floor>>16)+1, int(want.Rank))
+		}
 	}
 	if err := sf.preallocate(m.depth); err != nil {
 		return fail(err)
@@ -150,7 +218,34 @@ func openSlabFile(fs diskfs.FS, path string, want superblock, m openMode) (sf *s
 	if err := fs.SyncDir(filepath.Dir(path)); err != nil {
 		return fail(err)
 	}
-	return sf, true, directRefused, nil
+	info.created = true
+	return sf, info, nil
+}
+
+// headerEpochFloor returns the highest epoch of want's rank and kind in
+// the slot headers of a file of size bytes laid out as want (0 if none).
+func (s *slabFile) headerEpochFloor(want superblock, size int64) uint64 {
+	buf, err := diskfs.NewAlignedBuffer(diskfs.BlockSize)
+	if err != nil {
+		return 0
+	}
+	defer func() { _ = buf.Free() }()
+	var top uint64
+	for slot := int64(0); slot < want.Slots; slot++ {
+		off := superblockSize + slot*want.SlotBytes
+		if off+diskfs.BlockSize > size {
+			break
+		}
+		if _, err := s.f.ReadAt(buf.Bytes(), off); err != nil {
+			continue
+		}
+		h, err := DecodeSlotHeader(buf.Bytes())
+		if err != nil || h.Kind != want.Kind || epochRank(h.Epoch) != int(want.Rank) {
+			continue
+		}
+		top = max(top, h.Epoch)
+	}
+	return top
 }
 
 func sameGeometry(a, b superblock) bool {
@@ -198,10 +293,20 @@ func (s *slabFile) preallocate(depth int) error {
 	if err := s.f.Truncate(0); err != nil {
 		return err
 	}
+	if err := s.fillZeros(superblockSize, s.fileSize(), depth); err != nil {
+		return err
+	}
+	if err := s.f.Datasync(); err != nil {
+		return fmt.Errorf("slab %s: sync preallocated slots: %w", s.path, err)
+	}
+	return s.writeSuperblock(s.sb)
+}
+
+// fillZeros writes zeros over [from, end), depth writes in flight.
+func (s *slabFile) fillZeros(from, end int64, depth int) error {
 	const chunk = 8 << 20
-	end := s.fileSize()
 	var (
-		next int64 = superblockSize
+		next = from
 		mu   sync.Mutex
 		wg   sync.WaitGroup
 		errs = make([]error, max(depth, 1))
@@ -233,13 +338,7 @@ func (s *slabFile) preallocate(depth int) error {
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	if err := s.f.Datasync(); err != nil {
-		return fmt.Errorf("slab %s: sync preallocated slots: %w", s.path, err)
-	}
-	return s.writeSuperblock(s.sb)
+	return errors.Join(errs...)
 }
 
 // bumpEpoch starts a new generation: every slot and every index record

@@ -86,7 +86,11 @@ var _ FS = OS{}
 
 // OpenFile implements FS.
 func (OS) OpenFile(path string, opts OpenOptions) (File, error) {
-	flags := os.O_RDWR | unix.O_CLOEXEC
+	// NB: O_NOFOLLOW so the store never writes through a symlink planted
+	// in its directory, and O_NONBLOCK so a FIFO in a slab's place cannot
+	// hang the open; the fstat below refuses anything but a regular file
+	// before a byte is read or written (O_NONBLOCK has no effect on one).
+	flags := os.O_RDWR | unix.O_CLOEXEC | unix.O_NOFOLLOW | unix.O_NONBLOCK
 	if opts.Create {
 		flags |= os.O_CREATE
 	}
@@ -95,12 +99,50 @@ func (OS) OpenFile(path string, opts OpenOptions) (File, error) {
 	}
 	f, err := os.OpenFile(path, flags, 0o644)
 	if err != nil {
-		if opts.Direct && errors.Is(err, unix.EINVAL) {
+		switch {
+		case opts.Direct && errors.Is(err, unix.EINVAL):
 			return nil, fmt.Errorf("open %s: %w", path, ErrDirectRefused)
+		case errors.Is(err, unix.ELOOP):
+			return nil, fmt.Errorf("open %s: it is a symbolic link; only regular files are used, never followed: %w", path, ErrNotRegular)
+		case errors.Is(err, unix.EISDIR):
+			return nil, fmt.Errorf("open %s: it is a directory, not a regular file: %w", path, ErrNotRegular)
 		}
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
+	st, err := f.Stat()
+	if err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("stat %s: %w", path, err)
+	}
+	if !st.Mode().IsRegular() {
+		_ = f.Close()
+		return nil, fmt.Errorf("open %s: it is a %s, not a regular file: %w", path, fileType(st.Mode()), ErrNotRegular)
+	}
 	return &osFile{f: f, direct: opts.Direct}, nil
+}
+
+// ErrNotRegular means a path the store would open is a symbolic link, a
+// directory, a FIFO, a device or a socket: the store reads and writes only
+// regular files.
+var ErrNotRegular = errors.New("not a regular file")
+
+// fileType names a non-regular file mode for error messages.
+func fileType(m os.FileMode) string {
+	switch {
+	case m&os.ModeSymlink != 0:
+		return "symbolic link"
+	case m.IsDir():
+		return "directory"
+	case m&os.ModeNamedPipe != 0:
+		return "fifo"
+	case m&os.ModeCharDevice != 0:
+		return "character device"
+	case m&os.ModeDevice != 0:
+		return "block device"
+	case m&os.ModeSocket != 0:
+		return "socket"
+	}
+	return "irregular file (" + m.Type().String() + ")"
 }
 
 // MkdirAll implements FS.

@@ -1,0 +1,141 @@
+package l3disk
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/l3disk/diskfs"
+)
+
+// Put implements tiers.Store.
+func (s *Store) Put(_ context.Context, batch []tiers.PutRequest) (tiers.BatchID, error) {
+	if err := s.enter(); err != nil {
+		return 0, err
+	}
+	defer s.leave()
+	items := make([]putItem, len(batch))
+	for i, r := range batch {
+		src, err := s.spanBytes(r.Key, r.Src)
+		if err != nil {
+			return 0, fmt.Errorf("l3disk put item %d: %w", i, err)
+		}
+		items[i] = putItem{index: i, key: r.Key, src: src}
+	}
+	id := tiers.BatchID(s.nextBatch.Add(1))
+	for i := range items {
+		items[i].batch = id
+	}
+	s.gatherMu.Lock()
+	s.gatherQ = append(s.gatherQ, items...)
+	s.gatherMu.Unlock()
+	signal(s.gatherSig)
+	return id, nil
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Store) ack(a ...tiers.Ack) {
+	s.ackMu.Lock()
+	s.acks = append(s.acks, a...)
+	s.ackMu.Unlock()
+	signal(s.ackReady)
+}
+
+func (s *Store) failItems(items []putItem, err error) {
+	acks := make([]tiers.Ack, len(items))
+	for i, it := range items {
+		acks[i] = tiers.Ack{Batch: it.batch, Index: it.index, Stage: tiers.AckFailed, Err: err}
+	}
+	s.st.putFailures.Add(int64(len(items)))
+	s.ack(acks...)
+}
+
+// DrainAcks implements tiers.Store.
+func (s *Store) DrainAcks(dst []tiers.Ack) []tiers.Ack {
+	s.ackMu.Lock()
+	dst = append(dst, s.acks...)
+	clear(s.acks)
+	s.acks = s.acks[:0]
+	s.ackMu.Unlock()
+	return dst
+}
+
+// AckReady implements tiers.Store.
+func (s *Store) AckReady() <-chan struct{} { return s.ackReady }
+
+// gatherLoop copies put sources into staging buffers. Several run; each
+// takes the oldest queued item.
+func (s *Store) gatherLoop() {
+	defer s.gatherWG.Done()
+	for {
+		s.gatherMu.Lock()
+		var it putItem
+		have := len(s.gatherQ) > 0
+		more := false
+		if have {
+			it = s.gatherQ[0]
+			s.gatherQ[0] = putItem{}
+			s.gatherQ = s.gatherQ[1:]
+			more = len(s.gatherQ) > 0
+		}
+		s.gatherMu.Unlock()
+		if more {
+			// Wake another gatherer for the rest: one signal per Put would
+			// otherwise leave all but one of them asleep.
+			signal(s.gatherSig)
+		}
+		if !have {
+			select {
+			case <-s.gatherSig:
+				continue
+			case <-s.stop:
+				s.failQueued()
+				return
+			}
+		}
+		var buf *diskfs.AlignedBuffer
+		select {
+		case buf = <-s.staging:
+		case <-s.stop:
+			s.failItems([]putItem{it}, fmt.Errorf("l3disk put %s: %w", it.key, tiers.ErrClosed))
+			s.failQueued()
+			return
+		}
+		f := s.files[it.key.Kind]
+		pb := s.pageBytes[it.key.Kind]
+		b := buf.Bytes()
+		copy(b[HeaderSize:HeaderSize+pb], it.src)
+		end := f.sb.SlotBytes
+		clear(b[HeaderSize+pb : end])
+		SlotHeader{
+			Kind: uint8(it.key.Kind), Epoch: f.epoch(), Hash: it.key.Hash,
+			PayloadLen: uint32(pb), PayloadCRC: PayloadCRC(b[HeaderSize : HeaderSize+pb]),
+		}.Encode(b)
+		s.ack(tiers.Ack{Batch: it.batch, Index: it.index, Stage: tiers.AckGathered})
+		job := &writeJob{key: it.key, items: []putItem{it}, buf: buf, slot: noSlot}
+		select {
+		case s.gathered <- job:
+		case <-s.stop:
+			s.staging <- buf
+			s.failItems(job.items, fmt.Errorf("l3disk put %s: %w", it.key, tiers.ErrClosed))
+			s.failQueued()
+			return
+		}
+	}
+}
+
+func (s *Store) failQueued() {
+	s.gatherMu.Lock()
+	q := s.gatherQ
+	s.gatherQ = nil
+	s.gatherMu.Unlock()
+	if len(q) > 0 {
+		s.failItems(q, fmt.Errorf("l3disk put: %w", tiers.ErrClosed))
+	}
+}

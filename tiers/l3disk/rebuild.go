@@ -1,0 +1,297 @@
+package l3disk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvtier/kvtier/indexes"
+	"github.com/kvtier/kvtier/pagehash"
+	"github.com/kvtier/kvtier/tiers/l3disk/diskfs"
+)
+
+// slotVerdict is what a full read of one slot found.
+type slotVerdict uint8
+
+const (
+	verdictEmpty      slotVerdict = iota // all-zero header: never written
+	verdictValid                         // current epoch, payload CRC matches
+	verdictBadPayload                    // current-epoch header, payload CRC fails
+	verdictBadHeader                     // written-looking, undecodable header
+	verdictStale                         // valid header of another epoch or kind
+	verdictUnreadable                    // the read failed
+)
+
+// fileScan is a full, verified read of every slot of one slab file.
+type fileScan struct {
+	headers []SlotHeader
+	verdict []slotVerdict
+	// bytes is how many bytes were read.
+	bytes int64
+}
+
+// scanChunk is the sequential read unit of a verified scan: large enough
+// that the device streams, small enough that depth of them stay cheap.
+const scanChunk = 8 << 20
+
+// verifyFile reads every slot of f in large sequential chunks, depth chunks
+// in flight, and verifies each slot's header and payload CRC against the
+// file's kind, epoch and page size. A chunk that fails to read is read
+// again slot by slot, so one bad sector costs one slot.
+func verifyFile(ctx context.Context, f *slabFile, depth int) (fileScan, error) {
+	sc := newFileScan(f)
+	err := verifyRange(ctx, f, depth, &sc, 0, f.sb.Slots, nil)
+	return sc, err
+}
+
+func newFileScan(f *slabFile) fileScan {
+	return fileScan{headers: make([]SlotHeader, f.sb.Slots), verdict: make([]slotVerdict, f.sb.Slots)}
+}
+
+// verifyRange fills sc for slots [from, to) of f, reading chunks of
+// scanChunk bytes; onChunk, if set, is called (on a reader goroutine) with
+// the first slot of each chunk once its verdicts are in.
+func verifyRange(ctx context.Context, f *slabFile, depth int, sc *fileScan, from, to int64, onChunk func(first int64)) error {
+	perChunk := max(1, scanChunk/f.sb.SlotBytes)
+	depth = max(depth, 1)
+	var (
+		next  = from
+		mu    sync.Mutex
+		wg    sync.WaitGroup
+		errs  = make([]error, depth)
+		bytes = make([]int64, depth)
+	)
+	for w := range depth {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf, err := diskfs.NewAlignedBuffer(int(perChunk * f.sb.SlotBytes))
+			if err != nil {
+				errs[w] = err
+				return
+			}
+			defer func() { _ = buf.Free() }()
+			for {
+				mu.Lock()
+				first := next
+				next += perChunk
+				mu.Unlock()
+				if first >= to {
+					return
+				}
+				if err := ctx.Err(); err != nil {
+					errs[w] = fmt.Errorf("scan %s: %w", f.path, err)
+					return
+				}
+				cnt := min(perChunk, to-first)
+				b := buf.Bytes()[:cnt*f.sb.SlotBytes]
+				if _, err := f.f.ReadAt(b, f.offset(first)); err != nil {
+					for i := range cnt {
+						sb := b[i*f.sb.SlotBytes : (i+1)*f.sb.SlotBytes]
+						if err := f.readSlot(first+i, sb); err != nil {
+							sc.verdict[first+i] = verdictUnreadable
+							continue
+						}
+						bytes[w] += f.sb.SlotBytes
+						sc.judge(f, first+i, sb)
+					}
+				} else {
+					bytes[w] += int64(len(b))
+					for i := range cnt {
+						sc.judge(f, first+i, b[i*f.sb.SlotBytes:(i+1)*f.sb.SlotBytes])
+					}
+				}
+				if onChunk != nil {
+					onChunk(first)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, b := range bytes {
+		sc.bytes += b
+	}
+	return errors.Join(errs...)
+}
+
+// judge records the verdict of one slot read whole into b.
+func (sc *fileScan) judge(f *slabFile, slot int64, b []byte) {
+	h, err := DecodeSlotHeader(b)
+	switch {
+	case err != nil && allZero(b[:HeaderSize]):
+		sc.verdict[slot] = verdictEmpty
+		return
+	case err != nil:
+		sc.verdict[slot] = verdictBadHeader
+		return
+	case h.Kind != f.sb.Kind || h.Epoch != f.epoch() || int64(h.PayloadLen) != f.sb.PageBytes:
+		sc.verdict[slot] = verdictStale
+		return
+	}
+	sc.headers[slot] = h
+	if PayloadCRC(b[HeaderSize:HeaderSize+f.sb.PageBytes]) != h.PayloadCRC {
+		sc.verdict[slot] = verdictBadPayload
+		return
+	}
+	sc.verdict[slot] = verdictValid
+}
+
+// RebuildCounts is what rebuilding an index from the slot headers did.
+type RebuildCounts struct {
+	// Kept is the number of pages indexed: slots of the current epoch
+	// whose header and payload verified (one per page hash).
+	Kept int64
+	// Corrupt slots had a current header but a payload failing its CRC,
+	// or an undecodable header; Duplicates held a page another slot
+	// already holds; Unreadable slots failed to read.
+	Corrupt, Duplicates, Unreadable int64
+	// Bytes is how much slab was read, Elapsed how long the rebuild took.
+	Bytes   int64
+	Elapsed time.Duration
+}
+
+// rebuildFlush is how many entries a rebuild hands the index at once: the
+// index commits (each an fsync) run while the next chunks are read, and
+// the last one, which nothing overlaps, stays small.
+const rebuildFlush = 2048
+
+// rebuildFile indexes every verified slot of f (kind k of this store's
+// disk) and returns the live slots, one per page hash (the lowest slot).
+// Reads, verification and index commits overlap: readers verify chunks as
+// they arrive, a collector turns them into entries in slot order, and a
+// putter commits them.
+func rebuildFile(ctx context.Context, ix indexes.Index, f *slabFile, disk int, depth int, rc *RebuildCounts) ([]liveSlot, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sc := newFileScan(f)
+	perChunk := max(1, scanChunk/f.sb.SlotBytes)
+	nChunks := (f.sb.Slots + perChunk - 1) / perChunk
+	ready := make([]chan struct{}, nChunks)
+	for i := range ready {
+		ready[i] = make(chan struct{})
+	}
+	scanDone := make(chan struct{})
+	var scanErr error
+	go func() {
+		defer close(scanDone)
+		scanErr = verifyRange(ctx, f, depth, &sc, 0, f.sb.Slots, func(first int64) { close(ready[first/perChunk]) })
+	}()
+	puts := make(chan []indexes.Entry, 4)
+	putErr := make(chan error, 1)
+	go func() {
+		var err error
+		for batch := range puts {
+			if err == nil {
+				if err = putEntries(ctx, ix, f.path, batch); err != nil {
+					cancel()
+				}
+			}
+		}
+		putErr <- err
+	}()
+	var (
+		live    []liveSlot
+		pending []indexes.Entry
+		seen    = make(map[pagehash.Hash]bool)
+		err     error
+	)
+collect:
+	for c := range nChunks {
+		select {
+		case <-ready[c]:
+		case <-scanDone:
+			select {
+			case <-ready[c]:
+			default:
+				err = fmt.Errorf("rebuild from %s: scan stopped at chunk %d of %d: %w", f.path, c, nChunks, errors.Join(scanErr, ctx.Err()))
+				break collect
+			}
+		}
+		first := c * perChunk
+		l, entries := collectVerified(f, disk, &sc, first, min(f.sb.Slots, first+perChunk), seen, rc)
+		live = append(live, l...)
+		pending = append(pending, entries...)
+		if len(pending) >= rebuildFlush {
+			puts <- pending
+			pending = nil
+		}
+	}
+	if err == nil && len(pending) > 0 {
+		puts <- pending
+	}
+	close(puts)
+	<-scanDone
+	if perr := <-putErr; perr != nil {
+		return nil, perr
+	}
+	if err == nil {
+		err = scanErr
+	}
+	if err != nil {
+		return nil, err
+	}
+	rc.Bytes += sc.bytes
+	return live, nil
+}
+
+// collectVerified turns the verified slots [from, to) of a scan into live
+// slots and index entries, skipping hashes already seen, and counts.
+func collectVerified(f *slabFile, disk int, sc *fileScan, from, to int64, seen map[pagehash.Hash]bool, rc *RebuildCounts) ([]liveSlot, []indexes.Entry) {
+	var (
+		live    []liveSlot
+		entries []indexes.Entry
+	)
+	for slot := from; slot < to; slot++ {
+		switch sc.verdict[slot] {
+		case verdictBadPayload, verdictBadHeader:
+			rc.Corrupt++
+			continue
+		case verdictUnreadable:
+			rc.Unreadable++
+			continue
+		case verdictValid:
+		default:
+			continue
+		}
+		h := sc.headers[slot]
+		if seen[h.Hash] {
+			rc.Duplicates++
+			continue
+		}
+		seen[h.Hash] = true
+		rc.Kept++
+		live = append(live, liveSlot{kind: f.sb.Kind, slot: int32(slot), hash: h.Hash, verified: true})
+		entries = append(entries, indexes.Entry{
+			Key:    indexes.Key{Hash: h.Hash, Kind: f.sb.Kind},
+			Record: indexes.Record{Disk: uint16(disk), Kind: f.sb.Kind, Slot: uint64(slot), Epoch: f.epoch()},
+		})
+	}
+	return live, entries
+}
+
+// rebuildBatch is the most entries one index commit of a rebuild holds.
+const rebuildBatch = 16384
+
+func putEntries(ctx context.Context, ix indexes.Index, path string, entries []indexes.Entry) error {
+	for len(entries) > 0 {
+		part := entries[:min(len(entries), rebuildBatch)]
+		entries = entries[len(part):]
+		if err := ix.Put(ctx, part); err != nil {
+			return fmt.Errorf("rebuild index from %s: put %d entries: %w", path, len(part), err)
+		}
+	}
+	return nil
+}
+
+// indexVerified puts an entry for every verified slot of a finished scan
+// of f (the first slot of each page hash) and returns them as live slots.
+func indexVerified(ctx context.Context, ix indexes.Index, f *slabFile, disk int, sc *fileScan, rc *RebuildCounts) ([]liveSlot, error) {
+	rc.Bytes += sc.bytes
+	live, entries := collectVerified(f, disk, sc, 0, f.sb.Slots, make(map[pagehash.Hash]bool), rc)
+	if err := putEntries(ctx, ix, f.path, entries); err != nil {
+		return nil, err
+	}
+	return live, nil
+}
