@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
+	"time"
 
 	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/indexes"
@@ -142,6 +143,7 @@ func checkPLP(_ context.Context, e *env) Result {
 		if err != nil {
 			return failf("%s: the power-loss probe failed (%v): serve must be able to write and fdatasync there", d.Dir, err).with(detail)
 		}
+		res.Median, res.Max = res.Median.Round(time.Microsecond), res.Max.Round(time.Microsecond)
 		detail["median_ns"], detail["max_ns"], detail["direct"], detail["protected"] = res.Median.Nanoseconds(), res.Max.Nanoseconds(), res.Direct, res.Protected
 		if res.Protected {
 			return passf("%s: 4 KiB write+fdatasync median %v (limit %v): power-loss protected", d.Dir, res.Median, lt.c.PLPMaxSync).with(detail)
