@@ -11,7 +11,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtier/kvtier/host/config"
-	"github.com/kvtier/kvtier/tiers/l1cuda"
 	"github.com/kvtier/kvtier/tiers/l2hugetlb"
 )
 
@@ -212,6 +211,10 @@ func checkHugetlbfsMount(_ context.Context, e *env) Result {
 	return passf("%s is hugetlbfs with 2 MiB pages, writable", c.Mount).with(detail)
 }
 
+// cudaPool is the registered name of l1cuda's CUDA pool, the one pool
+// that page-locks the slab in this process.
+const cudaPool = "cuda"
+
 // capIPCLock is CAP_IPC_LOCK's bit in /proc/self/status CapEff: a process
 // holding it may lock memory beyond RLIMIT_MEMLOCK.
 const capIPCLock = 14
@@ -240,11 +243,9 @@ func checkMemlock(_ context.Context, e *env) Result {
 			why = append(why, fmt.Sprintf("slab %q has mlock: true", t.Name))
 		}
 		for _, p := range e.st.Tiers {
-			if p.Role == config.RolePool && p.Use == "cuda" {
-				if _, isCUDA := p.Config.(*l1cuda.CUDAConfig); isCUDA || p.Config == nil {
-					pin = size
-					why = append(why, fmt.Sprintf("cuda pool %q registers the slab with cudaHostRegister", p.Name))
-				}
+			if p.Role == config.RolePool && p.Use == cudaPool {
+				pin = size
+				why = append(why, fmt.Sprintf("cuda pool %q registers the slab with cudaHostRegister", p.Name))
 			}
 		}
 	}
