@@ -14,7 +14,7 @@ import (
 
 // errChecksFailed marks a doctor run with a failed check: exit status 1,
 // the report already printed.
-var errChecksFailed = errors.New("preflight checks failed")
+var errChecksFailed = errors.New("checks failed")
 
 const doctorUsage = `usage: kvtier doctor [--config FILE] [--json]
 
@@ -69,7 +69,7 @@ func doctorWith(ctx context.Context, args []string, stdout, stderr io.Writer, sy
 	}
 	if !rep.OK {
 		_, _, failed := rep.Counts()
-		return fmt.Errorf("doctor: %w: %d of %d", errChecksFailed, failed, len(rep.Checks))
+		return fmt.Errorf("doctor: %d of %d %w", failed, len(rep.Checks), errChecksFailed)
 	}
 	return nil
 }

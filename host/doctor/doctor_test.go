@@ -235,6 +235,17 @@ func TestChecks(t *testing.T) {
 		{name: "probes 0 still probes", check: CheckPLP,
 			stack: func(s *config.Stack) { l3Of(s).PLPProbes = 0 },
 			want:  Pass, calls: []string{"plp " + l3dir + " 8"}},
+		{name: "tmpfs is not durable", check: CheckPLP,
+			sys: func(f *fakeSys) {
+				f.statfs[l3dir] = FSStat{Type: unix.TMPFS_MAGIC, BlockSize: 4096, Blocks: 1 << 30, Avail: 1 << 30, Device: 1}
+			},
+			want: Warn, msg: []string{"memory file system", "survives a reboot"}, calls: []string{}},
+		{name: "tmpfs with require_plp", check: CheckPLP,
+			stack: func(s *config.Stack) { l3Of(s).RequirePLP = true },
+			sys: func(f *fakeSys) {
+				f.statfs[l3dir] = FSStat{Type: unix.RAMFS_MAGIC, BlockSize: 4096, Device: 1}
+			},
+			want: Fail, msg: []string{"require_plp: true", "real device"}, calls: []string{}},
 		{name: "probe error", check: CheckPLP,
 			sys:  func(f *fakeSys) { f.plp[l3dir] = plpAnswer{err: errors.New("plp probe: EIO")} },
 			want: Fail, msg: []string{"power-loss probe failed (plp probe: EIO)"}},

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/indexes"
 	badgerindex "github.com/kvtier/kvtier/indexes/badger"
@@ -139,6 +141,16 @@ func checkPLP(_ context.Context, e *env) Result {
 			return failf("%s: %v: fix $.tiers[%s].config.disks[%d].dir", d.Dir, err, lt.t.Name, i).with(detail)
 		}
 		detail["probed_dir"] = dir
+		if st, err := e.sys.Statfs(dir); err == nil && (st.Type == unix.TMPFS_MAGIC || st.Type == unix.RAMFS_MAGIC) {
+			// NB: fdatasync on memory returns at once, so the probe would
+			// call it protected; nothing there survives a reboot.
+			detail["memory_fs"] = true
+			msg := fmt.Sprintf("%s is on a memory file system (tmpfs or ramfs): nothing there survives a reboot or power loss, whatever fdatasync says", d.Dir)
+			if lt.c.RequirePLP {
+				return failf("%s, and tier %q has require_plp: true; put the disk on a real device", msg, lt.t.Name).with(detail)
+			}
+			return warnf("%s; put the disk on a real device unless L3 is meant to be volatile", msg).with(detail)
+		}
 		res, err := e.sys.ProbePLP(dir, probes, lt.c.ODirect, lt.c.PLPMaxSync)
 		if err != nil {
 			return failf("%s: the power-loss probe failed (%v): serve must be able to write and fdatasync there", d.Dir, err).with(detail)
