@@ -31,10 +31,14 @@ plugins:
 		done; \
 	fi
 
+# The Python client's tests run on Debian's /usr/bin/python3 (not a pyenv
+# python on PATH) with python3-pytest and python3-numpy from apt (.ci/run
+# installs them).
 test: plugins
 	$(GO) vet ./...
 	$(GO) test -tags invariants -count=1 $(TESTFLAGS) ./...
 	$(GO) test -race -tags invariants -count=1 $(TESTFLAGS) $(RACE_PKGS)
+	/usr/bin/python3 -m pytest -q clients/python/tests
 
 bench: build plugins
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./...

@@ -31,6 +31,7 @@ func commands() map[string]command {
 		"bench":    {"run a benchmark on this machine (radix, l2, l3, planner, plugin)", runBench},
 		"inspect":  {"check a tier's on-disk state offline (l3)", runInspect},
 		"plugin":   {"pin (sum) or smoke-test (check) a tier or index plugin binary", runPlugin},
+		"doctor":   {"check this machine against a stack config before serving", runDoctor},
 	}
 }
 
