@@ -1,0 +1,36 @@
+package tcpgroup
+
+import (
+	"fmt"
+
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+)
+
+// rawCodec carries the consensus wire encoding as the whole gRPC message:
+// the message already has a strict, fuzzed decoder (consensus.Decode*),
+// so a protobuf wrapper would add a second decoder and a copy for nothing.
+type rawCodec struct{}
+
+var _ encoding.CodecV2 = rawCodec{}
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	switch b := v.(type) {
+	case []byte:
+		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+	case *[]byte:
+		return mem.BufferSlice{mem.SliceBuffer(*b)}, nil
+	}
+	return nil, fmt.Errorf("tcpgroup: raw codec cannot marshal %T", v)
+}
+
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	b, ok := v.(*[]byte)
+	if !ok {
+		return fmt.Errorf("tcpgroup: raw codec cannot unmarshal into %T", v)
+	}
+	*b = data.Materialize()
+	return nil
+}
+
+func (rawCodec) Name() string { return "kvtier-consensus-raw" }
