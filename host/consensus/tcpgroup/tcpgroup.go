@@ -21,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"strings"
@@ -41,6 +42,10 @@ const (
 	serviceName = "kvtier.consensus.v1.Group"
 	methodName  = "/" + serviceName + "/Exchange"
 )
+
+// windowSize is the fixed HTTP/2 flow-control window: 16 of the largest
+// messages in flight.
+const windowSize = 1 << 26
 
 // ErrClosed marks an exchange on a closed member.
 var ErrClosed = errors.New("group member closed")
@@ -90,6 +95,12 @@ type Member struct {
 	conn  *grpc.ClientConn // other ranks
 	call  []grpc.CallOption
 
+	// The stream to the hub (other ranks), opened by the first exchange
+	// and kept: one HTTP/2 stream for the life of the group, so a tick
+	// costs two messages and no stream set-up.
+	stream       grpc.ClientStream
+	streamCancel context.CancelCauseFunc
+
 	mu      sync.Mutex
 	stopped error
 	buf     []byte
@@ -117,12 +128,16 @@ func New(opts Options) (*Member, error) {
 	maxLen := consensus.MaxEncodedLen + 1024
 	if opts.Rank == 0 {
 		m.hub = newHub(opts)
-		m.srv = grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{}), grpc.MaxRecvMsgSize(maxLen), grpc.MaxSendMsgSize(maxLen))
+		// NB: a fixed window turns off gRPC's bandwidth-delay pings, which
+		// otherwise ride on the small messages of every tick.
+		m.srv = grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{}), grpc.MaxRecvMsgSize(maxLen), grpc.MaxSendMsgSize(maxLen),
+			grpc.InitialWindowSize(windowSize), grpc.InitialConnWindowSize(windowSize))
 		m.srv.RegisterService(&serviceDesc, m.hub)
 		go func() { _ = m.srv.Serve(opts.Listener) }()
 		return m, nil
 	}
-	conn, err := grpc.NewClient(opts.HubAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(opts.HubAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(windowSize), grpc.WithInitialConnWindowSize(windowSize))
 	if err != nil {
 		return nil, fmt.Errorf("tcpgroup: rank %d: hub %s: %w", opts.Rank, opts.HubAddr, err)
 	}
@@ -154,6 +169,11 @@ func (m *Member) Close() error {
 		m.srv.Stop()
 		return nil
 	}
+	m.mu.Lock()
+	if m.streamCancel != nil {
+		m.streamCancel(ErrClosed)
+	}
+	m.mu.Unlock()
 	return m.conn.Close()
 }
 
@@ -198,19 +218,44 @@ func (m *Member) Exchange(ctx context.Context, tick uint64, c consensus.Contribu
 	return m.exchangeRemote(ctx, tick, c)
 }
 
+var errExchangeDeadline = errors.New("exchange deadline")
+
 func (m *Member) exchangeRemote(ctx context.Context, tick uint64, c consensus.Contribution) (consensus.Frontier, error) {
 	var err error
 	m.buf, err = consensus.AppendContribution(m.buf[:0], m.env, c)
 	if err != nil {
 		return consensus.Frontier{}, m.setStopped(err)
 	}
+	if m.stream == nil {
+		sctx, cancel := context.WithCancelCause(context.Background())
+		st, err := m.conn.NewStream(sctx, &serviceDesc.Streams[0], methodName, m.call...)
+		if err != nil {
+			cancel(err)
+			return consensus.Frontier{}, m.setStopped(fromStatus(m.opts.Rank, tick, err, ctx, nil))
+		}
+		m.mu.Lock()
+		m.stream, m.streamCancel = st, cancel
+		m.mu.Unlock()
+	}
 	// NB: the hub's own deadline fires first and names the rank that is
-	// missing; ours is a backstop for a hub that is gone.
-	cctx, cancel := context.WithTimeout(ctx, m.opts.Timeout+m.opts.Timeout/2+50*time.Millisecond)
-	defer cancel()
+	// missing; ours is a backstop for a hub that is gone. Either ends the
+	// stream, which is right: a rank that missed a frontier is stopped.
+	timer := time.AfterFunc(m.opts.Timeout+m.opts.Timeout/2+50*time.Millisecond, func() { m.streamCancel(errExchangeDeadline) })
+	defer timer.Stop()
+	stopWatch := context.AfterFunc(ctx, func() { m.streamCancel(ctx.Err()) })
+	defer stopWatch()
 	var resp []byte
-	if err := m.conn.Invoke(cctx, methodName, &m.buf, &resp, m.call...); err != nil {
-		return consensus.Frontier{}, m.setStopped(fromStatus(m.opts.Rank, tick, err, ctx))
+	err = m.stream.SendMsg(&m.buf)
+	if err == nil {
+		err = m.stream.RecvMsg(&resp)
+	}
+	if err != nil {
+		if err == io.EOF {
+			// The send side learns of a failed stream by io.EOF; the
+			// status comes from RecvMsg.
+			err = m.stream.RecvMsg(&resp)
+		}
+		return consensus.Frontier{}, m.setStopped(fromStatus(m.opts.Rank, tick, err, ctx, m.stream.Context()))
 	}
 	_, f, err := consensus.DecodeFrontier(resp, m.exp)
 	if err != nil {
@@ -250,9 +295,9 @@ func toStatus(err error) error {
 	return status.Error(codes.Internal, hubPrefix+err.Error())
 }
 
-func fromStatus(rank int, tick uint64, err error, parent context.Context) error {
+func fromStatus(rank int, tick uint64, err error, parent, stream context.Context) error {
 	st, _ := status.FromError(err)
-	if st.Code() == codes.DeadlineExceeded && parent.Err() == nil {
+	if stream != nil && errors.Is(context.Cause(stream), errExchangeDeadline) {
 		return &consensus.PeerError{Peer: "rank 0 (hub)", Tick: tick, TickKnown: true,
 			Err: fmt.Errorf("tcpgroup: rank %d got no frontier: %w", rank, consensus.ErrTimeout)}
 	}
@@ -274,21 +319,17 @@ func fromStatus(rank int, tick uint64, err error, parent context.Context) error 
 }
 
 type exchanger interface {
-	exchange(ctx context.Context, req []byte) ([]byte, error)
+	serve(stream grpc.ServerStream) error
 }
 
 var serviceDesc = grpc.ServiceDesc{
 	ServiceName: serviceName,
 	HandlerType: (*exchanger)(nil),
-	Methods: []grpc.MethodDesc{{
-		MethodName: "Exchange",
-		Handler: func(srv any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
-			var req []byte
-			if err := dec(&req); err != nil {
-				return nil, err
-			}
-			return srv.(exchanger).exchange(ctx, req)
-		},
+	Streams: []grpc.StreamDesc{{
+		StreamName:    "Exchange",
+		ServerStreams: true,
+		ClientStreams: true,
+		Handler:       func(srv any, stream grpc.ServerStream) error { return srv.(exchanger).serve(stream) },
 	}},
 }
 
@@ -320,32 +361,50 @@ func newHub(opts Options) *hub {
 	return &hub{opts: opts, log: ratelog.New(opts.Logger, 10*time.Second)}
 }
 
-func (h *hub) exchange(ctx context.Context, req []byte) ([]byte, error) {
+// serve runs one peer's stream: a contribution in, the frontier out, tick
+// after tick. The first contribution binds the stream to its rank.
+func (h *hub) serve(stream grpc.ServerStream) error {
+	ctx := stream.Context()
 	addr := "unknown address"
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		addr = p.Addr.String()
 	}
-	env, c, err := consensus.DecodeContribution(req, consensus.Expect{Group: h.opts.Group, Stack: h.opts.Stack, Size: h.opts.Size, Peer: addr})
-	if err == nil && env.Rank == 0 {
-		err = &consensus.PeerError{Peer: "rank 0 (" + addr + ")", Tick: c.Tick, TickKnown: true, Err: fmt.Errorf("a remote peer claims the hub's rank: %w", consensus.ErrForeign)}
+	exp := consensus.Expect{Group: h.opts.Group, Stack: h.opts.Stack, Size: h.opts.Size, Peer: addr}
+	bound := -1
+	for {
+		var req []byte
+		if err := stream.RecvMsg(&req); err != nil {
+			if err == io.EOF {
+				return nil
+			}
+			return err
+		}
+		env, c, err := consensus.DecodeContribution(req, exp)
+		if err == nil && (env.Rank == 0 || (bound >= 0 && env.Rank != bound)) {
+			err = &consensus.PeerError{Peer: fmt.Sprintf("rank %d (%s)", env.Rank, addr), Tick: c.Tick, TickKnown: true,
+				Err: fmt.Errorf("a stream of rank %d claims rank %d (rank 0 is the hub): %w", bound, env.Rank, consensus.ErrForeign)}
+		}
+		if err != nil {
+			h.log.Warn("refused: "+addr, "tcpgroup: contribution refused", "err", err)
+			return toStatus(err)
+		}
+		bound = env.Rank
+		rd, err := h.submit(env.Rank, c.Tick, c, fmt.Sprintf("rank %d (%s)", env.Rank, addr))
+		if err != nil {
+			return toStatus(err)
+		}
+		select {
+		case <-rd.done:
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		if rd.err != nil {
+			return toStatus(rd.err)
+		}
+		if err := stream.SendMsg(rd.enc); err != nil {
+			return err
+		}
 	}
-	if err != nil {
-		h.log.Warn("refused: "+addr, "tcpgroup: contribution refused", "err", err)
-		return nil, toStatus(err)
-	}
-	rd, err := h.submit(env.Rank, c.Tick, c, fmt.Sprintf("rank %d (%s)", env.Rank, addr))
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	select {
-	case <-rd.done:
-	case <-ctx.Done():
-		return nil, status.FromContextError(ctx.Err()).Err()
-	}
-	if rd.err != nil {
-		return nil, toStatus(rd.err)
-	}
-	return rd.enc, nil
 }
 
 // submit adds rank's contribution to the open tick, or refuses it.

@@ -129,12 +129,18 @@ func rawCall(t *testing.T, addr string, req []byte) error {
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	st, err := conn.NewStream(ctx, &serviceDesc.Streams[0], methodName, grpc.ForceCodecV2(rawCodec{}))
+	if err != nil {
+		t.Fatal(err)
+	}
 	var resp []byte
-	err = conn.Invoke(ctx, methodName, &req, &resp, grpc.ForceCodecV2(rawCodec{}))
+	if err = st.SendMsg(&req); err == nil {
+		err = st.RecvMsg(&resp)
+	}
 	if err == nil {
 		return nil
 	}
-	return fromStatus(9, 0, err, context.Background())
+	return fromStatus(9, 0, err, context.Background(), nil)
 }
 
 func TestRefusedPeers(t *testing.T) {
