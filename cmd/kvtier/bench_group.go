@@ -63,19 +63,28 @@ func runBenchGroup(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return fmt.Errorf("bench group: %w: %w", err, errUsage)
 	}
 	var kv, raw []int64
+	var kvCPU, rawCPU time.Duration
 	for r := 0; r < *rounds; r++ {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("bench group: %w", err)
 		}
+		cpu0 := measure.ProcessCPU()
 		k, err := timeTCPGroup(ctx, *ranks, *ticks, uint64(r))
 		if err != nil {
 			return fmt.Errorf("bench group: round %d: tcp group: %w", r, err)
 		}
+		cpu1 := measure.ProcessCPU()
 		w, err := timeRawGather(ctx, *ranks, *ticks, uint64(r))
 		if err != nil {
 			return fmt.Errorf("bench group: round %d: raw all-gather: %w", r, err)
 		}
+		kvCPU, rawCPU = kvCPU+cpu1-cpu0, rawCPU+measure.ProcessCPU()-cpu1
 		kv, raw = append(kv, k...), append(raw, w...)
+	}
+	// CPU per tick of the whole group (all ranks, set-up and warm-up
+	// included): what the exchange costs, whatever the load.
+	perTick := func(d time.Duration) float64 {
+		return d.Seconds() * 1e6 / float64(*rounds*(*ticks+*ticks/9+1))
 	}
 	us := func(ns int64) float64 { return float64(ns) / 1e3 }
 	load := loadNote()
@@ -97,6 +106,11 @@ func runBenchGroup(ctx context.Context, args []string, stdout, stderr io.Writer)
 			benchreport.Result{Bench: "group/tcp/" + q.name, Value: k, Unit: "us", Limit: w, LimitName: "raw tcp all-gather", Ratio: w / k, Target: q.target, Note: n},
 		)
 	}
+	kc, rc := perTick(kvCPU), perTick(rawCPU)
+	results = append(results,
+		benchreport.Result{Bench: "group/raw/cpu", Value: rc, Unit: "cpu-us/tick", Note: "process CPU (user+system) per tick, all ranks; reference"},
+		benchreport.Result{Bench: "group/tcp/cpu", Value: kc, Unit: "cpu-us/tick", Limit: rc, LimitName: "raw tcp all-gather", Ratio: rc / kc,
+			Note: "process CPU (user+system) per tick, all ranks, set-up included; ratio = raw/kvtier; insensitive to waiting for a core"})
 	return benchreport.Write(stdout, results, *asJSON)
 }
 
