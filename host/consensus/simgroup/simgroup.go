@@ -8,6 +8,7 @@ package simgroup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
@@ -45,7 +46,7 @@ type Fault struct {
 }
 
 // ErrCrashed is returned by a rank a Crash fault hit.
-var ErrCrashed = fmt.Errorf("simgroup: rank crashed by an injected fault")
+var ErrCrashed = errors.New("simgroup: rank crashed by an injected fault")
 
 // Options configure a simulated group.
 type Options struct {
