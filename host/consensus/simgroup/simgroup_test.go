@@ -152,3 +152,61 @@ func TestRankWithNothingToDrainTakesPart(t *testing.T) {
 		}
 	}
 }
+
+// TestFailedOpsNeverDiverge: 8 ranks × 3,000 ticks with random delays and
+// 1% of every rank's operations failing at random: every rank applies the
+// same frontier at every tick, and an op that failed on any rank is
+// failed in it.
+func TestFailedOpsNeverDiverge(t *testing.T) {
+	const size, ticks, seed = 8, 3000, 21
+	g, err := New(size, Options{Seed: seed, MaxDelay: 10 * time.Microsecond, OpFailRate: 0.01, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([][]consensus.Frontier, size)
+	errs := make([]error, size)
+	var wg sync.WaitGroup
+	for r, m := range g.Members() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for tk := uint64(1); tk <= ticks; tk++ {
+				f, err := m.Exchange(context.Background(), tk, grouptest.ContributionAt(seed, r, tk))
+				if err != nil {
+					errs[r] = err
+					return
+				}
+				got[r] = append(got[r], f)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	var failed uint64
+	for _, m := range g.Members() {
+		failed += m.FailedOps()
+	}
+	if failed == 0 {
+		t.Fatalf("seed %d: no operation failed; the test tests nothing", seed)
+	}
+	for tk := range ticks {
+		for r := 1; r < size; r++ {
+			if !got[r][tk].Equal(got[0][tk]) {
+				t.Fatalf("seed %d: tick %d: rank %d applied %+v, rank 0 %+v", seed, tk+1, r, got[r][tk], got[0][tk])
+			}
+		}
+		cs := make([]consensus.Contribution, size)
+		for r := range cs {
+			cs[r] = grouptest.ContributionAt(seed, r, uint64(tk+1))
+		}
+		want, _ := consensus.Reduce(uint64(tk+1), cs)
+		for i, ok := range got[0][tk].OK {
+			if ok && !want.OK[i] {
+				t.Fatalf("seed %d: tick %d: bit %d ok in the frontier, failed on some rank", seed, tk+1, i)
+			}
+		}
+	}
+	t.Logf("%d ops failed by injection over %d ticks, no divergence", failed, ticks)
+}
