@@ -14,6 +14,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Bounds on a Shape, so that decoding a peer's bytes costs at most a few
@@ -429,3 +430,37 @@ func CheckFrontier(self int, c Contribution, f Frontier) error {
 	}
 	return CompareDigests(c.Tick, -1, Contribution(f), self, c)
 }
+
+// String renders the contribution on one line, e.g. "tick=7
+// counts=[5/2/3/2 1/9/9/9] ok=100 prefix=[4 2]" (counts as
+// gathered/durable/reloaded/l1copied per class, ok bits as 1 and 0), with
+// the digests on a digest tick.
+func (c Contribution) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "tick=%d counts=[", c.Tick)
+	for i, k := range c.Counts {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%d/%d/%d/%d", k.Gathered, k.Durable, k.Reloaded, k.L1Copied)
+	}
+	b.WriteString("] ok=")
+	for _, ok := range c.OK {
+		if ok {
+			b.WriteByte('1')
+		} else {
+			b.WriteByte('0')
+		}
+	}
+	fmt.Fprintf(&b, " prefix=%v", c.Prefix)
+	if c.Shape.Digest {
+		fmt.Fprintf(&b, " digest=%s", c.Digest)
+		for i, d := range c.Structures {
+			fmt.Fprintf(&b, " %s=%s", Structure(i), d)
+		}
+	}
+	return b.String()
+}
+
+// String renders the frontier like Contribution.String.
+func (f Frontier) String() string { return Contribution(f).String() }
