@@ -231,3 +231,36 @@ func TestOptionsRefused(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkExchange8 times one tick of an 8-rank group over loopback
+// (wall clock; `kvtier bench group` has the comparison with raw TCP).
+func BenchmarkExchange8(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	ms := make([]*Member, 8)
+	for r := range ms {
+		ms[r], err = New(Options{Group: 1, Stack: 1, Rank: r, Size: 8, HubAddr: ln.Addr().String(), Listener: ln, Timeout: 10 * time.Second, Logger: quiet()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer ms[r].Close()
+	}
+	s := consensus.Shape{Classes: 4, OKBits: 64, Reloads: 16}
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for _, m := range ms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for t := 1; t <= b.N; t++ {
+				if _, err := m.Exchange(context.Background(), uint64(t), consensus.NewContribution(uint64(t), s)); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
