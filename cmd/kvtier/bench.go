@@ -17,6 +17,7 @@ func benches() map[string]benchCommand {
 		"radix":   runBenchRadix,
 		"l2":      runBenchL2,
 		"l3":      runBenchL3,
+		"group":   runBenchGroup,
 		"planner": runBenchPlanner,
 		"plugin":  runBenchPlugin,
 	}
