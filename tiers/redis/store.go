@@ -397,6 +397,7 @@ func (s *Store) sendLoop() {
 			s.staging.put(v)
 		}
 		if failed > 0 {
+			s.refreshSlots()
 			s.putFailures.Add(int64(failed))
 			s.logRate(logPut, "redis puts failed", "failed", failed, "of", len(c.keys), "first_error", firstErr(errs))
 		}
@@ -461,8 +462,10 @@ func (s *Store) sendOn(ctx context.Context, client goredis.Cmdable, c *putChunk,
 
 // sendPerMaster sends a chunk master by master so that each WAIT runs on
 // the connection that carried its SETs (WAIT counts the replicas that have
-// the writes of its own connection). A redirection (the slot moved since
-// the routing) reloads the slot map and retries those items once.
+// the writes of its own connection). Items answered MOVED (the slot moved
+// since the routing: a failover) are retried once on the new master, after
+// the client's slot map has caught up; items answered ASK (a slot being
+// migrated) fail.
 func (s *Store) sendPerMaster(ctx context.Context, c *putChunk, errs []error) {
 	idx := all(len(c.keys))
 	for attempt := 0; attempt < 2 && len(idx) > 0; attempt++ {
@@ -484,26 +487,42 @@ func (s *Store) sendPerMaster(ctx context.Context, c *putChunk, errs []error) {
 			}()
 		}
 		wg.Wait()
+		if attempt > 0 {
+			return
+		}
 		var retry []int
+		moved := map[int]string{}
 		for _, j := range idx {
-			if errs[j] != nil && redirected(errs[j]) && attempt == 0 {
-				errs[j] = nil
+			if addr, ok := goredis.IsMovedError(errs[j]); ok && errs[j] != nil {
+				moved[j] = addr
 				retry = append(retry, j)
 			}
 		}
-		if len(retry) > 0 {
-			s.cluster.ReloadState(ctx)
+		if len(retry) == 0 {
+			return
+		}
+		// NB: ReloadState only schedules a reload; wait until the slot map
+		// names the masters the MOVED replies named.
+		s.cluster.ReloadState(ctx)
+		for _, j := range retry {
+			for !s.routesTo(ctx, c.keys[j], moved[j]) {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+				s.cluster.ReloadState(ctx)
+			}
+			errs[j] = nil
 		}
 		idx = retry
 	}
 }
 
-func redirected(err error) bool {
-	if _, ok := goredis.IsMovedError(err); ok {
-		return true
-	}
-	_, ok := goredis.IsAskError(err)
-	return ok || goredis.IsClusterDownError(err) || goredis.IsTryAgainError(err)
+// routesTo reports whether the cluster client sends key k to addr now.
+func (s *Store) routesTo(ctx context.Context, k tiers.Key, addr string) bool {
+	m, err := s.cluster.MasterForKey(ctx, s.redisKey(k))
+	return err == nil && m.Options().Addr == addr
 }
 
 // putError wraps a server error of one put item; a full server is
@@ -575,6 +594,7 @@ func (s *Store) verifyInto(k tiers.Key, cmd *goredis.StringCmd, dst []byte) erro
 		return fmt.Errorf("redis %s: not stored: %w", k, tiers.ErrMiss)
 	case err != nil:
 		s.misses.Add(1)
+		s.refreshSlots()
 		s.logRate(logGet, "redis gets failed: served as misses", "key", k.String(), "error", err)
 		return fmt.Errorf("redis %s: %w: %w", k, tiers.ErrMiss, err)
 	}
@@ -613,6 +633,7 @@ func (s *Store) LongestPrefix(ctx context.Context, kind tiers.PayloadKind, chain
 	for i, c := range cmds {
 		n, err := c.Result()
 		if err != nil {
+			s.refreshSlots()
 			s.logRate(logProbe, "redis prefix probe failed: counted as absent", "error", err)
 			return i, nil
 		}
@@ -757,6 +778,15 @@ func (s *Store) queue(acks []tiers.Ack) {
 	select {
 	case s.ready <- struct{}{}:
 	default:
+	}
+}
+
+// refreshSlots asks the cluster client to reload its slot map after a
+// failure, so that a promoted replica is found without waiting for the
+// client's own periodic reload. The reload is asynchronous and coalesced.
+func (s *Store) refreshSlots() {
+	if s.cluster != nil {
+		s.cluster.ReloadState(context.Background())
 	}
 }
 

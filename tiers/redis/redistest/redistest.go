@@ -401,8 +401,13 @@ func Role(ctx context.Context, n *Node) (role string, masterPort int, err error)
 	}
 	role, _ = v[0].(string)
 	if role == "slave" && len(v) > 2 {
-		if p, ok := v[2].(int64); ok {
+		switch p := v[2].(type) {
+		case int64:
 			masterPort = int(p)
+		case int:
+			masterPort = p
+		case string:
+			masterPort, _ = strconv.Atoi(p)
 		}
 	}
 	return role, masterPort, nil
