@@ -22,6 +22,7 @@ import (
 	"github.com/kvtier/kvtier/tiers/l2hugetlb"
 	"github.com/kvtier/kvtier/tiers/l3disk"
 	"github.com/kvtier/kvtier/tiers/memstore"
+	redistier "github.com/kvtier/kvtier/tiers/redis"
 )
 
 // Tiers returns a tier registry holding every built-in tier.
@@ -32,6 +33,7 @@ func Tiers() (*tiers.Registry, error) {
 		memstore.Register,
 		l2hugetlb.Register,
 		l3disk.Register,
+		redistier.Register,
 	} {
 		if err := register(r); err != nil {
 			return nil, fmt.Errorf("built-in tiers: %w", err)

@@ -31,7 +31,7 @@ func TestBuiltins(t *testing.T) {
 		want []string
 	}{
 		{"slabs", tr.Slabs.Names(tiers.SlabV1), []string{"l2hugetlb"}},
-		{"stores", tr.Stores.Names(tiers.StoreV1), []string{"l3disk", "memstore"}},
+		{"stores", tr.Stores.Names(tiers.StoreV1), []string{"l3disk", "memstore", "redis"}},
 		{"indexes", ix.Names(indexes.IndexV1), []string{"badger", "lmdb"}},
 		{"policies", pr.Names(policy.EvictorV1), []string{"belady", "hindsight", "lru", "proven", "s3fifo", "sieve", "slru"}},
 	} {
