@@ -26,6 +26,11 @@ import (
 // fewer than min_replicas replicas did within replica_timeout.
 var ErrNotReplicated = errors.New("not confirmed by enough replicas")
 
+// putSenders is the number of chunks in flight to the servers at once: with
+// two, one chunk's replies are read while the next one is written, so the
+// server never waits for the client between chunks.
+const putSenders = 2
+
 // logInterval is the least time between two logs of the same failure kind.
 const logInterval = 5 * time.Second
 
@@ -123,7 +128,7 @@ func Open(ctx context.Context, env tiers.Env, cfg Config) (*Store, error) {
 		wake:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 		chunks:  make(chan *putChunk, 1),
-		staging: newStagingPool(2 * cfg.PipelineDepth),
+		staging: newStagingPool((1 + putSenders) * cfg.PipelineDepth),
 		ready:   make(chan struct{}, 1),
 	}
 	maint := &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
@@ -162,9 +167,11 @@ func Open(ctx context.Context, env tiers.Env, cfg Config) (*Store, error) {
 		// them from the other hosts too.
 		s.log.Info("redis store keeps pages across restarts: cold start clear leaves the server's pages in place")
 	}
-	s.done.Add(2)
+	s.done.Add(1 + putSenders)
 	go s.gatherLoop()
-	go s.sendLoop()
+	for range putSenders {
+		go s.sendLoop()
+	}
 	return s, nil
 }
 
