@@ -175,6 +175,7 @@ func (d *driver) checkNoWrongBytes() {
 // within the timeout, prefix probes answer 0; once the server is back on
 // its port the same store serves again.
 func TestServerDownAndBack(t *testing.T) {
+	t.Parallel()
 	srv := redistest.StandaloneT(t, redistest.Options{})
 	cfg := baseConfig(redis.ModeStandalone, []string{srv.Addr()})
 	cfg.KeyPrefix = uniquePrefix(t)
@@ -237,6 +238,7 @@ func TestServerDownAndBack(t *testing.T) {
 // become misses and puts keep succeeding; with noeviction, puts fail with
 // tiers.ErrFull. Either way no hit is wrong.
 func TestMaxMemory(t *testing.T) {
+	t.Parallel()
 	const pages = 3 * driverSlots
 	for _, tc := range []struct {
 		policy    string
@@ -313,6 +315,7 @@ func redisKey(prefix string, k tiers.Key) string {
 // TestCorruptValues damages stored values behind the store's back: each
 // becomes a counted corrupt miss, never bytes.
 func TestCorruptValues(t *testing.T) {
+	t.Parallel()
 	srv := redistest.StandaloneT(t, redistest.Options{})
 	cfg := baseConfig(redis.ModeStandalone, []string{srv.Addr()})
 	cfg.KeyPrefix = uniquePrefix(t)
@@ -398,6 +401,7 @@ func TestCorruptValues(t *testing.T) {
 // cluster: "fast" acknowledges once the master has a page, "durable" waits
 // for one replica (min_replicas 1).
 func TestClusterFaults(t *testing.T) {
+	t.Parallel()
 	cl := redistest.ClusterT(t, 3, 1, redistest.Options{NodeTimeout: time.Second})
 	ctx := context.Background()
 	cfg := baseConfig(redis.ModeCluster, cl.Addrs())
@@ -530,13 +534,4 @@ func TestClusterFaults(t *testing.T) {
 	})
 	fast.checkNoWrongBytes()
 	durable.checkNoWrongBytes()
-}
-
-func firstErr(errs []error) error {
-	for _, e := range errs {
-		if e != nil {
-			return e
-		}
-	}
-	return nil
 }

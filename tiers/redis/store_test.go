@@ -85,6 +85,7 @@ func harness(cfg redis.Config, capacityPages int) tiertest.StoreHarness {
 }
 
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	redistest.RequireBinaries(t)
 	t.Run("standalone", func(t *testing.T) {
 		srv := redistest.StandaloneT(t, redistest.Options{})

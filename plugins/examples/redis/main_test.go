@@ -95,10 +95,12 @@ func TestStoreConformance(t *testing.T) {
 		}
 	}
 	t.Run("standalone", func(t *testing.T) {
+		t.Parallel()
 		srv := redistest.StandaloneT(t, redistest.Options{})
 		tiertest.RunStore(t, harness("standalone", []string{srv.Addr()}))
 	})
 	t.Run("cluster", func(t *testing.T) {
+		t.Parallel()
 		cl := redistest.ClusterT(t, 3, 1, redistest.Options{})
 		tiertest.RunStore(t, harness("cluster", cl.Addrs()))
 	})
