@@ -73,9 +73,10 @@ type Config struct {
 	PipelineDepth int `yaml:"pipeline_depth"`
 	// DialTimeout bounds connecting to a node (default 1s).
 	DialTimeout time.Duration `yaml:"dial_timeout"`
-	// Timeout bounds one pipelined round trip: a batch against a node that
-	// is down fails (puts) or misses (gets) within it, never hangs
-	// (default 5s).
+	// Timeout bounds every call (a Get, a prefix probe, a touch, a delete)
+	// and every pipelined round trip of a put: pages on a node that is down
+	// miss, and its puts fail, within it; nothing hangs (default 5s). Keep
+	// it under a plugin host's call deadline (10s).
 	Timeout time.Duration `yaml:"timeout"`
 	// TTL, if positive, expires pages that long after their last put,
 	// touch or hit; 0 keeps them until the server's maxmemory-policy

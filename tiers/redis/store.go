@@ -550,7 +550,8 @@ func firstErr(errs []error) error {
 	return nil
 }
 
-// Get reads and verifies the batch, pipeline_depth pages per round trip.
+// Get reads and verifies the batch, pipeline_depth pages per round trip,
+// all within the config's timeout: what has not arrived by then is a miss.
 func (s *Store) Get(ctx context.Context, batch []tiers.GetRequest, results []error) error {
 	if len(results) != len(batch) {
 		return fmt.Errorf("redis get: %d results for %d requests: %w", len(results), len(batch), tiers.ErrInvalid)
@@ -570,9 +571,13 @@ func (s *Store) Get(ctx context.Context, batch []tiers.GetRequest, results []err
 	}
 	depth := s.cfg.PipelineDepth
 	cmds := make([]*goredis.StringCmd, min(depth, len(batch)))
+	// NB: one deadline for the whole call, not per round trip: a call of
+	// many chunks against a silent node must still end within the timeout
+	// (a plugin host kills a plugin whose call runs past its deadline).
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
 	for start := 0; start < len(batch); start += depth {
 		end := min(start+depth, len(batch))
-		rctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 		pipe := s.client.Pipeline()
 		for i := start; i < end; i++ {
 			key := s.redisKey(batch[i].Key)
@@ -583,7 +588,6 @@ func (s *Store) Get(ctx context.Context, batch []tiers.GetRequest, results []err
 			}
 		}
 		_, _ = pipe.Exec(rctx) // per-command errors below
-		cancel()
 		for i := start; i < end; i++ {
 			results[i] = s.verifyInto(batch[i].Key, cmds[i-start], dsts[i])
 		}
