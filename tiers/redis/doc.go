@@ -26,6 +26,10 @@
 // followed by the cluster client, and the tier recovers by itself when the
 // node (or its promoted replica) answers again.
 //
+// Every miss, corrupt miss and failed put is counted in Stats and, when the
+// host passes a Registerer, in kvtier_redis_* Prometheus counters; failures
+// are logged at most once per interval.
+//
 // The store must never decide what the cache contains: the host decides, the
 // server's memory policy evicts, and the store only moves and verifies
 // bytes. It keeps no package-level state and never logs secrets: the

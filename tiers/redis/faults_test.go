@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/kvtier/kvtier/pagehash"
@@ -534,4 +535,44 @@ func TestClusterFaults(t *testing.T) {
 	})
 	fast.checkNoWrongBytes()
 	durable.checkNoWrongBytes()
+}
+
+// TestMetrics checks that the Prometheus counters follow the stats.
+func TestMetrics(t *testing.T) {
+	srv := redistest.StandaloneT(t, redistest.Options{})
+	cfg := baseConfig(redis.ModeStandalone, []string{srv.Addr()})
+	cfg.KeyPrefix = uniquePrefix(t)
+	g := geometry()
+	slab := tiertest.NewHeapSlab(2 * driverSlots * g.Kinds[0].PageBytes)
+	reg := prometheus.NewRegistry()
+	st, err := redis.Open(context.Background(), tiers.Env{
+		Logger: testLogger(t), Registerer: reg, Payload: g, Rank: 1, WorldSize: 2, Slab: slab,
+	}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	d := &driver{t: t, store: st, slab: slab, size: g.Kinds[0].PageBytes, rng: rand.New(rand.NewPCG(faultSeed, 5))}
+	keys := d.pages(4)
+	d.put(keys[:3], 5*time.Second)
+	d.get(keys)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			got[mf.GetName()] = m.GetCounter().GetValue()
+		}
+	}
+	want := map[string]float64{
+		"kvtier_redis_get_hits_total": 3, "kvtier_redis_get_misses_total": 1, "kvtier_redis_get_corrupt_total": 0,
+		"kvtier_redis_put_items_total": 3, "kvtier_redis_put_failed_total": 0,
+	}
+	for name, v := range want {
+		if got[name] != v {
+			t.Errorf("%s = %v, want %v (all: %v)", name, got[name], v, got)
+		}
+	}
 }

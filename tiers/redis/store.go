@@ -167,6 +167,11 @@ func Open(ctx context.Context, env tiers.Env, cfg Config) (*Store, error) {
 		// them from the other hosts too.
 		s.log.Info("redis store keeps pages across restarts: cold start clear leaves the server's pages in place")
 	}
+	if r := env.Registerer; r != nil {
+		if err := r.Register(newCollector(s, env.Rank)); err != nil {
+			s.log.Warn("redis store metrics not registered", "error", err)
+		}
+	}
 	s.done.Add(1 + putSenders)
 	go s.gatherLoop()
 	for range putSenders {
