@@ -57,7 +57,7 @@ func baseConfig(mode string, addrs []string) redis.Config {
 	c.Mode = mode
 	c.Addresses = addrs
 	c.Timeout = 2 * time.Second
-	c.ReplicaTimeout = 500 * time.Millisecond
+	c.ReplicaTimeout = time.Second
 	return c
 }
 
