@@ -520,11 +520,15 @@ func (s *Store) sendPerMaster(ctx context.Context, c *putChunk, errs []error) {
 			for !s.routesTo(ctx, c.keys[j], moved[j]) {
 				select {
 				case <-ctx.Done():
+					// NB: every retry item keeps its MOVED error: none
+					// was resent, so none may be acknowledged durable.
 					return
 				case <-time.After(10 * time.Millisecond):
 				}
 				s.cluster.ReloadState(ctx)
 			}
+		}
+		for _, j := range retry {
 			errs[j] = nil
 		}
 		idx = retry
