@@ -251,8 +251,9 @@ func TestMaxMemory(t *testing.T) {
 		{"noeviction", true, false},
 	} {
 		t.Run(tc.policy, func(t *testing.T) {
-			// About 40 pages of 12 KiB above an empty server's ~1 MiB.
-			srv := redistest.StandaloneT(t, redistest.Options{MaxMemoryBytes: 1<<20 + 40*13<<10, Policy: tc.policy})
+			// About 40-90 pages of 12 KiB above an empty server's 0.9-1.5
+			// MiB (clients' buffers count too), so 192 pages overfill it.
+			srv := redistest.StandaloneT(t, redistest.Options{MaxMemoryBytes: 3<<19 + 40*13<<10, Policy: tc.policy})
 			cfg := baseConfig(redis.ModeStandalone, []string{srv.Addr()})
 			cfg.KeyPrefix = uniquePrefix(t)
 			d := newDriver(t, cfg, faultSeed+1)
