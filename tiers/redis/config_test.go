@@ -154,6 +154,10 @@ func TestRegister(t *testing.T) {
 	if _, err := reg.Factory(context.Background(), tiers.Env{}, 42); err == nil || !strings.Contains(err.Error(), "redis") {
 		t.Fatalf("factory with a foreign config: %v", err)
 	}
+	// A failed open returns a nil interface, not a nil *Store inside one.
+	if st, err := reg.Factory(context.Background(), tiers.Env{}, nil); err == nil || st != nil {
+		t.Fatalf("factory that cannot open: %v, %v; want nil and an error", st, err)
+	}
 }
 
 // FuzzDecodeConfig: any bytes decode to a valid config or an error, never

@@ -23,7 +23,12 @@ func Register(r *tiers.Registry) error {
 			if err != nil {
 				return nil, fmt.Errorf("%w: %w", err, tiers.ErrInvalid)
 			}
-			return Open(ctx, env, c)
+			st, err := Open(ctx, env, c)
+			if err != nil {
+				// NB: a nil *Store in a tiers.Store would not be == nil.
+				return nil, err
+			}
+			return st, nil
 		},
 	})
 }

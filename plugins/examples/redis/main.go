@@ -49,7 +49,11 @@ func main() {
 			// NB: go-redis logs through a process-wide logger; this process
 			// serves one store, so it is this store's.
 			goredis.SetLogger(slogPrinter{env.Logger})
-			return redis.Open(ctx, env, cfg)
+			st, err := redis.Open(ctx, env, cfg)
+			if err != nil {
+				return nil, err // not a nil *redis.Store inside a tiers.Store
+			}
+			return st, nil
 		},
 	})
 }
