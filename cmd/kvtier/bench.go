@@ -20,6 +20,7 @@ func benches() map[string]benchCommand {
 		"group":   runBenchGroup,
 		"planner": runBenchPlanner,
 		"plugin":  runBenchPlugin,
+		"redis":   runBenchRedis,
 	}
 }
 

@@ -25,6 +25,7 @@ import (
 	"github.com/kvtier/kvtier/tiers/l2hugetlb"
 	"github.com/kvtier/kvtier/tiers/l3disk"
 	"github.com/kvtier/kvtier/tiers/memstore"
+	redistier "github.com/kvtier/kvtier/tiers/redis"
 )
 
 // Tiers returns a tier registry holding every built-in tier.
@@ -36,6 +37,7 @@ func Tiers() (*tiers.Registry, error) {
 		l1cuda.Register,
 		l2hugetlb.Register,
 		l3disk.Register,
+		redistier.Register,
 	} {
 		if err := register(r); err != nil {
 			return nil, fmt.Errorf("built-in tiers: %w", err)

@@ -38,7 +38,7 @@ func TestBuiltins(t *testing.T) {
 	}{
 		{"pools", tr.Pools.Names(tiers.PoolV1), []string{"cuda", "engine", "host"}},
 		{"slabs", tr.Slabs.Names(tiers.SlabV1), []string{"l2hugetlb"}},
-		{"stores", tr.Stores.Names(tiers.StoreV1), []string{"l3disk", "memstore"}},
+		{"stores", tr.Stores.Names(tiers.StoreV1), []string{"l3disk", "memstore", "redis"}},
 		{"indexes", ix.Names(indexes.IndexV1), []string{"badger", "lmdb"}},
 		{"policies", pr.Names(policy.EvictorV1), []string{"adaptive", "belady", "hindsight", "lru", "proven", "s3fifo", "sieve", "slru"}},
 		{"planners", pl.Names(policy.PlannerV1), planner.Names()},
