@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvtier/kvtier/internal/ratelog"
+
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 
@@ -68,7 +70,7 @@ type Store struct {
 	hits, misses, corrupt atomic.Int64
 	puts, putFailures     atomic.Int64
 	pages, bytes          atomic.Int64
-	lastLog               [logKinds]atomic.Int64
+	rl                    *ratelog.Log // failures logged at most once per logInterval per kind
 }
 
 // putJob is one accepted Put batch.
@@ -88,11 +90,10 @@ type putChunk struct {
 
 // log kinds rate-limited separately.
 const (
-	logPut = iota
-	logGet
-	logCorrupt
-	logProbe
-	logKinds
+	logPut     = "put"
+	logGet     = "get"
+	logCorrupt = "corrupt"
+	logProbe   = "probe"
 )
 
 var _ tiers.Store = (*Store)(nil)
@@ -131,6 +132,7 @@ func Open(ctx context.Context, env tiers.Env, cfg Config) (*Store, error) {
 		staging: newStagingPool((1 + putSenders) * cfg.PipelineDepth),
 		ready:   make(chan struct{}, 1),
 	}
+	s.rl = ratelog.New(s.log, logInterval)
 	maint := &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	switch cfg.Mode {
 	case ModeStandalone:
@@ -811,14 +813,7 @@ func (s *Store) refreshSlots() {
 }
 
 // logRate logs msg at warn level at most once per logInterval per kind.
-func (s *Store) logRate(kind int, msg string, args ...any) {
-	now := time.Now().UnixNano()
-	last := s.lastLog[kind].Load()
-	if now-last < int64(logInterval) || !s.lastLog[kind].CompareAndSwap(last, now) {
-		return
-	}
-	s.log.Warn(msg, args...)
-}
+func (s *Store) logRate(kind, msg string, args ...any) { s.rl.Warn(kind, msg, args...) }
 
 // stagingPool recycles value buffers and bounds how many are out: the
 // gatherer blocks when the sender has not yet written enough of them.
