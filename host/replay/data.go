@@ -54,6 +54,10 @@ type DataConfig struct {
 	Progress func(done int)
 	// Logger receives the tiers' lines (nil: discarded).
 	Logger *slog.Logger
+	// Stores, when set, runs after the stack opened and may replace its
+	// stores (tests put a fault-injecting store there); the returned
+	// function closes what it opened.
+	Stores func(ctx context.Context, s *stack.Stack) (func() error, error)
 }
 
 // DataBytes counts the bytes moved per path.
@@ -144,11 +148,10 @@ func LoadDataStack(yaml, dir string) (*config.Stack, stack.Registries, error) {
 // is read from L1 where the engine would read it and compared byte for
 // byte. The Machine decides everything; the Node carries it out; the
 // group is host.Solo (world size 1, through the frontier).
-func RunData(ctx context.Context, tr *Trace, cfg DataConfig) (DataResult, error) {
-	res := DataResult{Mode: "data", HitTokensByTier: map[string]int64{}, HitPagesByTier: map[string]int64{}}
+func RunData(ctx context.Context, tr *Trace, cfg DataConfig) (res DataResult, err error) {
+	res = DataResult{Mode: "data", HitTokensByTier: map[string]int64{}, HitPagesByTier: map[string]int64{}}
 	st := cfg.Stack
 	var regs stack.Registries
-	var err error
 	if cfg.Dir == "" {
 		return res, fmt.Errorf("replay --data: no directory for the stack")
 	}
@@ -181,6 +184,19 @@ func RunData(ctx context.Context, tr *Trace, cfg DataConfig) (DataResult, error)
 			err = fmt.Errorf("replay --data: %w", cerr)
 		}
 	}()
+	if cfg.Stores != nil {
+		closeStores, err := cfg.Stores(ctx, s)
+		if err != nil {
+			return res, fmt.Errorf("replay --data: stores: %w", err)
+		}
+		if closeStores != nil {
+			defer func() {
+				if cerr := closeStores(); cerr != nil && err == nil {
+					err = fmt.Errorf("replay --data: %w", cerr)
+				}
+			}()
+		}
+	}
 	base := DataTraceOptions()
 	if cfg.Machine != nil {
 		base = *cfg.Machine
