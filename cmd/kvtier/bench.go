@@ -19,6 +19,7 @@ func benches() map[string]benchCommand {
 		"l3":      runBenchL3,
 		"planner": runBenchPlanner,
 		"plugin":  runBenchPlugin,
+		"host":    runBenchHost,
 	}
 }
 
