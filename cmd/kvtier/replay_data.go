@@ -46,6 +46,9 @@ func runReplayData(ctx context.Context, fs *flag.FlagSet, df *dataFlags, positio
 			return fmt.Errorf("replay: --%s has no meaning with --data (the stack config sets the policy and the tier sizes): %w", f, errUsage)
 		}
 	}
+	if *df.requests < 0 {
+		return fmt.Errorf("replay: --requests %d: want 0 (all) or more: %w", *df.requests, errUsage)
+	}
 	cold := tiers.ColdStart(df.coldStart)
 	if cold != tiers.ColdStartClear && cold != tiers.ColdStartLoad {
 		return fmt.Errorf("replay: --cold-start %q: want clear or load: %w", df.coldStart, errUsage)
