@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -335,5 +336,63 @@ func TestNewRefusesBadInput(t *testing.T) {
 	}
 	if _, err := host.MachineOptions(s, control.DefaultOptions(), "nope"); err == nil {
 		t.Error("unknown store accepted by MachineOptions")
+	}
+}
+
+// TestNodeRun drives a Node owned by its own goroutine (Run) through a
+// channel: the same requests give the same hits and bytes as the
+// synchronous driver.
+func TestNodeRun(t *testing.T) {
+	dir := t.TempDir()
+	s := openStack(t, stackYAML(dir, memstoreEntry), dir)
+	d := newDriver(t, s, host.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	in := make(chan host.Input)
+	done := make(chan error, 1)
+	go func() { done <- d.n.Run(ctx, in) }()
+	call := func(x host.Input) host.Output {
+		reply := make(chan host.Output, 1)
+		x.Reply = reply
+		in <- x
+		out := <-reply
+		if out.Err != nil {
+			t.Fatal(out.Err)
+		}
+		return out
+	}
+	hits := 0
+	for i := range 12 {
+		k := key(i%6, 4)
+		req := control.ReqID(i + 1)
+		out := call(host.Input{Event: &control.Event{Kind: control.EvMatch, Req: req, Pages: 4, Hashes: k}, Settle: true, Tick: true})
+		released := func(rd control.Ready) bool {
+			return slices.ContainsFunc(rd.Unholds, func(u control.Unhold) bool { return u.Req == req })
+		}
+		for try := 0; out.Event.Matches[0].Held && !released(out.Tick); try++ {
+			if try == 100 {
+				t.Fatalf("request %d held for 100 ticks", req)
+			}
+			if released(call(host.Input{Settle: true, Tick: true}).Tick) {
+				break
+			}
+		}
+		call(host.Input{Event: &control.Event{Kind: control.EvInsert, Req: req, Pages: 4, Hashes: k}, Settle: true, Tick: true})
+		call(host.Input{Event: &control.Event{Kind: control.EvFinish, Req: req}})
+		call(host.Input{Event: &control.Event{Kind: control.EvRelease, Req: req}, Settle: true, Tick: true})
+		hits += out.Event.Matches[0].L1 + out.Event.Matches[0].L2
+	}
+	close(in)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if hits == 0 || d.n.Stats().L1ToL2 == 0 {
+		t.Fatalf("hits %d, stats %+v", hits, d.n.Stats())
+	}
+	// A cancelled context ends Run.
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	cancel2()
+	if err := d.n.Run(ctx2, make(chan host.Input)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("run after cancel: %v", err)
 	}
 }
