@@ -2,6 +2,7 @@ package replay
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -54,6 +55,20 @@ func memstoreYAML(capacity string) string {
 // badgerYAML is the built-in data stack with a Badger index.
 func badgerYAML() string {
 	return strings.Replace(dataYAML, `index: {use: lmdb, config: {dir: "{{DIR}}/index"}}`, `index: {use: badger, config: {dir: "{{DIR}}/index"}}`, 1)
+}
+
+// pluginYAML is the built-in data stack with L3 served by the l3disk
+// example plugin (its own Badger index) out of process.
+func pluginYAML(path, sum string) string {
+	i := strings.Index(dataYAML, "  - name: l3\n")
+	j := strings.Index(dataYAML, "policy:")
+	return dataYAML[:i] + fmt.Sprintf(`  - name: l3
+    role: store
+    plugin:
+      path: %s
+      sha256: %s
+      config: {disks: [{dir: "{{DIR}}/l3", budget: 256MiB}], index_dir: "{{DIR}}/index"}
+`, path, sum) + dataYAML[j:]
 }
 
 // TestDataWrongBytesZero: every hit, from every tier, has the right
@@ -152,15 +167,22 @@ func TestDataVsMetadata(t *testing.T) {
 // built it) where no store's own GC binds: every request hits the same
 // pages.
 func TestDataMetamorphic(t *testing.T) {
-	tr := generatedSeeded(t, 11, 400)
+	for _, tr := range []*Trace{generatedSeeded(t, 11, 400), headTrace(t, 150)} {
+		t.Run(tr.Name, func(t *testing.T) { metamorphic(t, tr) })
+	}
+}
+
+func metamorphic(t *testing.T, tr *Trace) {
 	stacks := []struct{ name, yaml string }{
 		{"memstore", memstoreYAML("4GiB")},
 		{"l3disk-lmdb", dataYAML},
 		{"l3disk-badger", badgerYAML()},
 	}
-	plugin := filepath.Join(moduleRoot(t), "bin", "plugins", "l3disk")
-	if _, err := os.Stat(plugin); err == nil {
-		t.Logf("l3disk plugin found at %s but its stack entry is not wired in this test yet", plugin)
+	plugin := filepath.Join(moduleRoot(t), "bin", "plugins", "kvtier-plugin-l3disk")
+	if bin, err := os.ReadFile(plugin); err == nil {
+		stacks = append(stacks, struct{ name, yaml string }{"l3disk-plugin", pluginYAML(plugin, fmt.Sprintf("%x", sha256.Sum256(bin)))})
+	} else {
+		t.Logf("no l3disk plugin at %s (make plugins builds it): its run is skipped", plugin)
 	}
 	var ref []int
 	for _, s := range stacks {
