@@ -53,7 +53,8 @@ func runBenchHost(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if fs.NArg() != 0 {
 		return fmt.Errorf("bench host: unexpected arguments %v: %w", fs.Args(), errUsage)
 	}
-	if err := roundsRange("rounds", int64(*rounds)).check(); err != nil {
+	if err := checkRanges(roundsRange("rounds", int64(*rounds)),
+		flagRange{Flag: "l3-pages", Value: int64(*l3Pages), Min: 1, Max: 1 << 16}); err != nil {
 		return fmt.Errorf("bench host: %w: %w", err, errUsage)
 	}
 	path := *tracePath
