@@ -17,6 +17,7 @@ import (
 	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/host/stack"
 	"github.com/kvtier/kvtier/pagehash"
+	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/workload"
@@ -72,7 +73,9 @@ type DataBytes struct {
 type DataResult struct {
 	// Mode is "data".
 	Mode string `json:"mode"`
-	// Policy is the stack's eviction policy.
+	// Policy is the stack's eviction policy (the tree's evictor; the
+	// Machine's L1 and L2 victims follow its own replicated orders, see
+	// docs/control.md).
 	Policy string `json:"policy"`
 	// Geometry says which page geometry and tier sizes ran.
 	Geometry string `json:"geometry"`
@@ -205,6 +208,9 @@ func RunData(ctx context.Context, tr *Trace, cfg DataConfig) (res DataResult, er
 	if err != nil {
 		return res, fmt.Errorf("replay --data: %w", err)
 	}
+	if mo.NewEvictor, err = configEvictor(st); err != nil {
+		return res, fmt.Errorf("replay --data: %w", err)
+	}
 	m, err := control.New(mo)
 	if err != nil {
 		return res, fmt.Errorf("replay --data: %w", err)
@@ -281,6 +287,24 @@ func RunData(ctx context.Context, tr *Trace, cfg DataConfig) (res DataResult, er
 	res.Ticks = ns.Ticks
 	res.VerifiedPages, res.WrongBytes = eng.VerifiedPages, eng.WrongBytes
 	return res, nil
+}
+
+// configEvictor returns a builder of the stack's eviction policy for the
+// Machine's tree (online policies only: the Machine has no future).
+func configEvictor(st *config.Stack) (func() (policy.Evictor, error), error) {
+	reg, err := builtin.Policies()
+	if err != nil {
+		return nil, err
+	}
+	r, err := reg.Lookup(policy.EvictorV1, st.Policy.Evictor)
+	if err != nil {
+		return nil, fmt.Errorf("policy %q: %w", st.Policy.Evictor, err)
+	}
+	build := func() (policy.Evictor, error) { return r.Factory(policy.Options{Params: st.Policy.Params}) }
+	if _, err := build(); err != nil {
+		return nil, fmt.Errorf("policy %q (data mode runs online policies only): %w", st.Policy.Evictor, err)
+	}
+	return build, nil
 }
 
 func geometry(st *config.Stack, s *stack.Stack, mo control.Options, store string) string {
