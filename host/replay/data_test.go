@@ -210,3 +210,23 @@ func metamorphic(t *testing.T, tr *Trace) {
 		}
 	}
 }
+
+// TestDataWritePolicies: every write policy keeps every hit's bytes
+// right (write_back backs a node up only when L1 evicts it; selective on
+// its second hit).
+func TestDataWritePolicies(t *testing.T) {
+	tr := headTrace(t, 250)
+	for _, wp := range []string{"write_through", "write_through_selective", "write_back"} {
+		t.Run(wp, func(t *testing.T) {
+			yaml := strings.Replace(dataYAML, "write_policy: write_through", "write_policy: "+wp, 1)
+			res, err := RunData(context.Background(), tr, DataConfig{Dir: t.TempDir(), YAML: yaml})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s: hit rate %.4f by tier %v, verified %d, bytes %+v, skips %v", wp, res.HitRate, res.HitPagesByTier, res.VerifiedPages, res.Bytes, res.Skips)
+			if res.WrongBytes != 0 || res.VerifiedPages == 0 {
+				t.Fatalf("%s: wrong bytes %d, verified %d", wp, res.WrongBytes, res.VerifiedPages)
+			}
+		})
+	}
+}
