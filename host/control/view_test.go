@@ -8,7 +8,7 @@ import (
 
 // TestMatchedL1 pins the driver's view: nothing for an unknown request;
 // after an insert, the request's pages in page order with the L1 pages of
-// its placement; a load-back in flight ends the view.
+// its placement; the view leaves the digest alone.
 func TestMatchedL1(t *testing.T) {
 	m, err := New(DefaultOptions())
 	if err != nil {
