@@ -21,6 +21,7 @@ func benches() map[string]benchCommand {
 		"planner": runBenchPlanner,
 		"plugin":  runBenchPlugin,
 		"redis":   runBenchRedis,
+		"host":    runBenchHost,
 	}
 }
 

@@ -54,6 +54,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	points := countFlag(fs, "sweep-points", 12, "with --sweep: `number` of capacities (at least 2)")
 	plotPrefix := fs.String("plot", defaultPlotPrefix, "with --sweep: write the plot to PREFIX.png and PREFIX.svg (PREFIX's directory must exist; the default's plots/ is created)")
 	parallel := countFlag(fs, "parallel", 0, "`number` of replays run at once, one tree replica each, at least 1 (default: GOMAXPROCS)")
+	df := addDataFlags(fs)
 
 	// Flags may come before or after TRACE.
 	var positional []string
@@ -72,6 +73,9 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	if len(positional) > 1 {
 		return fmt.Errorf("replay: want at most one TRACE, got %q: %w", positional, errUsage)
+	}
+	if df.data {
+		return runReplayData(ctx, fs, df, positional, *configPath, *asJSON, stdout, stderr)
 	}
 	if *capacity != "" && *sweep {
 		return fmt.Errorf("replay: --capacity and --sweep exclude each other: %w", errUsage)

@@ -110,6 +110,10 @@ func (t *Trace) UniqueBlocks() int { return t.unique }
 func (t *Trace) InputTokens() int64 { return t.total }
 
 // request returns request i's keys and input length.
+// Request returns request i's page keys, input tokens and output tokens;
+// the keys are the trace's own slice and must not be modified.
+func (t *Trace) Request(i int) ([]pagehash.Hash, int, int) { return t.request(i) }
+
 func (t *Trace) request(i int) ([]pagehash.Hash, int, int) {
 	return t.keys[t.offs[i]:t.offs[i+1]], t.input[i], t.offs[i]
 }

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+)
+
+// TestReplayData runs `kvtier replay --data` on a small trace: JSON with
+// every documented key and zero wrong bytes, and the table per tier.
+func TestReplayData(t *testing.T) {
+	dir := t.TempDir()
+	trace := writeTrace(t, dir)
+	out, _, err := runCLI(t, "replay", trace, "--data", "--json", "--data-dir", dir+"/stack")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	for _, k := range []string{"mode", "policy", "geometry", "requests", "input_tokens", "hit_tokens", "hit_rate", "hit_tokens_by_tier", "verified_pages", "wrong_bytes", "skips", "bytes", "seconds"} {
+		if _, ok := got[k]; !ok {
+			t.Errorf("no %q in %s", k, out)
+		}
+	}
+	if got["mode"] != "data" || got["wrong_bytes"] != 0.0 || got["requests"] != 36.0 || got["hit_tokens"] == 0.0 {
+		t.Errorf("result %s", out)
+	}
+	by := got["bytes"].(map[string]any)
+	for _, k := range []string{"l1_to_l2", "l2_to_l3", "l3_to_l2", "l2_to_l1"} {
+		if _, ok := by[k]; !ok {
+			t.Errorf("bytes has no %q: %s", k, out)
+		}
+	}
+	out, _, err = runCLI(t, "replay", trace, "--data", "--requests", "10")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"10 of 36 requests", "geometry: kv 16KiB pages", "l1", "l3", "wrong bytes 0"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestReplayDataRefusesFlags(t *testing.T) {
+	dir := t.TempDir()
+	trace := writeTrace(t, dir)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--policy", "lru"}, "--policy has no meaning with --data"},
+		{[]string{"--capacity", "3M"}, "--capacity has no meaning with --data"},
+		{[]string{"--cold-start", "warm"}, `--cold-start "warm"`},
+		{[]string{"--requests", "-1"}, "requests"},
+	} {
+		_, _, err := runCLI(t, append([]string{"replay", trace, "--data"}, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) || !errors.Is(err, errUsage) {
+			t.Errorf("%v: %v, want a usage error containing %q", c.args, err, c.want)
+		}
+	}
+}

@@ -1,0 +1,611 @@
+// Package host runs a rank's control Machine against an opened tier stack:
+// the Node owns one host/control Machine, carries out what the Machine
+// asks (L1↔L2 copies through the Pool, spills, lookups, reloads, deletes
+// and touches through the Store below the slab), feeds every completion
+// back as a local fact (Done, Longest) and ticks the Machine through a
+// Group when its driver says so. The driver is `kvtier replay --data`
+// today and the engine API later.
+//
+// The Node decides nothing: every decision is the Machine's. It must never
+// let a tier error escape as a hang or a panic — a failed copy, put, get
+// or lookup is a failed op (the Machine rolls back, misses, recomputes).
+package host
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/kvtier/kvtier/host/control"
+	"github.com/kvtier/kvtier/host/placement"
+	"github.com/kvtier/kvtier/host/stack"
+	"github.com/kvtier/kvtier/pagehash"
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// Group turns this rank's contribution at a tick into the group's
+// frontier. host/consensus implements it for a real rank group; Solo is
+// the group of one.
+type Group interface {
+	// Exchange offers c (for tick) and returns the reduced frontier.
+	Exchange(ctx context.Context, tick uint64, c control.Contribution) (control.Frontier, error)
+}
+
+// Solo is the group of world size 1: the frontier is control.Reduce over
+// the rank's own contribution, the same mechanism a larger group uses.
+type Solo struct{}
+
+// Exchange reduces the one contribution.
+func (Solo) Exchange(_ context.Context, tick uint64, c control.Contribution) (control.Frontier, error) {
+	if c.Tick != tick {
+		return control.Frontier{}, fmt.Errorf("solo group: contribution for tick %d at tick %d: %w", c.Tick, tick, control.ErrFrontier)
+	}
+	return control.Reduce(c)
+}
+
+// Engine is the engine side of a Node: it writes the KV of newly placed
+// L1 pages before the Node backs them up. Place is called synchronously,
+// before any copy of the same Ready is issued.
+type Engine interface {
+	Place(p control.Placement, hashes []pagehash.Hash) error
+}
+
+// Options configure a Node.
+type Options struct {
+	// Group is the rank group (nil: Solo).
+	Group Group
+	// Engine writes placed pages (nil: nothing is written).
+	Engine Engine
+	// Store names the store tier the Machine's L3 is (empty: the first
+	// store of the stack; none: no L3).
+	Store string
+	// Logger receives the Node's lines (nil: discarded).
+	Logger *slog.Logger
+	// SettleTimeout bounds how long Settle waits for acks before it fails
+	// the ops still outstanding (0: 30 s). A tier that never answers is a
+	// failed op, never a hang.
+	SettleTimeout time.Duration
+}
+
+// Stats counts what a Node moved and decided.
+type Stats struct {
+	// Bytes by path: L1→L2 backups, L2→L3 spills, L3→L2 reloads, L2→L1
+	// load-backs (successful items only).
+	L1ToL2, L2ToL3, L3ToL2, L2ToL1 int64
+	// Skips by reason name (control.SkipReason.String()).
+	Skips map[string]int64
+	// FailedOps counts ops this rank reported failed, by kind ("copy",
+	// "put", "get", "lookup", "timeout").
+	FailedOps map[string]int64
+	// Ticks is the number of ticks.
+	Ticks uint64
+}
+
+// MachineOptions fills the stack-shaped fields of base from an opened
+// stack: the L1 size from the pool, the L2 layout planned over the slab
+// files, L3 on when a store sits below the slab, write policy and planner
+// from the config. base supplies the rest (queues, TTLs, logging).
+func MachineOptions(s *stack.Stack, base control.Options, storeName string) (control.Options, error) {
+	if s == nil || s.Slab == nil {
+		return base, fmt.Errorf("host: no stack or no slab")
+	}
+	if s.Pool == nil {
+		return base, fmt.Errorf("host: the stack has no L1 pool (role: pool)")
+	}
+	o := base
+	o.L1Pages = int64(s.Pool.Geometry().Pages)
+	lay, err := placement.PlanLayout(s.Slab.Geometry().Slabs, s.Config.Payload, 0)
+	if err != nil {
+		return base, fmt.Errorf("host: plan the L2 layout: %w", err)
+	}
+	o.L2 = lay
+	_, err = pickStore(s, storeName)
+	if err != nil {
+		return base, err
+	}
+	o.L3 = len(s.Stores) > 0
+	if wp := string(s.Config.WritePolicy); wp != "" {
+		if o.WritePolicy, err = control.ParseWritePolicy(wp); err != nil {
+			return base, fmt.Errorf("host: %w", err)
+		}
+	}
+	if pl := string(s.Config.Policy.Planner); pl != "" {
+		o.Planner = pl
+	}
+	return o, nil
+}
+
+func pickStore(s *stack.Stack, name string) (tiers.Store, error) {
+	if name == "" {
+		if len(s.Stores) == 0 {
+			return nil, nil
+		}
+		return s.Stores[0].Store, nil
+	}
+	for _, st := range s.Stores {
+		if st.Name == name {
+			return st.Store, nil
+		}
+	}
+	return nil, fmt.Errorf("host: no store tier named %q in the stack", name)
+}
+
+// batch is one Pool copy batch or Store put batch in flight for one op.
+type batch struct {
+	op    control.OpID
+	kind  string // "copy" or "put"
+	dir   control.Direction
+	bytes []int64 // per item
+	// state per item: 0 pending, 1 gathered, 2 terminal.
+	state    []uint8
+	gathered int
+	terminal int
+	failed   bool
+	gFailed  bool
+	okBytes  int64
+}
+
+// Node owns one Machine and runs it against a stack. It is not safe for
+// concurrent use: the one goroutine that calls it owns the Machine.
+type Node struct {
+	m      *control.Machine
+	s      *stack.Stack
+	store  tiers.Store
+	group  Group
+	engine Engine
+	log    *slog.Logger
+	opts   Options
+	layout placement.Layout
+	kinds  int
+
+	pool map[tiers.BatchID]*batch
+	puts map[tiers.BatchID]*batch
+	acks []tiers.Ack
+
+	stats Stats
+	out   control.Ready // the last Ready handed to the driver
+}
+
+// New returns a Node over an opened stack and a Machine built from
+// MachineOptions (the caller builds it, so tests can shape it).
+func New(s *stack.Stack, m *control.Machine, opts Options) (*Node, error) {
+	if s == nil || m == nil {
+		return nil, fmt.Errorf("host: New needs a stack and a machine")
+	}
+	if s.Pool == nil {
+		return nil, fmt.Errorf("host: the stack has no L1 pool")
+	}
+	st, err := pickStore(s, opts.Store)
+	if err != nil {
+		return nil, err
+	}
+	if m.Options().L3 && st == nil {
+		return nil, fmt.Errorf("host: the machine runs L3 but the stack has no store")
+	}
+	if opts.Group == nil {
+		opts.Group = Solo{}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.SettleTimeout <= 0 {
+		opts.SettleTimeout = 30 * time.Second
+	}
+	lay := m.Options().L2
+	if len(lay.Kinds) != len(s.Config.Payload.Kinds) {
+		return nil, fmt.Errorf("host: the machine's L2 layout has %d kinds, the stack's payload %d", len(lay.Kinds), len(s.Config.Payload.Kinds))
+	}
+	return &Node{
+		m: m, s: s, store: st, group: opts.Group, engine: opts.Engine, log: opts.Logger, opts: opts,
+		layout: lay, kinds: len(lay.Kinds),
+		pool: map[tiers.BatchID]*batch{}, puts: map[tiers.BatchID]*batch{},
+		stats: Stats{Skips: map[string]int64{}, FailedOps: map[string]int64{}},
+	}, nil
+}
+
+// Machine returns the Node's Machine (for read-only views: MatchedL1,
+// Stats, Digest).
+func (n *Node) Machine() *control.Machine { return n.m }
+
+// Stats returns a copy of the counters.
+func (n *Node) Stats() Stats {
+	s := n.stats
+	s.Skips = clone(s.Skips)
+	s.FailedOps = clone(s.FailedOps)
+	return s
+}
+
+func clone(m map[string]int64) map[string]int64 {
+	c := make(map[string]int64, len(m))
+	for k, v := range m {
+		c[k] = v
+	}
+	return c
+}
+
+// Outstanding reports how many Pool and Store batches are in flight.
+func (n *Node) Outstanding() int { return len(n.pool) + len(n.puts) }
+
+// Apply hands one replicated engine event to the Machine and carries out
+// what it asks; the returned Ready holds the Machine's answers (matches,
+// placements, holds) for the driver. A refused event is the Machine's
+// *control.EventError and changes nothing.
+func (n *Node) Apply(ctx context.Context, e control.Event) (control.Ready, error) {
+	if err := n.m.Apply(e); err != nil {
+		return control.Ready{}, err
+	}
+	return n.run(ctx, e)
+}
+
+// run consumes the Machine's Ready: placements to the engine first (the
+// backups of the same Ready read what it wrote), then copies, store ops.
+func (n *Node) run(ctx context.Context, e control.Event) (control.Ready, error) {
+	rd := n.m.Ready()
+	n.m.Advance()
+	for _, sk := range rd.Skips {
+		n.stats.Skips[sk.Reason.String()]++
+	}
+	if n.engine != nil {
+		for _, p := range rd.Placements {
+			var hs []pagehash.Hash
+			if p.Req == e.Req && (e.Kind == control.EvInsert || e.Kind == control.EvExtend) {
+				pages := 0
+				for _, r := range p.L1 {
+					pages += int(r.Pages)
+				}
+				if pages <= len(e.Hashes) {
+					hs = e.Hashes[len(e.Hashes)-pages:]
+				}
+			}
+			if err := n.engine.Place(p, hs); err != nil {
+				return rd, fmt.Errorf("host: engine place req %d node %d: %w", p.Req, p.Node, err)
+			}
+		}
+	}
+	if err := n.copies(ctx, rd.Copies); err != nil {
+		return rd, err
+	}
+	for _, p := range rd.Puts {
+		n.put(ctx, p)
+	}
+	for _, l := range rd.Lookups {
+		n.lookup(ctx, l)
+	}
+	for _, g := range rd.Gets {
+		n.get(ctx, g)
+	}
+	for _, d := range rd.Deletes {
+		if n.store != nil {
+			if err := n.store.Delete(ctx, n.keys(d.Hashes)); err != nil {
+				n.log.Warn("kvtier host: delete after a failed spill", "op", uint64(d.Op), "err", err)
+			}
+		}
+	}
+	for _, t := range rd.Touches {
+		if n.store != nil {
+			if err := n.store.Touch(ctx, n.keys(t.Hashes)); err != nil {
+				n.log.Debug("kvtier host: touch", "err", err)
+			}
+		}
+	}
+	n.out = rd
+	return rd, nil
+}
+
+func (n *Node) keys(hs []pagehash.Hash) []tiers.Key {
+	ks := make([]tiers.Key, 0, len(hs)*n.kinds)
+	for k := range n.kinds {
+		for _, h := range hs {
+			ks = append(ks, tiers.Key{Hash: h, Kind: tiers.PayloadKind(k)})
+		}
+	}
+	return ks
+}
+
+// copies issues one Pool batch per op and direction.
+func (n *Node) copies(ctx context.Context, cs []control.Copy) error {
+	for i := 0; i < len(cs); {
+		j := i
+		var items []tiers.PoolCopy
+		var sizes []int64
+		for ; j < len(cs) && cs[j].Op == cs[i].Op; j++ {
+			var err error
+			if items, sizes, err = n.copyItems(cs[j], items, sizes); err != nil {
+				// A Copy the layout cannot express is a bug upstream:
+				// fail the op rather than hang on it.
+				n.log.Error("kvtier host: bad copy", "op", uint64(cs[j].Op), "err", err)
+				items = nil
+				break
+			}
+		}
+		op, dir := cs[i].Op, cs[i].Dir
+		for ; j < len(cs) && cs[j].Op == op; j++ {
+		}
+		i = j
+		if items == nil {
+			n.fail(op, "copy", control.StageCopied)
+			continue
+		}
+		var id tiers.BatchID
+		var err error
+		if dir == control.ToL2 {
+			id, err = n.s.Pool.CopyToSlab(ctx, items)
+		} else {
+			id, err = n.s.Pool.CopyFromSlab(ctx, items)
+		}
+		if err != nil || id == 0 {
+			if err != nil {
+				n.log.Warn("kvtier host: pool copy refused", "op", uint64(op), "dir", dir.String(), "err", err)
+			}
+			n.done(op, control.StageCopied, err == nil)
+			continue
+		}
+		n.pool[id] = &batch{op: op, kind: "copy", dir: dir, bytes: sizes, state: make([]uint8, len(items))}
+	}
+	return nil
+}
+
+// copyItems turns one Copy into pool items: page i of the node's L1
+// ranges moves to or from page i of each kind's L2 ranges.
+func (n *Node) copyItems(c control.Copy, items []tiers.PoolCopy, sizes []int64) ([]tiers.PoolCopy, []int64, error) {
+	var l1 []int64
+	for _, r := range c.L1 {
+		for p := r.Start; p < r.Start+r.Pages; p++ {
+			l1 = append(l1, p)
+		}
+	}
+	for k := range n.kinds {
+		pb := n.layout.Kinds[k].PageBytes
+		i := 0
+		for _, r := range c.L2 {
+			if int(r.Kind) != k {
+				continue
+			}
+			sp, err := n.layout.Span(tiers.PayloadKind(k), r)
+			if err != nil {
+				return nil, nil, err
+			}
+			for off := int64(0); off < sp.Length; off += pb {
+				if i >= len(l1) {
+					return nil, nil, fmt.Errorf("node %d kind %d: more L2 pages than the %d L1 pages", c.Node, k, len(l1))
+				}
+				items = append(items, tiers.PoolCopy{Page: int(l1[i]), Kind: tiers.PayloadKind(k), Span: tiers.Span{Slab: sp.Slab, Offset: sp.Offset + off, Length: pb}})
+				sizes = append(sizes, pb)
+				i++
+			}
+		}
+		if i != len(l1) {
+			return nil, nil, fmt.Errorf("node %d kind %d: %d L2 pages for %d L1 pages", c.Node, k, i, len(l1))
+		}
+	}
+	return items, sizes, nil
+}
+
+func (n *Node) put(ctx context.Context, p control.Put) {
+	if n.store == nil || len(p.Spans) != len(p.Hashes)*n.kinds {
+		n.fail(p.Op, "put", control.StageGathered, control.StageDurable)
+		return
+	}
+	reqs := make([]tiers.PutRequest, len(p.Spans))
+	sizes := make([]int64, len(p.Spans))
+	for i, sp := range p.Spans {
+		reqs[i] = tiers.PutRequest{Key: tiers.Key{Hash: p.Hashes[i%len(p.Hashes)], Kind: tiers.PayloadKind(i / len(p.Hashes))}, Src: sp}
+		sizes[i] = sp.Length
+	}
+	id, err := n.store.Put(ctx, reqs)
+	if err != nil || id == 0 {
+		n.log.Warn("kvtier host: put refused", "op", uint64(p.Op), "err", err)
+		n.fail(p.Op, "put", control.StageGathered, control.StageDurable)
+		return
+	}
+	n.puts[id] = &batch{op: p.Op, kind: "put", bytes: sizes, state: make([]uint8, len(reqs))}
+}
+
+func (n *Node) lookup(ctx context.Context, l control.Lookup) {
+	c := 0
+	if n.store != nil && len(l.Hashes) > 0 {
+		c = len(l.Hashes)
+		for k := range n.kinds {
+			got, err := n.store.LongestPrefix(ctx, tiers.PayloadKind(k), l.Hashes)
+			if err != nil {
+				n.stats.FailedOps["lookup"]++
+				n.log.Warn("kvtier host: lookup", "op", uint64(l.Op), "err", err)
+				got = 0
+			}
+			c = min(c, max(0, got))
+		}
+	}
+	if err := n.m.Longest(l.Op, c); err != nil {
+		n.log.Error("kvtier host: longest", "op", uint64(l.Op), "err", err)
+	}
+}
+
+func (n *Node) get(ctx context.Context, g control.Get) {
+	ok := n.store != nil && len(g.Spans) == len(g.Hashes)*n.kinds
+	if ok {
+		reqs := make([]tiers.GetRequest, len(g.Spans))
+		for i, sp := range g.Spans {
+			reqs[i] = tiers.GetRequest{Key: tiers.Key{Hash: g.Hashes[i%len(g.Hashes)], Kind: tiers.PayloadKind(i / len(g.Hashes))}, Dst: sp}
+		}
+		res := make([]error, len(reqs))
+		err := n.store.Get(ctx, reqs, res)
+		if err != nil {
+			ok = false
+			n.log.Warn("kvtier host: get", "op", uint64(g.Op), "err", err)
+		}
+		var b int64
+		for i, e := range res {
+			if e != nil {
+				ok = false
+			} else {
+				b += g.Spans[i].Length
+			}
+		}
+		if ok {
+			n.stats.L3ToL2 += b
+		}
+	}
+	if !ok {
+		n.stats.FailedOps["get"]++
+	}
+	n.done(g.Op, control.StageLoaded, ok)
+}
+
+func (n *Node) fail(op control.OpID, kind string, stages ...control.Stage) {
+	n.stats.FailedOps[kind]++
+	for _, st := range stages {
+		n.done(op, st, false)
+	}
+}
+
+func (n *Node) done(op control.OpID, st control.Stage, ok bool) {
+	if err := n.m.Done(op, st, ok); err != nil {
+		n.log.Error("kvtier host: done", "op", uint64(op), "stage", st.String(), "err", err)
+	}
+}
+
+// Drain feeds every queued Pool and Store ack to the Machine without
+// blocking.
+func (n *Node) Drain() {
+	n.acks = n.s.Pool.DrainAcks(n.acks[:0])
+	for _, a := range n.acks {
+		b := n.pool[a.Batch]
+		if b == nil || a.Index < 0 || a.Index >= len(b.state) || b.state[a.Index] == 2 {
+			continue
+		}
+		b.state[a.Index] = 2
+		b.terminal++
+		if a.Stage == tiers.AckCopied {
+			b.okBytes += b.bytes[a.Index]
+		} else {
+			b.failed = true
+		}
+		if b.terminal == len(b.state) {
+			delete(n.pool, a.Batch)
+			if b.failed {
+				n.stats.FailedOps["copy"]++
+			} else if b.dir == control.ToL2 {
+				n.stats.L1ToL2 += b.okBytes
+			} else {
+				n.stats.L2ToL1 += b.okBytes
+			}
+			n.done(b.op, control.StageCopied, !b.failed)
+		}
+	}
+	if n.store == nil {
+		return
+	}
+	n.acks = n.store.DrainAcks(n.acks[:0])
+	for _, a := range n.acks {
+		b := n.puts[a.Batch]
+		if b == nil || a.Index < 0 || a.Index >= len(b.state) || b.state[a.Index] == 2 {
+			continue
+		}
+		n.putAck(a, b)
+	}
+}
+
+func (n *Node) putAck(a tiers.Ack, b *batch) {
+	first := b.state[a.Index] == 0
+	switch a.Stage {
+	case tiers.AckGathered:
+		if !first {
+			return
+		}
+		b.state[a.Index] = 1
+		b.gathered++
+	case tiers.AckDurable, tiers.AckFailed:
+		if first {
+			b.gathered++
+			if a.Stage == tiers.AckFailed {
+				b.gFailed = true
+			}
+		}
+		b.state[a.Index] = 2
+		b.terminal++
+		if a.Stage == tiers.AckFailed {
+			b.failed = true
+		} else {
+			b.okBytes += b.bytes[a.Index]
+		}
+	default:
+		return
+	}
+	if first && b.gathered == len(b.state) {
+		n.done(b.op, control.StageGathered, !b.gFailed)
+	}
+	if b.terminal == len(b.state) {
+		delete(n.puts, a.Batch)
+		if b.failed {
+			n.stats.FailedOps["put"]++
+		} else {
+			n.stats.L2ToL3 += b.okBytes
+		}
+		n.done(b.op, control.StageDurable, !b.failed)
+	}
+}
+
+// Settle drains acks until no batch is in flight, waiting on the tiers'
+// AckReady. Batches still outstanding after SettleTimeout are failed (the
+// ops roll back or miss) and forgotten; their late acks are ignored.
+func (n *Node) Settle(ctx context.Context) error {
+	deadline := time.NewTimer(n.opts.SettleTimeout)
+	defer deadline.Stop()
+	var storeReady <-chan struct{}
+	if n.store != nil {
+		storeReady = n.store.AckReady()
+	}
+	for {
+		n.Drain()
+		if n.Outstanding() == 0 {
+			return nil
+		}
+		select {
+		case <-n.s.Pool.AckReady():
+		case <-storeReady:
+		case <-ctx.Done():
+			n.abandon("canceled")
+			return ctx.Err()
+		case <-deadline.C:
+			n.abandon("timeout")
+			return nil
+		}
+	}
+}
+
+// abandon fails every outstanding batch's op.
+func (n *Node) abandon(why string) {
+	for id, b := range n.pool {
+		n.log.Warn("kvtier host: pool batch abandoned", "op", uint64(b.op), "why", why)
+		delete(n.pool, id)
+		n.stats.FailedOps["timeout"]++
+		n.done(b.op, control.StageCopied, false)
+	}
+	for id, b := range n.puts {
+		n.log.Warn("kvtier host: put batch abandoned", "op", uint64(b.op), "why", why)
+		delete(n.puts, id)
+		n.stats.FailedOps["timeout"]++
+		if b.gathered < len(b.state) {
+			n.done(b.op, control.StageGathered, false)
+		}
+		n.done(b.op, control.StageDurable, false)
+	}
+}
+
+// Tick drains the acks, exchanges the contribution with the group, ticks
+// the Machine with the frontier and carries out what the tick asks. The
+// returned Ready holds the tick's answers (unholds, skips).
+func (n *Node) Tick(ctx context.Context) (control.Ready, error) {
+	n.Drain()
+	c := n.m.Contribution()
+	f, err := n.group.Exchange(ctx, n.m.Ticks(), c)
+	if err != nil {
+		return control.Ready{}, fmt.Errorf("host: exchange at tick %d: %w", n.m.Ticks(), err)
+	}
+	if err := n.m.Tick(f); err != nil {
+		return control.Ready{}, fmt.Errorf("host: tick %d: %w", n.m.Ticks(), err)
+	}
+	n.stats.Ticks++
+	return n.run(ctx, control.Event{})
+}

@@ -1,0 +1,398 @@
+package host_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvtier/kvtier/host"
+	"github.com/kvtier/kvtier/host/builtin"
+	"github.com/kvtier/kvtier/host/config"
+	"github.com/kvtier/kvtier/host/control"
+	"github.com/kvtier/kvtier/host/stack"
+	"github.com/kvtier/kvtier/pagehash"
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// stackYAML is a small stack: a host L1 pool of 8 pages, a 1 MiB shm slab
+// (64 pages of 16 KiB) and the given store entry, under dir.
+func stackYAML(dir, store string) string {
+	return fmt.Sprintf(`version: 1
+model:
+  page_tokens: 16
+  payloads:
+    - {name: kv, page_bytes: 16KiB}
+tiers:
+  - name: l1
+    role: pool
+    use: host
+    config: {pages: 8, layers: 4, workers: 1}
+  - name: l2
+    role: slab
+    use: l2hugetlb
+    config: {size: 1MiB, fallback: shm, mount: %[1]s/no-hugetlbfs, shm_dir: %[1]s/shm, name: nodetest}
+%[2]s`, dir, store)
+}
+
+const memstoreEntry = `  - name: mem
+    role: store
+    use: memstore
+    config: {capacity: 64MiB}
+`
+
+func l3diskEntry(dir string) string {
+	return fmt.Sprintf(`  - name: l3
+    role: store
+    use: l3disk
+    index: {use: lmdb, config: {dir: %[1]s/index}}
+    config:
+      disks: [{dir: %[1]s/l3, budget: 64MiB}]
+`, dir)
+}
+
+func openStack(t *testing.T, yaml, dir string) *stack.Stack {
+	t.Helper()
+	for _, d := range []string{"shm", "l3", "index"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tr, err := builtin.Tiers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix, err := builtin.Indexes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr, err := builtin.Policies()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := config.Load([]byte(yaml), "node.yaml", config.Modules{Tiers: tr, Indexes: ix, Policies: pr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := stack.Open(context.Background(), st, stack.Registries{Tiers: tr, Indexes: ix}, stack.Options{StackID: "nodetest", ColdStart: tiers.ColdStartClear})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return s
+}
+
+// key returns n page hashes of conversation c.
+func key(c, n int) []pagehash.Hash {
+	hs := make([]pagehash.Hash, n)
+	for i := range hs {
+		binary.LittleEndian.PutUint64(hs[i][0:8], uint64(c)<<20|uint64(i))
+		hs[i][31] = 0x5a
+	}
+	return hs
+}
+
+type driver struct {
+	t   *testing.T
+	ctx context.Context
+	n   *host.Node
+	eng *host.SimEngine
+}
+
+func newDriver(t *testing.T, s *stack.Stack, opts host.Options) *driver {
+	t.Helper()
+	base := control.DefaultOptions()
+	base.DigestEvery = 0
+	base.Logger = slog.New(slog.DiscardHandler)
+	mo, err := host.MachineOptions(s, base, opts.Store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := control.New(mo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := host.NewSimEngine(s.Pool, s.Config.Payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Engine = eng
+	n, err := host.New(s, m, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &driver{t: t, ctx: context.Background(), n: n, eng: eng}
+}
+
+func (d *driver) apply(e control.Event) control.Ready {
+	d.t.Helper()
+	rd, err := d.n.Apply(d.ctx, e)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return rd
+}
+
+func (d *driver) tick() control.Ready {
+	d.t.Helper()
+	if err := d.n.Settle(d.ctx); err != nil {
+		d.t.Fatal(err)
+	}
+	rd, err := d.n.Tick(d.ctx)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return rd
+}
+
+// request runs one request and returns the pages it read from L1 with the
+// right bytes.
+func (d *driver) request(req control.ReqID, k []pagehash.Hash) int {
+	d.t.Helper()
+	rd := d.apply(control.Event{Kind: control.EvMatch, Req: req, Pages: len(k), Hashes: k})
+	res := rd.Matches[len(rd.Matches)-1]
+	if res.Held {
+		var reason control.HoldReason
+		for i := 0; reason == 0 && i < 100; i++ {
+			for _, u := range d.tick().Unholds {
+				if u.Req == req {
+					reason = u.Reason
+				}
+			}
+		}
+		if reason == 0 {
+			d.t.Fatalf("request %d held for 100 ticks", req)
+		}
+		if reason == control.Loaded {
+			d.apply(control.Event{Kind: control.EvMatch, Req: req, Pages: len(k), Hashes: k})
+		}
+	}
+	d.tick()
+	good, err := d.eng.Verify(d.n.Machine().MatchedL1(req, nil))
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	d.apply(control.Event{Kind: control.EvInsert, Req: req, Pages: len(k), Hashes: k})
+	d.tick()
+	d.apply(control.Event{Kind: control.EvFinish, Req: req})
+	d.apply(control.Event{Kind: control.EvRelease, Req: req})
+	d.tick()
+	return good
+}
+
+// TestNodeRealTiers runs a Node over a host pool, an shm slab and a real
+// store (memstore; l3disk with LMDB): twenty 4-page conversations push the
+// first out of L1 and L2, so asking for it again reloads it from the store
+// into L2 and loads it back into L1, where the engine reads it with the
+// right bytes. Every path moved bytes.
+func TestNodeRealTiers(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		entry func(dir string) string
+	}{
+		{"memstore", func(string) string { return memstoreEntry }},
+		{"l3disk-lmdb", l3diskEntry},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s := openStack(t, stackYAML(dir, c.entry(dir)), dir)
+			d := newDriver(t, s, host.Options{})
+			for i := range 20 {
+				if got := d.request(control.ReqID(i+1), key(i, 4)); got != 0 {
+					t.Fatalf("conversation %d: %d hits on first sight", i, got)
+				}
+			}
+			// The second turn of conversation 19 hits L1.
+			if got := d.request(100, key(19, 4)); got != 4 {
+				t.Fatalf("recent conversation: %d L1 hits, want 4", got)
+			}
+			// Conversation 0 left L1 and L2 long ago: it comes back from the
+			// store.
+			if got := d.request(101, key(0, 4)); got != 4 {
+				t.Fatalf("old conversation: %d hits after reload, want 4 (stats %+v)", got, d.n.Stats())
+			}
+			st := d.n.Stats()
+			t.Logf("stats %+v, verified %d", st, d.eng.VerifiedPages)
+			if d.eng.WrongBytes != 0 {
+				t.Fatalf("%d wrong bytes", d.eng.WrongBytes)
+			}
+			if st.L1ToL2 == 0 || st.L2ToL3 == 0 || st.L3ToL2 == 0 || st.L2ToL1 == 0 {
+				t.Fatalf("a path moved nothing: %+v", st)
+			}
+			if err := d.n.Machine().CheckInvariants(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// brokenStore fails every Put and Get and answers lookups with an error.
+type brokenStore struct{ tiers.Store }
+
+var errBroken = errors.New("injected store failure")
+
+func (brokenStore) Put(context.Context, []tiers.PutRequest) (tiers.BatchID, error) {
+	return 0, errBroken
+}
+func (brokenStore) Get(context.Context, []tiers.GetRequest, []error) error { return errBroken }
+func (brokenStore) LongestPrefix(context.Context, tiers.PayloadKind, []pagehash.Hash) (int, error) {
+	return 0, errBroken
+}
+
+// TestNodeStoreErrorsAreMisses: a store that fails everything costs
+// misses (failed spills, lookups answered 0) and recomputes, never a
+// hang or a wrong byte.
+func TestNodeStoreErrorsAreMisses(t *testing.T) {
+	dir := t.TempDir()
+	s := openStack(t, stackYAML(dir, memstoreEntry), dir)
+	s.Stores[0].Store = brokenStore{s.Stores[0].Store}
+	d := newDriver(t, s, host.Options{})
+	for i := range 20 {
+		d.request(control.ReqID(i+1), key(i, 4))
+	}
+	if got := d.request(101, key(0, 4)); got != 0 {
+		t.Fatalf("old conversation over a broken store: %d hits, want 0", got)
+	}
+	st := d.n.Stats()
+	t.Logf("stats %+v", st)
+	if st.FailedOps["put"] == 0 || st.FailedOps["lookup"] == 0 || d.eng.WrongBytes != 0 {
+		t.Fatalf("stats %+v, wrong bytes %d", st, d.eng.WrongBytes)
+	}
+}
+
+// silentPool accepts copies and never acknowledges them.
+type silentPool struct {
+	tiers.Pool
+	next tiers.BatchID
+}
+
+func (p *silentPool) CopyToSlab(context.Context, []tiers.PoolCopy) (tiers.BatchID, error) {
+	p.next++
+	return p.next, nil
+}
+
+// TestNodeSilentPoolTimesOut: a pool that never acknowledges a backup is
+// a failed op after SettleTimeout (the backup rolls back), not a hang.
+func TestNodeSilentPoolTimesOut(t *testing.T) {
+	dir := t.TempDir()
+	s := openStack(t, stackYAML(dir, memstoreEntry), dir)
+	// The simulated engine writes through the real pool; the Node copies
+	// through the silent one.
+	d := newDriver(t, s, host.Options{SettleTimeout: 50 * time.Millisecond})
+	real := s.Pool
+	s.Pool = &silentPool{Pool: real}
+	t.Cleanup(func() { s.Pool = real })
+	start := time.Now()
+	d.request(1, key(1, 4))
+	st := d.n.Stats()
+	if st.FailedOps["timeout"] == 0 || st.Skips["failed"] == 0 {
+		t.Fatalf("stats %+v: the silent backup did not fail", st)
+	}
+	if el := time.Since(start); el > 10*time.Second {
+		t.Fatalf("took %v", el)
+	}
+}
+
+func TestSoloRefusesAnotherTick(t *testing.T) {
+	m, err := control.New(control.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := m.Contribution()
+	if _, err := (host.Solo{}).Exchange(context.Background(), 1, c); !errors.Is(err, control.ErrFrontier) {
+		t.Fatalf("exchange for tick 1 at tick 0: %v", err)
+	}
+	f, err := (host.Solo{}).Exchange(context.Background(), 0, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Tick(f); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNewRefusesBadInput(t *testing.T) {
+	dir := t.TempDir()
+	s := openStack(t, stackYAML(dir, memstoreEntry), dir)
+	m, err := control.New(control.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := host.New(nil, m, host.Options{}); err == nil {
+		t.Error("nil stack accepted")
+	}
+	if _, err := host.New(s, m, host.Options{Store: "nope"}); err == nil {
+		t.Error("unknown store accepted")
+	}
+	if _, err := host.MachineOptions(s, control.DefaultOptions(), "nope"); err == nil {
+		t.Error("unknown store accepted by MachineOptions")
+	}
+}
+
+// TestNodeRun drives a Node owned by its own goroutine (Run) through a
+// channel: the same requests give the same hits and bytes as the
+// synchronous driver.
+func TestNodeRun(t *testing.T) {
+	dir := t.TempDir()
+	s := openStack(t, stackYAML(dir, memstoreEntry), dir)
+	d := newDriver(t, s, host.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	in := make(chan host.Input)
+	done := make(chan error, 1)
+	go func() { done <- d.n.Run(ctx, in) }()
+	call := func(x host.Input) host.Output {
+		reply := make(chan host.Output, 1)
+		x.Reply = reply
+		in <- x
+		out := <-reply
+		if out.Err != nil {
+			t.Fatal(out.Err)
+		}
+		return out
+	}
+	hits := 0
+	for i := range 12 {
+		k := key(i%6, 4)
+		req := control.ReqID(i + 1)
+		out := call(host.Input{Event: &control.Event{Kind: control.EvMatch, Req: req, Pages: 4, Hashes: k}, Settle: true, Tick: true})
+		released := func(rd control.Ready) bool {
+			return slices.ContainsFunc(rd.Unholds, func(u control.Unhold) bool { return u.Req == req })
+		}
+		for try := 0; out.Event.Matches[0].Held && !released(out.Tick); try++ {
+			if try == 100 {
+				t.Fatalf("request %d held for 100 ticks", req)
+			}
+			if released(call(host.Input{Settle: true, Tick: true}).Tick) {
+				break
+			}
+		}
+		call(host.Input{Event: &control.Event{Kind: control.EvInsert, Req: req, Pages: 4, Hashes: k}, Settle: true, Tick: true})
+		call(host.Input{Event: &control.Event{Kind: control.EvFinish, Req: req}})
+		call(host.Input{Event: &control.Event{Kind: control.EvRelease, Req: req}, Settle: true, Tick: true})
+		hits += out.Event.Matches[0].L1 + out.Event.Matches[0].L2
+	}
+	close(in)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if hits == 0 || d.n.Stats().L1ToL2 == 0 {
+		t.Fatalf("hits %d, stats %+v", hits, d.n.Stats())
+	}
+	// A cancelled context ends Run.
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	cancel2()
+	if err := d.n.Run(ctx2, make(chan host.Input)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("run after cancel: %v", err)
+	}
+}
