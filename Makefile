@@ -14,6 +14,7 @@ PROTOC        ?= protoc
 PROTOC_GEN_GO      := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
 PROTO_FILES   := $(wildcard plugins/proto/kvtier/*/v*/*.proto)
+API_PROTO     := api/kvtier/engine/v1/engine.proto
 
 .PHONY: build test bench plugins lint run proto clean
 
@@ -48,7 +49,8 @@ lint:
 	$(GO) vet ./...
 	$(BIN)/tools/staticcheck ./...
 
-# Regenerate the committed Go code of the plugin protocol (plugins/proto).
+# Regenerate the committed code of the plugin protocol (plugins/proto) and
+# of the engine API (api/enginev1, clients/python/kvtier/engine/v1).
 proto:
 	GOBIN=$(CURDIR)/$(BIN)/tools $(GO) install $(PROTOC_GEN_GO)
 	GOBIN=$(CURDIR)/$(BIN)/tools $(GO) install $(PROTOC_GEN_GO_GRPC)
@@ -56,6 +58,13 @@ proto:
 		--go_out=. --go_opt=module=github.com/kvtier/kvtier \
 		--go-grpc_out=. --go-grpc_opt=module=github.com/kvtier/kvtier \
 		$(PROTO_FILES)
+	PATH=$(CURDIR)/$(BIN)/tools:$$PATH $(PROTOC) -I api \
+		--go_out=. --go_opt=module=github.com/kvtier/kvtier \
+		--go-grpc_out=. --go-grpc_opt=module=github.com/kvtier/kvtier \
+		$(API_PROTO)
+	$(PROTOC) -I api --python_out=clients/python \
+		--grpc_out=clients/python --plugin=protoc-gen-grpc=$$(command -v grpc_python_plugin) \
+		$(API_PROTO)
 
 run: build
 	$(BIN)/kvtier replay
