@@ -32,6 +32,7 @@ func commands() map[string]command {
 		"inspect":  {"check a tier's on-disk state offline (l3)", runInspect},
 		"plugin":   {"pin (sum) or smoke-test (check) a tier or index plugin binary", runPlugin},
 		"doctor":   {"check this machine against a stack config before serving", runDoctor},
+		"serve":    {"serve the engine API: the ranks of a stack over a unix socket", runServe},
 	}
 }
 

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/kvtier/kvtier/host/serve"
+	"github.com/kvtier/kvtier/tiers"
+)
+
+const serveUsage = `usage: kvtier serve [--config FILE] [--socket PATH] [--metrics ADDR] [--data-dir DIR] [--ranks N]
+
+Hosts the Nodes of the ranks a stack config names (one control Machine per
+rank, each over its own slab, L3 and index) and serves the engine API
+kvtier.engine.v1 on a unix socket (mode 0600) and, with --listen, on
+loopback TCP. Without --config it runs the embedded default stack (a demo
+geometry with small pages) with every file under --data-dir. SIGTERM or
+SIGINT drains in-flight calls and closes the tiers in order; after a crash,
+a restart with the same --data-dir finds the L3 pages again (cold start
+load). See docs/serve.md and docs/engine-api.md.
+
+flags:
+`
+
+// maxConfigBytes bounds a stack config file read by serve.
+const maxConfigBytes = 1 << 20
+
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("kvtier serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfgPath := fs.String("config", "", "stack config `file` ({{DIR}} = --data-dir, {{RANK}} = the rank; default: the embedded demo stack)")
+	dataDir := fs.String("data-dir", "", "`dir` for every rank's slab, L3 and index (default: $XDG_STATE_HOME/kvtier or ~/.local/state/kvtier)")
+	socket := fs.String("socket", "", "unix socket `path` (default: DIR/kvtier.sock)")
+	listen := fs.String("listen", "", "also serve on this loopback TCP `addr`")
+	allowRemote := fs.Bool("allow-remote", false, "allow --listen on a non-loopback address")
+	metricsAddr := fs.String("metrics", "", "serve /metrics, /healthz, /readyz on this loopback `addr` (e.g. 127.0.0.1:9400)")
+	ranks := fs.Int("ranks", 0, "number of ranks to host (0: the config's ranks.world_size; the embedded default: 1)")
+	cold := fs.String("cold-start", "load", "what stores do with a previous run's data: load or clear")
+	ttl := fs.Duration("session-ttl", 30*time.Second, "expire a session silent this long")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, serveUsage)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("serve: %w: %w", err, errUsage)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("serve: unexpected arguments %q: %w", fs.Args(), errUsage)
+	}
+	if *ranks < 0 || *ranks > 64 {
+		return fmt.Errorf("serve: --ranks %d: want 0..64: %w", *ranks, errUsage)
+	}
+	if *ttl < time.Second || *ttl > 24*time.Hour {
+		return fmt.Errorf("serve: --session-ttl %s: want 1s..24h: %w", *ttl, errUsage)
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("serve: --log-level %q: %w", *logLevel, errUsage)
+	}
+	cs := tiers.ColdStart(*cold)
+	if cs != tiers.ColdStartLoad && cs != tiers.ColdStartClear {
+		return fmt.Errorf("serve: --cold-start %q: want load or clear: %w", *cold, errUsage)
+	}
+	dir := *dataDir
+	if dir == "" {
+		base := os.Getenv("XDG_STATE_HOME")
+		if base == "" {
+			home, err := os.UserHomeDir()
+			if err != nil {
+				return fmt.Errorf("serve: no --data-dir and no home directory: %w", err)
+			}
+			base = filepath.Join(home, ".local", "state")
+		}
+		dir = filepath.Join(base, "kvtier")
+	}
+	sock := *socket
+	if sock == "" {
+		sock = filepath.Join(dir, "kvtier.sock")
+	}
+	var text string
+	if *cfgPath != "" {
+		b, err := readBounded(*cfgPath, maxConfigBytes)
+		if err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+		text = string(b)
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	s, err := serve.Open(ctx, serve.Config{YAML: text, ConfigName: *cfgPath, DataDir: dir, Ranks: *ranks, Socket: sock,
+		Listen: *listen, AllowRemote: *allowRemote, Metrics: *metricsAddr, ColdStart: cs, SessionTTL: *ttl,
+		Version: version, Logger: logger})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "kvtier serve: %d rank(s), socket %s, data %s, boot_id %s\n", s.Ranks(), sock, dir, s.BootID())
+	return s.Serve(ctx)
+}
+
+// readBounded reads a file of at most limit bytes.
+func readBounded(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s: larger than %d bytes", path, limit)
+	}
+	return b, nil
+}

@@ -1,0 +1,199 @@
+package serve
+
+import (
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvtier/kvtier/host"
+)
+
+// snapshot is what a rank publishes after every call for the metrics (the
+// Node and Machine belong to the rank's goroutine; a scrape reads this).
+type snapshot struct {
+	node               host.Stats
+	l1Total, l2Total   int64
+	l1Free, l2Free     int64
+	inflight, queue    int
+	held, liveRequests int
+	ticks              uint64
+}
+
+func (r *rank) publish() {
+	l1, l2 := r.m.Free()
+	o := r.m.Options()
+	sn := &snapshot{node: r.node.Stats(), l1Total: o.L1Pages, l2Total: o.L2.Kinds[0].Pages(), l1Free: l1, l2Free: l2,
+		inflight: r.node.Outstanding(), queue: len(r.m.SpillQueue()), held: len(r.m.Held()), ticks: r.m.Ticks()}
+	if r.sess != nil {
+		sn.liveRequests = len(r.sess.reqs)
+	}
+	r.snap.Store(sn)
+}
+
+// metrics is serve's Prometheus registry: a collector over the ranks'
+// snapshots and tiers' stats, and histograms the ranks observe.
+type metrics struct {
+	s              *Server
+	reg            *prometheus.Registry
+	step, exchange *prometheus.HistogramVec
+	unknownSession atomic.Int64
+}
+
+var latencyBuckets = []float64{50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 20e-3, 50e-3, 100e-3, 500e-3}
+
+func newMetrics(s *Server) *metrics {
+	m := &metrics{s: s, reg: prometheus.NewRegistry()}
+	m.step = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvtier_step_duration_seconds", Help: "Time serve spends on one Step call of an engine rank, queueing excluded.", Buckets: latencyBuckets}, []string{"rank"})
+	m.exchange = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvtier_group_exchange_duration_seconds", Help: "Time of one rank-group exchange (contribution to frontier).", Buckets: latencyBuckets}, []string{"rank"})
+	m.reg.MustRegister(m.step, m.exchange, collector{m}, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	return m
+}
+
+func (m *metrics) observeStep(rank int, d time.Duration) {
+	m.step.WithLabelValues(strconv.Itoa(rank)).Observe(d.Seconds())
+}
+
+func (m *metrics) observeExchange(rank int, d time.Duration) {
+	m.exchange.WithLabelValues(strconv.Itoa(rank)).Observe(d.Seconds())
+}
+
+// handler serves /metrics, /healthz (the process answers) and /readyz
+// (every rank is open and serving).
+func (m *metrics) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		m.s.mu.RLock()
+		ready := m.s.ready
+		m.s.mu.RUnlock()
+		if !ready {
+			http.Error(w, "not ready: serve is starting or draining", http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("ready\n"))
+	})
+	return mux
+}
+
+type desc struct {
+	*prometheus.Desc
+	kind prometheus.ValueType
+}
+
+func d(name, help string, kind prometheus.ValueType, labels ...string) desc {
+	return desc{prometheus.NewDesc(name, help, labels, nil), kind}
+}
+
+var (
+	mTierUsed     = d("kvtier_tier_used_pages", "Pages held by a tier.", prometheus.GaugeValue, "rank", "tier")
+	mTierTotal    = d("kvtier_tier_capacity_pages", "Pages a tier can hold.", prometheus.GaugeValue, "rank", "tier")
+	mTierHits     = d("kvtier_tier_hits_total", "Pages a lookup found in the tier (L1, L2, L3), or store Get items that hit.", prometheus.CounterValue, "rank", "tier")
+	mTierMisses   = d("kvtier_tier_misses_total", "Store Get items that missed.", prometheus.CounterValue, "rank", "tier")
+	mTierCorrupt  = d("kvtier_tier_corrupt_reads_total", "Store Get items refused by verification.", prometheus.CounterValue, "rank", "tier")
+	mTierBytes    = d("kvtier_tier_bytes_total", "Bytes moved into (in) and out of (out) a tier.", prometheus.CounterValue, "rank", "tier", "direction")
+	mTierInflight = d("kvtier_tier_inflight_operations", "Copy and put batches in flight below the rank.", prometheus.GaugeValue, "rank")
+	mTierQueue    = d("kvtier_tier_queue_depth", "Nodes waiting in the L2 to L3 spill queue.", prometheus.GaugeValue, "rank")
+	mTierGC       = d("kvtier_tier_gc_reclaimed_pages_total", "Pages the store's garbage collection reclaimed.", prometheus.CounterValue, "rank", "tier")
+	mTierWriteErr = d("kvtier_tier_write_errors_total", "Store put items that failed.", prometheus.CounterValue, "rank", "tier")
+	mSkips        = d("kvtier_skips_total", "Decisions not taken, by reason.", prometheus.CounterValue, "rank", "reason")
+	mFailedOps    = d("kvtier_failed_operations_total", "Operations that failed on this rank, by kind.", prometheus.CounterValue, "rank", "kind")
+	mFallbacks    = d("kvtier_fallbacks", "1 when a tier runs on its fallback (the L2 slab on shm instead of hugetlbfs).", prometheus.GaugeValue, "rank", "tier")
+	mSteps        = d("kvtier_steps_total", "Step calls served.", prometheus.CounterValue, "rank")
+	mItemErrors   = d("kvtier_item_errors_total", "Step items refused, by code.", prometheus.CounterValue, "rank", "code")
+	mSessions     = d("kvtier_sessions", "Open engine sessions.", prometheus.GaugeValue)
+	mSessionEnds  = d("kvtier_session_ends_total", "Sessions ended other than by Close, by why.", prometheus.CounterValue, "rank", "why")
+	mRolledBack   = d("kvtier_rolled_back_plans_total", "Copy plans failed because their session ended.", prometheus.CounterValue, "rank")
+	mLookupPages  = d("kvtier_lookup_pages_total", "Looked-up pages by outcome (hit, miss).", prometheus.CounterValue, "rank", "outcome")
+	mDigests      = d("kvtier_digest_checks_total", "Digests of the replicated state computed and offered for comparison.", prometheus.CounterValue, "rank")
+	mMismatch     = d("kvtier_digest_mismatches_total", "Digest comparisons that differed.", prometheus.CounterValue, "rank")
+	mTicks        = d("kvtier_ticks_total", "Machine ticks.", prometheus.CounterValue, "rank")
+	mHeld         = d("kvtier_held_requests", "Requests waiting for an L3 reload.", prometheus.GaugeValue, "rank")
+	mUnknownSess  = d("kvtier_unknown_session_steps_total", "Steps naming a session serve does not have.", prometheus.CounterValue)
+)
+
+var allDescs = []desc{mTierUsed, mTierTotal, mTierHits, mTierMisses, mTierCorrupt, mTierBytes, mTierInflight, mTierQueue, mTierGC, mTierWriteErr,
+	mSkips, mFailedOps, mFallbacks, mSteps, mItemErrors, mSessions, mSessionEnds, mRolledBack, mLookupPages, mDigests, mMismatch, mTicks, mHeld, mUnknownSess}
+
+type collector struct{ m *metrics }
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range allDescs {
+		ch <- d.Desc
+	}
+}
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	emit := func(d desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d.Desc, d.kind, v, labels...)
+	}
+	emit(mSessions, float64(c.m.s.sessionCount()))
+	emit(mUnknownSess, float64(c.m.unknownSession.Load()))
+	for _, r := range c.m.s.ranks {
+		rk := strconv.Itoa(r.idx)
+		sn := r.snap.Load()
+		if sn == nil {
+			continue
+		}
+		st := &r.stats
+		emit(mTierUsed, float64(sn.l1Total-sn.l1Free), rk, "l1")
+		emit(mTierTotal, float64(sn.l1Total), rk, "l1")
+		emit(mTierUsed, float64(sn.l2Total-sn.l2Free), rk, "l2")
+		emit(mTierTotal, float64(sn.l2Total), rk, "l2")
+		emit(mTierHits, float64(st.hitByTier[1].Load()), rk, "l1")
+		emit(mTierHits, float64(st.hitByTier[2].Load()), rk, "l2")
+		emit(mTierHits, float64(st.hitByTier[3].Load()), rk, "l3")
+		emit(mTierBytes, float64(sn.node.L1ToL2), rk, "l2", "in")
+		emit(mTierBytes, float64(sn.node.L2ToL1), rk, "l2", "out")
+		emit(mTierBytes, float64(sn.node.L2ToL3), rk, "l3", "in")
+		emit(mTierBytes, float64(sn.node.L3ToL2), rk, "l3", "out")
+		emit(mTierInflight, float64(sn.inflight), rk)
+		emit(mTierQueue, float64(sn.queue), rk)
+		emit(mHeld, float64(sn.held), rk)
+		emit(mTicks, float64(sn.ticks), rk)
+		fb := 0.0
+		if r.st.Slab.Geometry().Backing != "hugetlbfs" {
+			fb = 1
+		}
+		emit(mFallbacks, fb, rk, "l2")
+		for _, t := range r.st.Stores {
+			ss := t.Store.Stats()
+			emit(mTierUsed, float64(ss.Pages), rk, t.Name)
+			if pb := r.st.Config.Payload.Kinds[0].PageBytes; ss.CapacityBytes > 0 && pb > 0 {
+				emit(mTierTotal, float64(ss.CapacityBytes/pb), rk, t.Name)
+			}
+			emit(mTierHits, float64(ss.Hits), rk, t.Name+"_get")
+			emit(mTierMisses, float64(ss.Misses), rk, t.Name)
+			emit(mTierCorrupt, float64(ss.Corrupt), rk, t.Name)
+			emit(mTierGC, float64(ss.Evictions), rk, t.Name)
+			emit(mTierWriteErr, float64(ss.PutFailures), rk, t.Name)
+		}
+		for reason, n := range sn.node.Skips {
+			emit(mSkips, float64(n), rk, reason)
+		}
+		for kind, n := range sn.node.FailedOps {
+			emit(mFailedOps, float64(n), rk, kind)
+		}
+		emit(mSteps, float64(st.steps.Load()), rk)
+		for code := 1; code < len(st.itemErrors); code++ {
+			if n := st.itemErrors[code].Load(); n > 0 {
+				emit(mItemErrors, float64(n), rk, errorCodeName(code))
+			}
+		}
+		emit(mSessionEnds, float64(st.expired.Load()), rk, "expired")
+		emit(mSessionEnds, float64(st.replaced.Load()), rk, "replaced")
+		emit(mRolledBack, float64(st.rolledBack.Load()), rk)
+		emit(mLookupPages, float64(st.hitPages.Load()), rk, "hit")
+		emit(mLookupPages, float64(st.missPages.Load()), rk, "miss")
+		emit(mDigests, float64(st.digests.Load()), rk)
+		// One serve process hosts each rank with its own group of one
+		// (see docs/serve.md): no digest is compared across processes yet.
+		emit(mMismatch, 0, rk)
+	}
+}

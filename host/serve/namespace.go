@@ -1,0 +1,112 @@
+package serve
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+
+	pb "github.com/kvtier/kvtier/api/enginev1"
+	"github.com/kvtier/kvtier/pagehash"
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// Field bounds of a namespace: generous, but a client cannot make serve
+// hash or log megabytes.
+const maxNamespaceString = 256
+
+// namespaceID is the digest serve keys a namespace by: SHA-256 over a
+// versioned, length-prefixed encoding of every field, so two namespaces
+// that differ in any field (or only in where a string ends) differ.
+func namespaceID(ns *pb.Namespace) [32]byte {
+	h := sha256.New()
+	var b [8]byte
+	str := func(s string) {
+		binary.LittleEndian.PutUint64(b[:], uint64(len(s)))
+		h.Write(b[:])
+		h.Write([]byte(s))
+	}
+	num := func(v uint64) {
+		binary.LittleEndian.PutUint64(b[:], v)
+		h.Write(b[:])
+	}
+	str("kvtier.namespace.v1")
+	str(ns.GetModel())
+	str(ns.GetKvLayout())
+	str(ns.GetDtype())
+	num(uint64(ns.GetPageTokens()))
+	num(uint64(len(ns.GetPageBytes())))
+	for _, pbytes := range ns.GetPageBytes() {
+		num(pbytes)
+	}
+	num(uint64(ns.GetShard()))
+	str(ns.GetSalt())
+	var id [32]byte
+	h.Sum(id[:0])
+	return id
+}
+
+// checkNamespace validates ns against the stack's payload geometry; the
+// error names the field.
+func checkNamespace(ns *pb.Namespace, g tiers.PayloadGeometry) error {
+	if ns == nil {
+		return fmt.Errorf("namespace: missing")
+	}
+	if ns.GetModel() == "" {
+		return fmt.Errorf("namespace.model: empty")
+	}
+	for _, f := range []struct {
+		name, v string
+	}{{"model", ns.GetModel()}, {"kv_layout", ns.GetKvLayout()}, {"dtype", ns.GetDtype()}, {"salt", ns.GetSalt()}} {
+		if len(f.v) > maxNamespaceString {
+			return fmt.Errorf("namespace.%s: %d bytes, at most %d", f.name, len(f.v), maxNamespaceString)
+		}
+	}
+	if int(ns.GetPageTokens()) != g.PageTokens {
+		return fmt.Errorf("namespace.page_tokens: %d, serve's stack has %d tokens per page", ns.GetPageTokens(), g.PageTokens)
+	}
+	if len(ns.GetPageBytes()) != len(g.Kinds) {
+		return fmt.Errorf("namespace.page_bytes: %d payload kinds, serve's stack has %d (%s)", len(ns.GetPageBytes()), len(g.Kinds), kindList(g))
+	}
+	for i, b := range ns.GetPageBytes() {
+		if int64(b) != g.Kinds[i].PageBytes {
+			return fmt.Errorf("namespace.page_bytes[%d]: %d bytes, serve's kind %q has %d", i, b, g.Kinds[i].Name, g.Kinds[i].PageBytes)
+		}
+	}
+	return nil
+}
+
+func kindList(g tiers.PayloadGeometry) string {
+	s := ""
+	for i, k := range g.Kinds {
+		if i > 0 {
+			s += ", "
+		}
+		s += fmt.Sprintf("%s %d bytes", k.Name, k.PageBytes)
+	}
+	return s
+}
+
+// keyer turns a client's page hashes into serve's keys under one
+// namespace: key = hash XOR namespace id. Within a namespace it is a
+// bijection (distinct hashes stay distinct, prefixes stay prefixes); two
+// namespaces share a key only if h1 XOR h2 equals id1 XOR id2, a 2^-256
+// event for SHA-256 page hashes, the same odds as a hash collision. It
+// costs one 32-byte XOR a page, where a second SHA-256 would cost a
+// scheduler step's budget on long prompts.
+type keyer [32]byte
+
+// keys decodes pages hashes from b (pages x 32 bytes) into dst.
+func (k *keyer) keys(dst []pagehash.Hash, pages uint32, b []byte) ([]pagehash.Hash, error) {
+	if uint64(len(b)) != uint64(pages)*pagehash.Size {
+		return dst, fmt.Errorf("%d bytes of hashes for %d pages (want %d)", len(b), pages, uint64(pages)*pagehash.Size)
+	}
+	for i := range int(pages) {
+		var h pagehash.Hash
+		src := b[i*pagehash.Size : (i+1)*pagehash.Size]
+		for j := range h {
+			h[j] = src[j] ^ k[j]
+		}
+		dst = append(dst, h)
+	}
+	return dst, nil
+}

@@ -1,0 +1,577 @@
+package serve
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	pb "github.com/kvtier/kvtier/api/enginev1"
+	"github.com/kvtier/kvtier/host"
+	"github.com/kvtier/kvtier/host/control"
+	"github.com/kvtier/kvtier/host/stack"
+	"github.com/kvtier/kvtier/pagehash"
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// maxExtraTicks bounds the extra ticks one step makes while requests wait
+// for reloads (the held set is replicated, so every rank ticks alike).
+const maxExtraTicks = 3
+
+// rank hosts one rank: its stack, Node and Machine, and the session of
+// the engine rank that talks to it. One goroutine (loop) owns all of it.
+type rank struct {
+	idx   int
+	srv   *Server
+	st    *stack.Stack
+	node  *host.Node
+	m     *control.Machine
+	pool  *enginePool
+	log   *slog.Logger
+	calls chan call
+
+	sess    *session
+	nextReq control.ReqID
+	byID    map[control.ReqID]*request
+	loadOf  map[tiers.BatchID]*request
+	tag     *request // the request whose event is being applied
+	refs    []control.PageRef
+	keysBuf []pagehash.Hash
+
+	snap  atomic.Pointer[snapshot]
+	stats rankStats
+}
+
+// rankStats are the counters the metrics read (atomics: the rank writes,
+// a scrape reads).
+type rankStats struct {
+	steps, sessions, expired, replaced atomic.Int64
+	lookups, hitPages, missPages       atomic.Int64
+	hitByTier                          [4]atomic.Int64
+	stores, placedPages, refusedStores atomic.Int64
+	itemErrors                         [8]atomic.Int64 // by pb.ErrorCode
+	rolledBack                         atomic.Int64
+	digests                            atomic.Int64
+}
+
+// session is the engine rank connected to this rank.
+type session struct {
+	id       string
+	engineID string
+	ns       *pb.Namespace
+	keyer    keyer
+	lastStep uint64
+	seen     time.Time
+	reqs     map[string]*request
+}
+
+// request is one live request of the session.
+type request struct {
+	name   string
+	id     control.ReqID
+	key    []pagehash.Hash
+	first  control.MatchResult
+	res    control.MatchResult
+	held   bool
+	rematched bool
+	loads  int  // FROM_SLAB plans outstanding
+	done   bool // its lookup result was sent DONE
+}
+
+type callKind uint8
+
+const (
+	callRegister callKind = iota + 1
+	callStep
+	callClose
+)
+
+type call struct {
+	kind  callKind
+	reg   *pb.RegisterRequest
+	step  *pb.StepRequest
+	close *pb.CloseRequest
+	reply chan callReply
+}
+
+type callReply struct {
+	reg  *pb.RegisterReply
+	step *pb.StepReply
+	err  error
+}
+
+func newSessionID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// loop serves calls until ctx ends, draining tier acks as they arrive and
+// expiring a silent session.
+func (r *rank) loop(ctx context.Context) {
+	var storeReady <-chan struct{}
+	if len(r.st.Stores) > 0 {
+		storeReady = r.st.Stores[0].Store.AckReady()
+	}
+	expire := time.NewTicker(time.Second)
+	defer expire.Stop()
+	r.publish()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case c := <-r.calls:
+			var out callReply
+			switch c.kind {
+			case callRegister:
+				out.reg, out.err = r.register(ctx, c.reg)
+			case callStep:
+				t0 := time.Now()
+				out.step = r.step(ctx, c.step)
+				r.srv.metrics.observeStep(r.idx, time.Since(t0))
+			case callClose:
+				out.err = r.closeSession(ctx, c.close)
+			}
+			r.publish()
+			c.reply <- out // buffered: never blocks
+		case <-storeReady:
+			r.node.Drain()
+		case <-r.pool.AckReady():
+			r.node.Drain()
+		case now := <-expire.C:
+			if s := r.sess; s != nil && now.Sub(s.seen) > r.srv.cfg.SessionTTL {
+				r.log.Warn("kvtier serve: session expired", "rank", r.idx, "session", s.id, "engine", s.engineID, "silent", now.Sub(s.seen).Round(time.Millisecond))
+				r.stats.expired.Add(1)
+				r.endSession(ctx, "expired")
+				r.publish()
+			}
+		}
+	}
+}
+
+// register opens a session, replacing an earlier one.
+func (r *rank) register(ctx context.Context, q *pb.RegisterRequest) (*pb.RegisterReply, error) {
+	if err := checkNamespace(q.GetNamespace(), r.st.Config.Payload); err != nil {
+		return nil, err
+	}
+	if r.sess != nil {
+		r.log.Info("kvtier serve: session replaced", "rank", r.idx, "old", r.sess.id, "engine", q.GetEngineId())
+		r.stats.replaced.Add(1)
+		r.endSession(ctx, "replaced by a new Register")
+	}
+	ns := q.GetNamespace()
+	s := &session{id: newSessionID(), engineID: q.GetEngineId(), ns: ns, keyer: keyer(namespaceID(ns)), seen: time.Now(), reqs: map[string]*request{}}
+	r.sess = s
+	r.srv.bind(s.id, r)
+	r.stats.sessions.Add(1)
+	r.log.Info("kvtier serve: session registered", "rank", r.idx, "session", s.id, "engine", s.engineID, "model", ns.GetModel(), "shard", ns.GetShard())
+	return r.srv.registerReply(r, s), nil
+}
+
+func (r *rank) closeSession(ctx context.Context, q *pb.CloseRequest) error {
+	if r.sess == nil || r.sess.id != q.GetSession() {
+		return fmt.Errorf("session %q: %w", q.GetSession(), errUnknownSession)
+	}
+	if q.GetBootId() != r.srv.boot {
+		return fmt.Errorf("boot_id %q: serve is %q: %w", q.GetBootId(), r.srv.boot, errStaleBoot)
+	}
+	r.endSession(ctx, "closed")
+	return nil
+}
+
+// endSession fails the session's outstanding plans (the Machine rolls
+// their ops back at the next frontier, which the tick here makes), and
+// releases its requests.
+func (r *rank) endSession(ctx context.Context, why string) {
+	s := r.sess
+	if s == nil {
+		return
+	}
+	r.srv.unbind(s.id)
+	r.sess = nil
+	n := r.pool.failAll(fmt.Errorf("session %s %s before reporting the plan", s.id, why))
+	r.stats.rolledBack.Add(int64(n))
+	r.node.Drain()
+	names := make([]string, 0, len(s.reqs))
+	for name := range s.reqs {
+		names = append(names, name)
+	}
+	slices.Sort(names) // a total order: every rank releases alike
+	for _, name := range names {
+		q := s.reqs[name]
+		if _, err := r.node.Apply(ctx, control.Event{Kind: control.EvRelease, Req: q.id}); err != nil {
+			r.log.Error("kvtier serve: release of an ended session's request", "rank", r.idx, "req", name, "err", err)
+		}
+		delete(r.byID, q.id)
+	}
+	clear(r.loadOf)
+	if _, err := r.node.Tick(ctx); err != nil {
+		r.log.Error("kvtier serve: tick after the session ended", "rank", r.idx, "err", err)
+	}
+	r.log.Info("kvtier serve: session ended", "rank", r.idx, "session", s.id, "why", why, "plans_rolled_back", n, "requests_released", len(names))
+}
+
+var (
+	errUnknownSession = errors.New("unknown session")
+	errStaleBoot      = errors.New("stale boot_id")
+)
+
+type stepErrs struct {
+	out   *pb.StepReply
+	stats *rankStats
+}
+
+func (e stepErrs) add(item, req string, code pb.ErrorCode, format string, args ...any) {
+	e.out.Errors = append(e.out.Errors, &pb.ItemError{Item: item, ReqId: req, Code: code, Message: fmt.Sprintf(format, args...)})
+	if int(code) < len(e.stats.itemErrors) {
+		e.stats.itemErrors[code].Add(1)
+	}
+}
+
+// step runs one scheduler step of the session. It never panics on input
+// and never changes state for a refused item.
+func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
+	out := &pb.StepReply{BootId: r.srv.boot, Tick: r.m.Ticks()}
+	errs := stepErrs{out, &r.stats}
+	s := r.sess
+	switch {
+	case s == nil || q.GetSession() != s.id:
+		errs.add("session", "", pb.ErrorCode_ERROR_CODE_UNKNOWN, "session %q is not open on rank %d: register again", q.GetSession(), r.idx)
+		return out
+	case q.GetBootId() != r.srv.boot:
+		errs.add("boot_id", "", pb.ErrorCode_ERROR_CODE_STATE, "boot_id %q is stale: serve is %q since its restart; register again", q.GetBootId(), r.srv.boot)
+		return out
+	case q.GetStep() <= s.lastStep:
+		errs.add("step", "", pb.ErrorCode_ERROR_CODE_STATE, "step %d does not follow step %d", q.GetStep(), s.lastStep)
+		return out
+	}
+	items := len(q.GetCompletions()) + len(q.GetLookups()) + len(q.GetStores()) + len(q.GetFinished()) + len(q.GetAborted())
+	if limit := r.srv.cfg.MaxItemsPerStep; items > limit {
+		errs.add("step", "", pb.ErrorCode_ERROR_CODE_LIMIT, "%d items, at most %d a step", items, limit)
+		return out
+	}
+	s.lastStep = q.GetStep()
+	s.seen = time.Now()
+	r.stats.steps.Add(1)
+	if len(q.GetFrontier()) > 0 {
+		errs.add("frontier", "", pb.ErrorCode_ERROR_CODE_INVALID, "this serve's group transport is in-process, not the engine: send no frontier")
+	}
+
+	// 1. Completions.
+	seen := map[uint64]bool{}
+	for i, c := range q.GetCompletions() {
+		item := fmt.Sprintf("completions[%d]", i)
+		id := tiers.BatchID(c.GetPlan())
+		switch {
+		case seen[c.GetPlan()]:
+			errs.add(item, "", pb.ErrorCode_ERROR_CODE_DUPLICATE, "plan %d reported twice in the step", c.GetPlan())
+			continue
+		case !r.pool.known(id):
+			errs.add(item, "", pb.ErrorCode_ERROR_CODE_UNKNOWN, "plan %d was never made or is already reported", c.GetPlan())
+			continue
+		}
+		seen[c.GetPlan()] = true
+		r.pool.complete(id, c.GetOk(), nil)
+		if rq := r.loadOf[id]; rq != nil {
+			rq.loads--
+			delete(r.loadOf, id)
+		}
+	}
+	r.node.Drain()
+
+	// 2. Lookups.
+	names := map[string]bool{}
+	for i, l := range q.GetLookups() {
+		item := fmt.Sprintf("lookups[%d]", i)
+		name := l.GetReqId()
+		key, ok := r.checkKey(errs, item, name, l.GetPages(), l.GetHashes(), s)
+		if !ok {
+			continue
+		}
+		switch {
+		case names[name]:
+			errs.add(item, name, pb.ErrorCode_ERROR_CODE_DUPLICATE, "request id %q twice in the step's lookups", name)
+			continue
+		case s.reqs[name] != nil:
+			errs.add(item, name, pb.ErrorCode_ERROR_CODE_DUPLICATE, "request id %q is already live (finish or abort it first)", name)
+			continue
+		}
+		names[name] = true
+		r.lookup(ctx, errs, item, s, name, key)
+	}
+
+	// 3. Stores.
+	names = map[string]bool{}
+	for i, st := range q.GetStores() {
+		item := fmt.Sprintf("stores[%d]", i)
+		name := st.GetReqId()
+		key, ok := r.checkKey(errs, item, name, st.GetPages(), st.GetHashes(), s)
+		if !ok {
+			continue
+		}
+		rq := s.reqs[name]
+		switch {
+		case names[name]:
+			errs.add(item, name, pb.ErrorCode_ERROR_CODE_DUPLICATE, "request id %q twice in the step's stores", name)
+			continue
+		case rq == nil:
+			errs.add(item, name, pb.ErrorCode_ERROR_CODE_UNKNOWN, "request %q was never looked up (or is finished)", name)
+			continue
+		case !rq.done:
+			errs.add(item, name, pb.ErrorCode_ERROR_CODE_STATE, "request %q: its lookup is still pending; store after it is DONE", name)
+			continue
+		}
+		names[name] = true
+		r.store(ctx, errs, item, rq, key, out)
+	}
+
+	// 4. Finished and aborted.
+	names = map[string]bool{}
+	for i, f := range q.GetFinished() {
+		r.end(ctx, errs, fmt.Sprintf("finished[%d]", i), s, names, f.GetReqId(), true)
+	}
+	for i, a := range q.GetAborted() {
+		r.end(ctx, errs, fmt.Sprintf("aborted[%d]", i), s, names, a.GetReqId(), false)
+	}
+
+	// 5. Tick: the frontier commits what finished; more ticks while
+	// requests wait for a reload, so an L3 hit takes one step where the
+	// tiers answer at once.
+	r.tick(ctx, errs)
+	for n := 0; n < maxExtraTicks && len(r.m.Held()) > 0; n++ {
+		r.tick(ctx, errs)
+	}
+
+	// Lookups that finished.
+	for _, name := range r.pendingNames(s) {
+		rq := s.reqs[name]
+		if !rq.held && rq.loads == 0 {
+			out.Lookups = append(out.Lookups, r.result(rq))
+		}
+	}
+	for _, pl := range r.pool.take() {
+		out.Plans = append(out.Plans, planMsg(pl))
+	}
+	out.Tick = r.m.Ticks()
+	out.Contribution = []byte(control.Frontier(r.m.Contribution()).String())
+	if r.m.Options().DigestEvery > 0 && r.m.Ticks()%uint64(r.m.Options().DigestEvery) == 0 {
+		d := r.m.Digest()
+		out.Digest = d[:]
+		r.stats.digests.Add(1)
+	}
+	return out
+}
+
+// pendingNames lists the session's requests whose lookup is not yet sent
+// DONE, in a total order.
+func (r *rank) pendingNames(s *session) []string {
+	var ns []string
+	for name, rq := range s.reqs {
+		if !rq.done {
+			ns = append(ns, name)
+		}
+	}
+	slices.Sort(ns)
+	return ns
+}
+
+// checkKey validates an item's id and hashes and returns serve's keys.
+func (r *rank) checkKey(errs stepErrs, item, name string, pages uint32, hashes []byte, s *session) ([]pagehash.Hash, bool) {
+	switch {
+	case name == "":
+		errs.add(item, name, pb.ErrorCode_ERROR_CODE_INVALID, "empty req_id")
+		return nil, false
+	case len(name) > maxNamespaceString:
+		errs.add(item, "", pb.ErrorCode_ERROR_CODE_INVALID, "req_id of %d bytes, at most %d", len(name), maxNamespaceString)
+		return nil, false
+	case pages == 0:
+		errs.add(item, name, pb.ErrorCode_ERROR_CODE_INVALID, "no pages")
+		return nil, false
+	case int(pages) > r.srv.cfg.MaxPagesPerRequest:
+		errs.add(item, name, pb.ErrorCode_ERROR_CODE_LIMIT, "%d pages, at most %d a request", pages, r.srv.cfg.MaxPagesPerRequest)
+		return nil, false
+	}
+	key, err := s.keyer.keys(nil, pages, hashes)
+	if err != nil {
+		errs.add(item, name, pb.ErrorCode_ERROR_CODE_INVALID, "%v", err)
+		return nil, false
+	}
+	return key, true
+}
+
+// lookup matches a new request's key.
+func (r *rank) lookup(ctx context.Context, errs stepErrs, item string, s *session, name string, key []pagehash.Hash) {
+	r.nextReq++
+	rq := &request{name: name, id: r.nextReq, key: key}
+	r.tag = rq
+	rd, err := r.node.Apply(ctx, control.Event{Kind: control.EvMatch, Req: rq.id, Pages: len(key), Hashes: key})
+	r.tag = nil
+	if err != nil {
+		errs.add(item, name, pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "lookup: %v", err)
+		// The Machine refused it whole; make sure no lock stays.
+		_, _ = r.node.Apply(ctx, control.Event{Kind: control.EvRelease, Req: rq.id})
+		return
+	}
+	r.stats.lookups.Add(1)
+	s.reqs[name] = rq
+	r.byID[rq.id] = rq
+	if len(rd.Matches) > 0 {
+		rq.first = rd.Matches[len(rd.Matches)-1]
+		rq.res = rq.first
+		rq.held = rq.first.Held
+	}
+	r.unholds(ctx, rd.Unholds)
+	if !rq.held && rq.loads == 0 {
+		errs.out.Lookups = append(errs.out.Lookups, r.result(rq))
+	} else {
+		errs.out.Lookups = append(errs.out.Lookups, &pb.LookupResult{ReqId: name, Status: pb.LookupStatus_LOOKUP_STATUS_PENDING})
+	}
+}
+
+// unholds handles released holds: a reload that landed re-matches once
+// (loading the pages back into L1); any other reason ends the wait.
+func (r *rank) unholds(ctx context.Context, us []control.Unhold) {
+	for _, u := range us {
+		rq := r.byID[u.Req]
+		if rq == nil {
+			continue
+		}
+		rq.held = false
+		if rq.rematched || (u.Reason != control.Loaded && u.Reason != control.Present) {
+			continue
+		}
+		rq.rematched = true
+		r.tag = rq
+		rd, err := r.node.Apply(ctx, control.Event{Kind: control.EvMatch, Req: rq.id, Pages: len(rq.key), Hashes: rq.key})
+		r.tag = nil
+		if err != nil {
+			r.log.Warn("kvtier serve: re-match after a reload", "rank", r.idx, "req", rq.name, "err", err)
+			continue
+		}
+		if len(rd.Matches) > 0 {
+			rq.res = rd.Matches[len(rd.Matches)-1]
+			rq.held = rq.res.Held
+		}
+		r.unholds(ctx, rd.Unholds)
+	}
+}
+
+// result is a DONE lookup result: the hit prefix readable in L1 now.
+func (r *rank) result(rq *request) *pb.LookupResult {
+	rq.done = true
+	r.refs = r.m.MatchedL1(rq.id, r.refs[:0])
+	got := len(r.refs)
+	res := &pb.LookupResult{ReqId: rq.name, Status: pb.LookupStatus_LOOKUP_STATUS_DONE, HitPages: uint32(got)}
+	l1 := min(rq.first.L1, got)
+	l2 := min(rq.first.L2, got-l1)
+	res.L1Hit, res.L2Hit, res.L3Hit = uint32(l1), uint32(l2), uint32(got-l1-l2)
+	for _, ref := range r.refs {
+		p := uint32(ref.L1)
+		if n := len(res.L1Pages); n > 0 && res.L1Pages[n-1].Start+res.L1Pages[n-1].Count == p {
+			res.L1Pages[n-1].Count++
+			continue
+		}
+		res.L1Pages = append(res.L1Pages, &pb.PageRange{Start: p, Count: 1})
+	}
+	r.stats.hitPages.Add(int64(got))
+	r.stats.missPages.Add(int64(len(rq.key) - got))
+	r.stats.hitByTier[1].Add(int64(l1))
+	r.stats.hitByTier[2].Add(int64(l2))
+	r.stats.hitByTier[3].Add(int64(got - l1 - l2))
+	return res
+}
+
+// store inserts a request's whole key and returns its placement.
+func (r *rank) store(ctx context.Context, errs stepErrs, item string, rq *request, key []pagehash.Hash, out *pb.StepReply) {
+	rd, err := r.node.Apply(ctx, control.Event{Kind: control.EvInsert, Req: rq.id, Pages: len(key), Hashes: key})
+	if err != nil {
+		errs.add(item, rq.name, pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "store: %v", err)
+		return
+	}
+	r.stats.stores.Add(1)
+	placed := false
+	for _, p := range rd.Placements {
+		if p.Req != rq.id {
+			continue
+		}
+		n := int64(0)
+		pm := &pb.Placement{ReqId: rq.name}
+		for _, rg := range p.L1 {
+			pm.L1Pages = append(pm.L1Pages, &pb.PageRange{Start: uint32(rg.Start), Count: uint32(rg.Pages)})
+			n += rg.Pages
+		}
+		pm.FirstPage = uint32(int64(len(key)) - n)
+		out.Placements = append(out.Placements, pm)
+		r.stats.placedPages.Add(n)
+		placed = true
+	}
+	if !placed {
+		r.stats.refusedStores.Add(1)
+	}
+	r.unholds(ctx, rd.Unholds)
+}
+
+// end finishes or aborts a request.
+func (r *rank) end(ctx context.Context, errs stepErrs, item string, s *session, names map[string]bool, name string, finish bool) {
+	rq := s.reqs[name]
+	switch {
+	case name == "":
+		errs.add(item, name, pb.ErrorCode_ERROR_CODE_INVALID, "empty req_id")
+		return
+	case names[name]:
+		errs.add(item, name, pb.ErrorCode_ERROR_CODE_DUPLICATE, "request %q ended twice in the step", name)
+		return
+	case rq == nil:
+		errs.add(item, name, pb.ErrorCode_ERROR_CODE_UNKNOWN, "request %q is not live (never looked up, or already ended)", name)
+		return
+	}
+	names[name] = true
+	if finish {
+		if _, err := r.node.Apply(ctx, control.Event{Kind: control.EvFinish, Req: rq.id}); err != nil {
+			r.log.Error("kvtier serve: finish", "rank", r.idx, "req", name, "err", err)
+		}
+	}
+	if _, err := r.node.Apply(ctx, control.Event{Kind: control.EvRelease, Req: rq.id}); err != nil {
+		r.log.Error("kvtier serve: release", "rank", r.idx, "req", name, "err", err)
+	}
+	for id, q := range r.loadOf {
+		if q == rq {
+			delete(r.loadOf, id)
+		}
+	}
+	delete(s.reqs, name)
+	delete(r.byID, rq.id)
+}
+
+// tick exchanges and ticks the Machine and handles the holds it releases.
+func (r *rank) tick(ctx context.Context, errs stepErrs) {
+	rd, err := r.node.Tick(ctx)
+	if err != nil {
+		r.log.Error("kvtier serve: tick", "rank", r.idx, "err", err)
+		errs.add("step", "", pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "tick: %v", err)
+		return
+	}
+	r.unholds(ctx, rd.Unholds)
+}
+
+func planMsg(pl plan) *pb.CopyPlan {
+	m := &pb.CopyPlan{Plan: uint64(pl.id), Direction: pb.Direction_DIRECTION_FROM_SLAB, Items: make([]*pb.CopyItem, len(pl.items))}
+	if pl.toL2 {
+		m.Direction = pb.Direction_DIRECTION_TO_SLAB
+	}
+	for i, it := range pl.items {
+		m.Items[i] = &pb.CopyItem{L1Page: uint32(it.Page), Kind: uint32(it.Kind), Slab: uint32(it.Span.Slab), Offset: uint64(it.Span.Offset), Length: uint64(it.Span.Length)}
+	}
+	return m
+}
+
+func errorCodeName(code int) string {
+	n := pb.ErrorCode(code).String()
+	return strings.ToLower(strings.TrimPrefix(n, "ERROR_CODE_"))
+}

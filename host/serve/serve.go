@@ -1,0 +1,601 @@
+// Package serve is `kvtier serve`: it hosts the Nodes of the ranks its
+// stack config names (one control Machine each, over one opened stack
+// each), and serves the engine API kvtier.engine.v1 (api/enginev1) to the
+// engine ranks over a unix socket and, when asked, loopback TCP. One
+// goroutine per rank owns its Node; gRPC handlers hand it calls. See
+// docs/engine-api.md for the call sequence and docs/serve.md for running
+// it.
+//
+// The engine's L1 is the engine's memory: the rank's Pool v1 is an engine
+// pool that turns the Machine's L1<->L2 copies into copy plans in the
+// Step reply, and the engine's reports into the pool's acks.
+package serve
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/kvtier/kvtier/api/enginev1"
+	"github.com/kvtier/kvtier/host"
+	"github.com/kvtier/kvtier/host/builtin"
+	"github.com/kvtier/kvtier/host/config"
+	"github.com/kvtier/kvtier/host/control"
+	"github.com/kvtier/kvtier/host/stack"
+	"github.com/kvtier/kvtier/policy"
+	"github.com/kvtier/kvtier/tiers"
+)
+
+//go:embed default.yaml
+var defaultYAML string
+
+// DefaultYAML returns the embedded default stack config (with its
+// {{DIR}}, {{RANK}}, {{RANKS}} and {{DIRHASH}} placeholders).
+func DefaultYAML() string { return defaultYAML }
+
+// Config configures a Server.
+type Config struct {
+	// YAML is the stack config text (empty: the embedded default). Its
+	// placeholders are replaced: {{DIR}} by DataDir, {{RANK}} by the rank,
+	// {{RANKS}} by Ranks, {{DIRHASH}} by a short digest of DataDir. A
+	// config for more than one rank must use {{RANK}} in its paths.
+	YAML string
+	// ConfigName names YAML in errors (a file path).
+	ConfigName string
+	// DataDir holds every rank's files; required.
+	DataDir string
+	// Ranks is the number of ranks to host (0: the config's
+	// ranks.world_size; the embedded default: 1).
+	Ranks int
+	// Socket is the unix socket path (mode 0600); required.
+	Socket string
+	// Listen, when set, also serves on this TCP address, which must be
+	// loopback unless AllowRemote.
+	Listen      string
+	AllowRemote bool
+	// Metrics, when set, serves /metrics, /healthz and /readyz on this
+	// loopback address.
+	Metrics string
+	// ColdStart is what the stores do with a previous run's data
+	// (default load: a restart finds its L3 pages again).
+	ColdStart tiers.ColdStart
+	// SessionTTL expires a session silent this long (default 30 s).
+	SessionTTL time.Duration
+	// MaxItemsPerStep and MaxPagesPerRequest bound one Step (defaults
+	// 65536 and 1<<20 / page... see defaults).
+	MaxItemsPerStep    int
+	MaxPagesPerRequest int
+	// DrainTimeout bounds the graceful stop (default 10 s).
+	DrainTimeout time.Duration
+	// Version is reported by Health.
+	Version string
+	// Logger receives serve's and the tiers' lines (nil: discarded).
+	Logger *slog.Logger
+}
+
+// Server is a running kvtier serve.
+type Server struct {
+	cfg     Config
+	boot    string
+	ranks   []*rank
+	log     *slog.Logger
+	metrics *metrics
+
+	mu       sync.RWMutex
+	sessions map[string]*rank
+
+	ready bool
+	pb.UnimplementedEngineServer
+}
+
+// Open opens every rank's stack and builds its Node. Serve starts serving.
+func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
+	if cfg.DataDir == "" {
+		return nil, fmt.Errorf("serve: no data dir")
+	}
+	if cfg.Socket == "" {
+		return nil, fmt.Errorf("serve: no socket path")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.ColdStart == "" {
+		cfg.ColdStart = tiers.ColdStartLoad
+	}
+	if cfg.SessionTTL <= 0 {
+		cfg.SessionTTL = 30 * time.Second
+	}
+	if cfg.MaxItemsPerStep <= 0 {
+		cfg.MaxItemsPerStep = 65536
+	}
+	if cfg.MaxPagesPerRequest <= 0 {
+		cfg.MaxPagesPerRequest = 1 << 16
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = 10 * time.Second
+	}
+	if cfg.Listen != "" && !cfg.AllowRemote {
+		if err := checkLoopback(cfg.Listen); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Metrics != "" {
+		if err := checkLoopback(cfg.Metrics); err != nil {
+			return nil, fmt.Errorf("serve: metrics: %w", err)
+		}
+	}
+	abs, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("serve: data dir: %w", err)
+	}
+	cfg.DataDir = abs
+	if err := os.MkdirAll(abs, 0o700); err != nil {
+		return nil, fmt.Errorf("serve: data dir: %w", err)
+	}
+	text, name := cfg.YAML, cfg.ConfigName
+	if text == "" {
+		text, name = defaultYAML, "embedded default stack"
+		if cfg.Ranks <= 0 {
+			cfg.Ranks = 1
+		}
+	}
+	if name == "" {
+		name = "serve config"
+	}
+	if cfg.Ranks <= 0 {
+		// Read the world size from the config itself (rank 0's view).
+		st, _, err := loadStack(expand(text, cfg, 0, 1), name)
+		if err != nil {
+			return nil, fmt.Errorf("serve: %w", err)
+		}
+		cfg.Ranks = max(1, st.Ranks.WorldSize)
+	}
+	if cfg.Ranks > 1 && !strings.Contains(text, "{{RANK}}") {
+		return nil, fmt.Errorf("serve: %s: %d ranks share one config, so its paths must contain {{RANK}} (each rank needs its own slab, L3 and index)", name, cfg.Ranks)
+	}
+	s := &Server{cfg: cfg, boot: newBootID(), log: cfg.Logger, sessions: map[string]*rank{}}
+	s.metrics = newMetrics(s)
+	defer func() {
+		if err != nil {
+			for _, r := range s.ranks {
+				_ = r.st.Close()
+			}
+		}
+	}()
+	for i := range cfg.Ranks {
+		r, err := s.openRank(ctx, text, name, i)
+		if err != nil {
+			return nil, fmt.Errorf("serve: rank %d: %w", i, err)
+		}
+		s.ranks = append(s.ranks, r)
+	}
+	return s, nil
+}
+
+func newBootID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return strconv.FormatInt(time.Now().Unix(), 36) + "-" + hex.EncodeToString(b[:])
+}
+
+func checkLoopback(addr string) error {
+	h, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("serve: address %q: %w", addr, err)
+	}
+	if h == "localhost" {
+		return nil
+	}
+	ip := net.ParseIP(h)
+	if ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("serve: address %q is not loopback; serving beyond this host needs the explicit opt-in (--allow-remote)", addr)
+	}
+	return nil
+}
+
+func expand(text string, cfg Config, rank, ranks int) string {
+	sum := sha256.Sum256([]byte(cfg.DataDir))
+	return strings.NewReplacer("{{DIR}}", cfg.DataDir, "{{RANK}}", strconv.Itoa(rank), "{{RANKS}}", strconv.Itoa(ranks), "{{DIRHASH}}", hex.EncodeToString(sum[:4])).Replace(text)
+}
+
+func loadStack(text, name string) (*config.Stack, stack.Registries, error) {
+	tr, err := builtin.Tiers()
+	if err != nil {
+		return nil, stack.Registries{}, err
+	}
+	ix, err := builtin.Indexes()
+	if err != nil {
+		return nil, stack.Registries{}, err
+	}
+	pr, err := builtin.Policies()
+	if err != nil {
+		return nil, stack.Registries{}, err
+	}
+	st, err := config.Load([]byte(text), name, config.Modules{Tiers: tr, Indexes: ix, Policies: pr})
+	if err != nil {
+		return nil, stack.Registries{}, err
+	}
+	return st, stack.Registries{Tiers: tr, Indexes: ix}, nil
+}
+
+// openRank opens one rank's stack and builds its Machine and Node.
+func (s *Server) openRank(ctx context.Context, text, name string, i int) (_ *rank, err error) {
+	st, regs, err := loadStack(expand(text, s.cfg, i, s.cfg.Ranks), name)
+	if err != nil {
+		return nil, err
+	}
+	if st.Ranks.WorldSize > 1 && st.Ranks.WorldSize != s.cfg.Ranks {
+		return nil, fmt.Errorf("%s: ranks.world_size is %d but serve hosts %d ranks", name, st.Ranks.WorldSize, s.cfg.Ranks)
+	}
+	dir := filepath.Join(s.cfg.DataDir, fmt.Sprintf("rank%d", i))
+	for _, d := range []string{dir, filepath.Join(dir, "index"), filepath.Join(dir, "shm"), filepath.Join(dir, "l3")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	log := s.log.With("rank", i)
+	stk, err := stack.Open(ctx, st, regs, stack.Options{Logger: log, StackID: fmt.Sprintf("serve-r%d", i), ColdStart: s.cfg.ColdStart, IndexDir: filepath.Join(dir, "index")})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = stk.Close()
+		}
+	}()
+	if stk.Pool == nil {
+		return nil, fmt.Errorf("%s: the stack has no pool tier: its pages are the size of the engine's L1, which serve plans", name)
+	}
+	// The engine's memory is L1: serve keeps the pool's geometry and
+	// plans the copies; the opened pool stays idle until the stack closes.
+	pool := newEnginePool(stk.Pool.Geometry().Pages, st.Payload)
+	stk.Pool = pool
+	base := control.DefaultOptions()
+	base.SpillQueueCap, base.SpillInflight = 1024, 64
+	base.ReloadMaxInflight, base.ReloadTTL = 16, 64
+	base.DigestEvery = 64
+	base.Logger = log
+	mo, err := host.MachineOptions(stk, base, "")
+	if err != nil {
+		return nil, err
+	}
+	if mo.NewEvictor, err = evictor(st); err != nil {
+		return nil, err
+	}
+	m, err := control.New(mo)
+	if err != nil {
+		return nil, err
+	}
+	r := &rank{idx: i, srv: s, st: stk, m: m, pool: pool, log: log, calls: make(chan call),
+		byID: map[control.ReqID]*request{}, loadOf: map[tiers.BatchID]*request{}}
+	pool.onIssue = func(p *plan) {
+		if !p.toL2 && r.tag != nil {
+			r.tag.loads++
+			r.loadOf[p.id] = r.tag
+		}
+	}
+	node, err := host.New(stk, m, host.Options{Group: timedGroup{g: host.Solo{}, m: s.metrics, rank: i}, Logger: log, SettleTimeout: s.cfg.DrainTimeout})
+	if err != nil {
+		return nil, err
+	}
+	r.node = node
+	return r, nil
+}
+
+// evictor returns a builder of the stack's eviction policy.
+func evictor(st *config.Stack) (func() (policy.Evictor, error), error) {
+	reg, err := builtin.Policies()
+	if err != nil {
+		return nil, err
+	}
+	e, err := reg.Lookup(policy.EvictorV1, st.Policy.Evictor)
+	if err != nil {
+		return nil, fmt.Errorf("policy %q: %w", st.Policy.Evictor, err)
+	}
+	build := func() (policy.Evictor, error) { return e.Factory(policy.Options{Params: st.Policy.Params}) }
+	if _, err := build(); err != nil {
+		return nil, fmt.Errorf("policy %q (serve runs online policies only): %w", st.Policy.Evictor, err)
+	}
+	return build, nil
+}
+
+// timedGroup measures the group exchange.
+type timedGroup struct {
+	g    host.Group
+	m    *metrics
+	rank int
+}
+
+func (t timedGroup) Exchange(ctx context.Context, tick uint64, c control.Contribution) (control.Frontier, error) {
+	t0 := time.Now()
+	f, err := t.g.Exchange(ctx, tick, c)
+	t.m.observeExchange(t.rank, time.Since(t0))
+	return f, err
+}
+
+// BootID is the server's boot id.
+func (s *Server) BootID() string { return s.boot }
+
+// Ranks is the number of ranks served.
+func (s *Server) Ranks() int { return len(s.ranks) }
+
+func (s *Server) bind(id string, r *rank) {
+	s.mu.Lock()
+	s.sessions[id] = r
+	s.mu.Unlock()
+}
+
+func (s *Server) unbind(id string) {
+	s.mu.Lock()
+	delete(s.sessions, id)
+	s.mu.Unlock()
+}
+
+func (s *Server) rankOf(id string) *rank {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.sessions[id]
+}
+
+func (s *Server) sessionCount() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.sessions)
+}
+
+// Serve listens and serves until ctx ends, then drains: it stops taking
+// calls (in-flight ones finish, bounded by DrainTimeout), fails the plans
+// engines still owe, waits for the stores' in-flight puts and closes every
+// stack in order. It closes the Server.
+func (s *Server) Serve(ctx context.Context) (err error) {
+	lis, err := listenUnix(s.cfg.Socket)
+	if err != nil {
+		s.closeRanks(context.Background())
+		return err
+	}
+	defer os.Remove(s.cfg.Socket)
+	gs := grpc.NewServer(grpc.MaxRecvMsgSize(256<<20), grpc.MaxSendMsgSize(256<<20))
+	pb.RegisterEngineServer(gs, s)
+	errc := make(chan error, 3)
+	go func() { errc <- gs.Serve(lis) }()
+	if s.cfg.Listen != "" {
+		tl, err := net.Listen("tcp", s.cfg.Listen)
+		if err != nil {
+			gs.Stop()
+			s.closeRanks(context.Background())
+			return fmt.Errorf("serve: listen %s: %w", s.cfg.Listen, err)
+		}
+		go func() { errc <- gs.Serve(tl) }()
+	}
+	var hs *http.Server
+	if s.cfg.Metrics != "" {
+		ml, err := net.Listen("tcp", s.cfg.Metrics)
+		if err != nil {
+			gs.Stop()
+			s.closeRanks(context.Background())
+			return fmt.Errorf("serve: metrics listen %s: %w", s.cfg.Metrics, err)
+		}
+		hs = &http.Server{Handler: s.metrics.handler(), ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := hs.Serve(ml); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("serve: metrics: %w", err)
+			}
+		}()
+	}
+	rctx, stopRanks := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	for _, r := range s.ranks {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.loop(rctx) }()
+	}
+	s.mu.Lock()
+	s.ready = true
+	s.mu.Unlock()
+	s.log.Info("kvtier serve: serving", "socket", s.cfg.Socket, "tcp", s.cfg.Listen, "metrics", s.cfg.Metrics, "ranks", len(s.ranks), "boot_id", s.boot)
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+		s.log.Error("kvtier serve: listener failed", "err", err)
+	}
+	s.mu.Lock()
+	s.ready = false
+	s.mu.Unlock()
+	s.log.Info("kvtier serve: draining")
+	done := make(chan struct{})
+	go func() { gs.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(s.cfg.DrainTimeout):
+		s.log.Warn("kvtier serve: calls still running after the drain timeout; stopping them")
+		gs.Stop()
+	}
+	stopRanks()
+	wg.Wait()
+	if hs != nil {
+		_ = hs.Close()
+	}
+	dctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
+	defer cancel()
+	if cerr := s.closeRanks(dctx); cerr != nil && err == nil {
+		err = cerr
+	}
+	s.log.Info("kvtier serve: stopped")
+	return err
+}
+
+// closeRanks ends every session, settles in-flight store work and closes
+// the stacks (each in its own order: pool, stores, indexes, slab).
+func (s *Server) closeRanks(ctx context.Context) error {
+	var errs []error
+	for _, r := range s.ranks {
+		r.endSession(ctx, "serve stopped")
+		if err := r.node.Settle(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("rank %d: settle: %w", r.idx, err))
+		}
+		if err := r.st.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("rank %d: %w", r.idx, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// listenUnix listens on path with mode 0600. A socket file left by a dead
+// serve is removed; one a live serve answers on is refused.
+func listenUnix(path string) (net.Listener, error) {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("serve: socket path %s exists and is not a socket", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("serve: socket %s: another serve is listening there", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("serve: remove stale socket %s: %w", path, err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("serve: socket dir: %w", err)
+	}
+	old := umask(0o177)
+	l, err := net.Listen("unix", path)
+	umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("serve: listen %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("serve: chmod %s: %w", path, err)
+	}
+	return l, nil
+}
+
+// registerReply describes the rank's slab, kinds and limits.
+func (s *Server) registerReply(r *rank, ses *session) *pb.RegisterReply {
+	g := r.st.Slab.Geometry()
+	sg := &pb.SlabGeometry{PageSize: uint64(g.PageSize), Backing: g.Backing}
+	for _, f := range g.Slabs {
+		sg.Files = append(sg.Files, &pb.SlabFile{Id: uint32(f.ID), Path: f.Path, Size: uint64(f.Size)})
+	}
+	out := &pb.RegisterReply{Session: ses.id, BootId: s.boot, ProtocolVersion: 1, Slab: sg,
+		Limits: &pb.Limits{L1Pages: uint32(r.pool.geo.Pages), MaxPagesPerRequest: uint32(s.cfg.MaxPagesPerRequest),
+			MaxItemsPerStep: uint32(s.cfg.MaxItemsPerStep), SessionTtlMs: uint32(s.cfg.SessionTTL / time.Millisecond)},
+		NamespaceId: append([]byte(nil), ses.keyer[:]...)}
+	for _, k := range r.st.Config.Payload.Kinds {
+		out.Kinds = append(out.Kinds, &pb.PayloadKind{Name: k.Name, PageBytes: uint64(k.PageBytes)})
+	}
+	return out
+}
+
+// call hands c to rank r's goroutine and waits for its answer.
+func (s *Server) call(ctx context.Context, r *rank, c call) (callReply, error) {
+	c.reply = make(chan callReply, 1)
+	select {
+	case r.calls <- c:
+	case <-ctx.Done():
+		return callReply{}, status.FromContextError(ctx.Err()).Err()
+	}
+	// The rank finishes the call even if the caller left: a step's state
+	// change is whole or not at all.
+	select {
+	case out := <-c.reply:
+		return out, nil
+	case <-ctx.Done():
+		return callReply{}, status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+// Register opens a session on the rank the request names.
+func (s *Server) Register(ctx context.Context, q *pb.RegisterRequest) (*pb.RegisterReply, error) {
+	if ws := int(q.GetWorldSize()); ws != len(s.ranks) {
+		return nil, status.Errorf(codes.InvalidArgument, "world_size: %d, this serve hosts %d ranks", q.GetWorldSize(), len(s.ranks))
+	}
+	if int(q.GetRank()) >= len(s.ranks) {
+		return nil, status.Errorf(codes.InvalidArgument, "rank: %d, this serve hosts ranks 0..%d", q.GetRank(), len(s.ranks)-1)
+	}
+	if vs := q.GetProtocolVersions(); len(vs) > 0 && !containsV1(vs) {
+		return nil, status.Errorf(codes.FailedPrecondition, "protocol_versions: %v, this serve speaks 1", vs)
+	}
+	if len(q.GetEngineId()) > maxNamespaceString {
+		return nil, status.Errorf(codes.InvalidArgument, "engine_id: %d bytes, at most %d", len(q.GetEngineId()), maxNamespaceString)
+	}
+	out, err := s.call(ctx, s.ranks[q.GetRank()], call{kind: callRegister, reg: q})
+	if err != nil {
+		return nil, err
+	}
+	if out.err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "%v", out.err)
+	}
+	return out.reg, nil
+}
+
+func containsV1(vs []uint32) bool {
+	for _, v := range vs {
+		if v == 1 {
+			return true
+		}
+	}
+	return false
+}
+
+// Step runs one scheduler step of a session.
+func (s *Server) Step(ctx context.Context, q *pb.StepRequest) (*pb.StepReply, error) {
+	r := s.rankOf(q.GetSession())
+	if r == nil {
+		out := &pb.StepReply{BootId: s.boot}
+		out.Errors = append(out.Errors, &pb.ItemError{Item: "session", Code: pb.ErrorCode_ERROR_CODE_UNKNOWN, Message: fmt.Sprintf("session %q is not open here (serve restarted or the session ended): register again", q.GetSession())})
+		s.metrics.unknownSession.Add(1)
+		return out, nil
+	}
+	out, err := s.call(ctx, r, call{kind: callStep, step: q})
+	if err != nil {
+		return nil, err
+	}
+	return out.step, nil
+}
+
+// Health reports the boot id and readiness.
+func (s *Server) Health(ctx context.Context, _ *pb.HealthRequest) (*pb.HealthReply, error) {
+	s.mu.RLock()
+	ready := s.ready
+	s.mu.RUnlock()
+	return &pb.HealthReply{BootId: s.boot, Ready: ready, Sessions: uint32(s.sessionCount()), Ranks: uint32(len(s.ranks)), Version: s.cfg.Version}, nil
+}
+
+// Close ends a session.
+func (s *Server) Close(ctx context.Context, q *pb.CloseRequest) (*pb.CloseReply, error) {
+	r := s.rankOf(q.GetSession())
+	if r == nil {
+		return nil, status.Errorf(codes.NotFound, "session %q is not open here", q.GetSession())
+	}
+	out, err := s.call(ctx, r, call{kind: callClose, close: q})
+	if err != nil {
+		return nil, err
+	}
+	if out.err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "%v", out.err)
+	}
+	return &pb.CloseReply{}, nil
+}
+
+// Ping does nothing.
+func (s *Server) Ping(context.Context, *pb.PingRequest) (*pb.PingReply, error) {
+	return &pb.PingReply{}, nil
+}
