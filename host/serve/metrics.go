@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvtier/kvtier/host"
@@ -49,7 +50,7 @@ func newMetrics(s *Server) *metrics {
 	m := &metrics{s: s, reg: prometheus.NewRegistry()}
 	m.step = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvtier_step_duration_seconds", Help: "Time serve spends on one Step call of an engine rank, queueing excluded.", Buckets: latencyBuckets}, []string{"rank"})
 	m.exchange = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvtier_group_exchange_duration_seconds", Help: "Time of one rank-group exchange (contribution to frontier).", Buckets: latencyBuckets}, []string{"rank"})
-	m.reg.MustRegister(m.step, m.exchange, collector{m}, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	m.reg.MustRegister(m.step, m.exchange, collector{m}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

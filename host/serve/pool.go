@@ -20,7 +20,7 @@ import (
 type enginePool struct {
 	geo    tiers.PoolGeometry
 	next   tiers.BatchID
-	out    []plan                // issued since the last take
+	out    []plan                 // issued since the last take
 	live   map[tiers.BatchID]plan // issued, until reported
 	acks   []tiers.Ack
 	ready  chan struct{}

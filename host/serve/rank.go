@@ -42,7 +42,6 @@ type rank struct {
 	loadOf  map[tiers.BatchID]*request
 	tag     *request // the request whose event is being applied
 	refs    []control.PageRef
-	keysBuf []pagehash.Hash
 
 	snap  atomic.Pointer[snapshot]
 	stats rankStats
@@ -73,15 +72,15 @@ type session struct {
 
 // request is one live request of the session.
 type request struct {
-	name   string
-	id     control.ReqID
-	key    []pagehash.Hash
-	first  control.MatchResult
-	res    control.MatchResult
-	held   bool
+	name      string
+	id        control.ReqID
+	key       []pagehash.Hash
+	first     control.MatchResult
+	res       control.MatchResult
+	held      bool
 	rematched bool
-	loads  int  // FROM_SLAB plans outstanding
-	done   bool // its lookup result was sent DONE
+	loads     int  // FROM_SLAB plans outstanding
+	done      bool // its lookup result was sent DONE
 }
 
 type callKind uint8
