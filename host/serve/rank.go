@@ -43,6 +43,9 @@ type rank struct {
 	tag     *request // the request whose event is being applied
 	refs    []control.PageRef
 
+	// stale: an ended session's L1 could not be forgotten (see forgetL1).
+	stale bool
+
 	snap  atomic.Pointer[snapshot]
 	stats rankStats
 }
@@ -159,6 +162,9 @@ func (r *rank) register(ctx context.Context, q *pb.RegisterRequest) (*pb.Registe
 	if err := checkNamespace(q.GetNamespace(), r.st.Config.Payload); err != nil {
 		return nil, err
 	}
+	if r.stale && !r.forgetL1(ctx) {
+		return nil, fmt.Errorf("rank %d: an earlier engine's L1 is still in the cache (its operations have not settled); retry shortly: %w", r.idx, errRetry)
+	}
 	if r.sess != nil {
 		r.log.Info("kvtier serve: session replaced", "rank", r.idx, "old", r.sess.id, "engine", q.GetEngineId())
 		r.stats.replaced.Add(1)
@@ -210,15 +216,43 @@ func (r *rank) endSession(ctx context.Context, why string) {
 		delete(r.byID, q.id)
 	}
 	clear(r.loadOf)
-	if _, err := r.node.Tick(ctx); err != nil {
-		r.log.Error("kvtier serve: tick after the session ended", "rank", r.idx, "err", err)
+	flushed := r.forgetL1(ctx)
+	r.log.Info("kvtier serve: session ended", "rank", r.idx, "session", s.id, "why", why, "plans_rolled_back", n, "requests_released", len(names), "flushed", flushed)
+}
+
+// forgetL1 makes the Machine forget what the ended session's L1 held: the
+// L1 is the engine's memory, and the next engine starts with an empty
+// one. The Machine has no L1-only drop, so the rank flushes its whole
+// cache once every op has settled (the L3 copies stay durable and are
+// found again by lookups). It reports whether the flush happened; if it
+// could not (a tier that never answers), the rank refuses new sessions
+// until it can, rather than serve pages the new engine never wrote.
+func (r *rank) forgetL1(ctx context.Context) bool {
+	for range 16 {
+		if err := r.node.Settle(ctx); err != nil {
+			r.log.Error("kvtier serve: settle after the session ended", "rank", r.idx, "err", err)
+		}
+		if _, err := r.node.Tick(ctx); err != nil {
+			r.log.Error("kvtier serve: tick after the session ended", "rank", r.idx, "err", err)
+		}
+		before := r.m.Count("flush")
+		if _, err := r.node.Apply(ctx, control.Event{Kind: control.EvFlush}); err != nil {
+			r.log.Error("kvtier serve: flush after the session ended", "rank", r.idx, "err", err)
+			continue
+		}
+		if r.m.Count("flush") > before {
+			r.stale = false
+			return true
+		}
 	}
-	r.log.Info("kvtier serve: session ended", "rank", r.idx, "session", s.id, "why", why, "plans_rolled_back", n, "requests_released", len(names))
+	r.stale = true
+	return false
 }
 
 var (
 	errUnknownSession = errors.New("unknown session")
 	errStaleBoot      = errors.New("stale boot_id")
+	errRetry          = errors.New("not now")
 )
 
 type stepErrs struct {

@@ -540,6 +540,9 @@ func (s *Server) Register(ctx context.Context, q *pb.RegisterRequest) (*pb.Regis
 	if err != nil {
 		return nil, err
 	}
+	if errors.Is(out.err, errRetry) {
+		return nil, status.Errorf(codes.Unavailable, "%v", out.err)
+	}
 	if out.err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "%v", out.err)
 	}

@@ -1,0 +1,167 @@
+package serve
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"syscall"
+	"testing"
+	"time"
+
+	pb "github.com/kvtier/kvtier/api/enginev1"
+	"github.com/kvtier/kvtier/pagehash"
+)
+
+// buildKvtier builds the kvtier binary once per test binary.
+func buildKvtier(t *testing.T) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	bin := filepath.Join(t.TempDir(), "kvtier")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/kvtier")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// startProcess runs `kvtier serve` and waits for its socket.
+func startProcess(t *testing.T, bin, dir, sock string, args ...string) *exec.Cmd {
+	t.Helper()
+	os.Remove(sock) // a SIGKILLed serve leaves its socket; serve removes it too
+	cmd := exec.Command(bin, append([]string{"serve", "--data-dir", dir, "--socket", sock, "--log-level", "warn"}, args...)...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	for i := 0; ; i++ {
+		if fi, err := os.Stat(sock); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			if fi.Mode().Perm() != 0o600 {
+				t.Fatalf("socket mode %v, want 0600", fi.Mode().Perm())
+			}
+			return cmd
+		}
+		if i > 1000 {
+			t.Fatal("kvtier serve did not listen within 10 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestProcessKillAndTerm: a real `kvtier serve` process is SIGKILLed after
+// a first run; a restart on the same data dir finds the pages in L3 (cold
+// start load), byte for byte; SIGTERM then drains it to a clean exit that
+// removes its socket.
+func TestProcessKillAndTerm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs kvtier serve processes (-short)")
+	}
+	ctx := context.Background()
+	bin := buildKvtier(t)
+	dir := t.TempDir()
+	sd, _ := os.MkdirTemp("", "kvp")
+	defer os.RemoveAll(sd)
+	sock := filepath.Join(sd, "s.sock")
+	cmd := startProcess(t, bin, dir, sock)
+	e := dialEngine(t, sock, 0, 1)
+	if err := e.register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	keys := make([][]pagehash.Hash, 8)
+	for i := range keys {
+		keys[i] = chain(reqName(i), 12, 12, "")
+		drive(t, ctx, e, reqName(i), keys[i])
+	}
+	for range 20 {
+		if _, err := e.run(ctx, &pb.StepRequest{}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := e.reg.BootId
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	// While serve is away a step fails; the engine treats it as a miss.
+	if _, err := e.run(ctx, &pb.StepRequest{}, nil); err == nil {
+		t.Fatal("a step succeeded with serve killed")
+	}
+	cmd = startProcess(t, bin, dir, sock)
+	e.close()
+	e = dialEngine(t, sock, 0, 1)
+	if err := e.register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e.reg.BootId == old {
+		t.Fatal("the restarted serve has the old boot_id")
+	}
+	var l3 uint32
+	for i := range keys {
+		l3 += drive(t, ctx, e, "again"+reqName(i), keys[i]).L3Hit
+	}
+	if l3 == 0 || e.wrong != 0 {
+		t.Fatalf("after SIGKILL and restart: %d L3 hit pages, %d wrong (verified %d)", l3, e.wrong, e.verified)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	werr := make(chan error, 1)
+	go func() { werr <- cmd.Wait() }()
+	select {
+	case err := <-werr:
+		if err != nil {
+			t.Fatalf("serve after SIGTERM: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not exit within 20 s of SIGTERM")
+	}
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Fatalf("socket left after a clean stop: %v", err)
+	}
+}
+
+// TestSessionReplacedRollsBack: a rank's engine that re-registers (it
+// restarted mid-step) has its owed plans failed and rolled back; the other
+// rank's session goes on untouched.
+func TestSessionReplacedRollsBack(t *testing.T) {
+	ctx := context.Background()
+	s, sock, _ := startServer(t, t.TempDir(), 2)
+	a, b := dialEngine(t, sock, 0, 2), dialEngine(t, sock, 1, 2)
+	for _, e := range []*testEngine{a, b} {
+		if err := e.register(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := chain("x", 8, 8, "")
+	drive(t, ctx, b, "b0", key)
+	// Rank 0 stores and never reports its plans.
+	out, err := a.run(ctx, &pb.StepRequest{Lookups: []*pb.Lookup{{ReqId: "a0", Pages: 8, Hashes: packHashes(key)}}}, nil)
+	if err != nil || len(out.Errors) > 0 {
+		t.Fatal(err, out.GetErrors())
+	}
+	out, err = a.run(ctx, &pb.StepRequest{Stores: []*pb.Store{{ReqId: "a0", Pages: 8, Hashes: packHashes(key)}}}, map[string][]pagehash.Hash{"a0": key})
+	if err != nil || len(out.Plans) == 0 {
+		t.Fatalf("no plans to owe: %v %v", err, out)
+	}
+	a.done = nil // the engine died before running them
+	if err := a.register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.ranks[0].stats.rolledBack.Load(); n == 0 {
+		t.Fatal("no plan rolled back")
+	}
+	// Rank 1 goes on; rank 0 starts over and re-caches.
+	res := drive(t, ctx, b, "b1", key)
+	if res.HitPages != 8 || b.wrong != 0 {
+		t.Fatalf("rank 1 after rank 0's restart: hit %d, wrong %d", res.HitPages, b.wrong)
+	}
+	drive(t, ctx, a, "a1", key)
+	res = drive(t, ctx, a, "a2", key)
+	if res.HitPages != 8 || a.wrong != 0 {
+		t.Fatalf("rank 0 after its restart: hit %d, wrong %d", res.HitPages, a.wrong)
+	}
+}
