@@ -66,8 +66,10 @@ proto:
 		--grpc_out=clients/python --plugin=protoc-gen-grpc=$$(command -v grpc_python_plugin) \
 		$(API_PROTO)
 
+# The system at work: kvtier serve on the embedded demo stack, driven by
+# kvtier loadgen (every loaded byte verified), then stopped (scripts/run-demo.sh).
 run: build
-	$(BIN)/kvtier replay
+	BIN=$(BIN) scripts/run-demo.sh
 
 clean:
 	rm -rf $(BIN)
