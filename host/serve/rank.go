@@ -35,6 +35,8 @@ type rank struct {
 	pool  *enginePool
 	log   *slog.Logger
 	calls chan call
+	// closeHook closes stores a test's Config.Stores put in (nil: none).
+	closeHook func() error
 
 	sess    *session
 	nextReq control.ReqID

@@ -88,6 +88,10 @@ type Config struct {
 	Version string
 	// Logger receives serve's and the tiers' lines (nil: discarded).
 	Logger *slog.Logger
+	// Stores, for fault injection in tests only, runs after a rank's
+	// stack opened and may replace its stores (a store over errorfs);
+	// the returned function closes what it opened, before the stack.
+	Stores func(ctx context.Context, rank int, s *stack.Stack) (func() error, error)
 }
 
 // Server is a running kvtier serve.
@@ -175,6 +179,9 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 	defer func() {
 		if err != nil {
 			for _, r := range s.ranks {
+				if r.closeHook != nil {
+					_ = r.closeHook()
+				}
 				_ = r.st.Close()
 			}
 		}
@@ -260,6 +267,17 @@ func (s *Server) openRank(ctx context.Context, text, name string, i int) (_ *ran
 			_ = stk.Close()
 		}
 	}()
+	var closeHook func() error
+	if s.cfg.Stores != nil {
+		if closeHook, err = s.cfg.Stores(ctx, i, stk); err != nil {
+			return nil, fmt.Errorf("stores hook: %w", err)
+		}
+		defer func() {
+			if err != nil && closeHook != nil {
+				_ = closeHook()
+			}
+		}()
+	}
 	if stk.Pool == nil {
 		return nil, fmt.Errorf("%s: the stack has no pool tier: its pages are the size of the engine's L1, which serve plans", name)
 	}
@@ -283,7 +301,7 @@ func (s *Server) openRank(ctx context.Context, text, name string, i int) (_ *ran
 	if err != nil {
 		return nil, err
 	}
-	r := &rank{idx: i, srv: s, st: stk, m: m, pool: pool, log: log, calls: make(chan call),
+	r := &rank{idx: i, srv: s, st: stk, m: m, pool: pool, log: log, calls: make(chan call), closeHook: closeHook,
 		byID: map[control.ReqID]*request{}, loadOf: map[tiers.BatchID]*request{}}
 	pool.onIssue = func(p *plan) {
 		if !p.toL2 && r.tag != nil {
@@ -448,6 +466,11 @@ func (s *Server) closeRanks(ctx context.Context) error {
 		r.endSession(ctx, "serve stopped")
 		if err := r.node.Settle(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("rank %d: settle: %w", r.idx, err))
+		}
+		if r.closeHook != nil {
+			if err := r.closeHook(); err != nil {
+				errs = append(errs, fmt.Errorf("rank %d: stores hook: %w", r.idx, err))
+			}
 		}
 		if err := r.st.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("rank %d: %w", r.idx, err))

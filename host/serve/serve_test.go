@@ -18,6 +18,12 @@ import (
 // serves it until the returned stop is called (or the test ends).
 func startServer(t testing.TB, dir string, ranks int) (*Server, string, func()) {
 	t.Helper()
+	return startWith(t, Config{DataDir: dir, Ranks: ranks, SessionTTL: time.Minute})
+}
+
+// startWith is startServer with a whole Config (Socket is set here).
+func startWith(t testing.TB, cfg Config) (*Server, string, func()) {
+	t.Helper()
 	// Socket paths are short (sun_path is 108 bytes): under /tmp.
 	sd, err := os.MkdirTemp("", "kvs")
 	if err != nil {
@@ -25,7 +31,8 @@ func startServer(t testing.TB, dir string, ranks int) (*Server, string, func()) 
 	}
 	sock := filepath.Join(sd, "s.sock")
 	ctx, cancel := context.WithCancel(context.Background())
-	s, err := Open(ctx, Config{DataDir: dir, Socket: sock, Ranks: ranks, SessionTTL: time.Minute})
+	cfg.Socket = sock
+	s, err := Open(ctx, cfg)
 	if err != nil {
 		cancel()
 		t.Fatal(err)

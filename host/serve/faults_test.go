@@ -1,0 +1,229 @@
+package serve
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	pb "github.com/kvtier/kvtier/api/enginev1"
+	"github.com/kvtier/kvtier/host/stack"
+	"github.com/kvtier/kvtier/indexes"
+	"github.com/kvtier/kvtier/indexes/lmdb"
+	"github.com/kvtier/kvtier/pagehash"
+	"github.com/kvtier/kvtier/quantity"
+	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/l3disk"
+	"github.com/kvtier/kvtier/tiers/l3disk/diskfs"
+	"github.com/kvtier/kvtier/tiers/l3disk/diskfs/errorfs"
+)
+
+// load drives a working set larger than the L2 slab through e: keys of 12
+// pages, n distinct prefixes first (spilled to L3 as L2 fills), then a
+// revisit of the first ones (reloaded from L3, or missed). It returns the
+// L3 hit pages. Every hit is verified byte for byte by drive.
+func load(t *testing.T, ctx context.Context, e *testEngine, tag string, n, revisit int) uint32 {
+	t.Helper()
+	keys := make([][]pagehash.Hash, n)
+	for i := range keys {
+		keys[i] = chain(fmt.Sprintf("%s-%d", tag, i), 12, 12, "")
+		drive(t, ctx, e, fmt.Sprintf("%s-a%d", tag, i), keys[i])
+	}
+	var l3 uint32
+	for i := range revisit {
+		l3 += drive(t, ctx, e, fmt.Sprintf("%s-b%d", tag, i), keys[i]).L3Hit
+	}
+	return l3
+}
+
+// faultyStores replaces a rank's L3 by an l3disk (LMDB index) doing its
+// I/O through errorfs (fault injection), faults armed after open.
+func faultyStores(dir string, inj errorfs.Injector) func(ctx context.Context, rank int, s *stack.Stack) (func() error, error) {
+	return func(ctx context.Context, rank int, s *stack.Stack) (func() error, error) {
+		ix, err := lmdb.Open(ctx, indexes.Env{Logger: slog.New(slog.DiscardHandler), Dir: filepath.Join(dir, "findex")}, lmdb.DefaultConfig())
+		if err != nil {
+			return nil, err
+		}
+		cfg := l3disk.DefaultConfig()
+		cfg.Disks = []l3disk.Disk{{Dir: filepath.Join(dir, "fl3"), Budget: 256 * quantity.MiB}}
+		env := tiers.Env{Logger: slog.New(slog.DiscardHandler), Payload: s.Config.Payload, WorldSize: 1, StackID: "serve-r0",
+			Slab: s.Slab, ColdStart: tiers.ColdStartClear, Index: ix}
+		g := &gate{inner: inj}
+		st, err := l3disk.OpenFS(ctx, env, cfg, errorfs.Wrap(diskfs.OS{}, g))
+		if err != nil {
+			return nil, errors.Join(err, ix.Close())
+		}
+		g.on.Store(true)
+		s.Stores = []stack.Store{{Name: "faulty-l3", Store: st, Index: ix}}
+		return func() error { return errors.Join(st.Close(), ix.Close()) }, nil
+	}
+}
+
+type gate struct {
+	on    atomic.Bool
+	inner errorfs.Injector
+}
+
+func (g *gate) Inject(e errorfs.Event) *errorfs.Fault {
+	if !g.on.Load() {
+		return nil
+	}
+	return g.inner.Inject(e)
+}
+
+// chance injects f into a fraction p of operations op, seeded.
+type chance struct {
+	op  errorfs.Op
+	f   errorfs.Fault
+	p   float64
+	rng *rand.Rand
+	n   atomic.Int64
+}
+
+func (c *chance) Inject(e errorfs.Event) *errorfs.Fault {
+	if e.Op != c.op || filepath.Ext(e.Path) != ".slab" {
+		return nil
+	}
+	if c.rng.Float64() >= c.p {
+		return nil
+	}
+	c.n.Add(1)
+	f := c.f
+	return &f
+}
+
+// TestServeL3Faults: disk faults under the L3 store while an engine runs a
+// working set larger than L2 cost misses and failed spills, never a wrong
+// byte, a step error or a hang.
+func TestServeL3Faults(t *testing.T) {
+	const seed = 13
+	for _, tc := range []struct {
+		name string
+		op   errorfs.Op
+		f    errorfs.Fault
+	}{
+		{"eio-read", errorfs.OpRead, errorfs.Fault{Kind: errorfs.Fail, Err: unix.EIO}},
+		{"bit-flip-read", errorfs.OpRead, errorfs.Fault{Kind: errorfs.FlipBit, At: 100, Bit: 3}},
+		{"torn-write", errorfs.OpWrite, errorfs.Fault{Kind: errorfs.TornWrite, Keep: 4096}},
+		{"enospc-write", errorfs.OpWrite, errorfs.Fault{Kind: errorfs.Fail, Err: unix.ENOSPC}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			dir := t.TempDir()
+			c := &chance{op: tc.op, f: tc.f, p: 0.05, rng: rand.New(rand.NewPCG(seed, 1))}
+			s, sock, _ := startWith(t, Config{DataDir: dir, Stores: faultyStores(dir, c)})
+			e := dialEngine(t, sock, 0, 1)
+			if err := e.register(ctx); err != nil {
+				t.Fatal(err)
+			}
+			l3 := load(t, ctx, e, tc.name, 120, 40)
+			st := s.ranks[0].st.Stores[0].Store.Stats()
+			t.Logf("seed %d: %d faults injected; %d L3 hit pages, %d verified, store misses %d corrupt %d put failures %d",
+				seed, c.n.Load(), l3, e.verified, st.Misses, st.Corrupt, st.PutFailures)
+			if e.wrong != 0 {
+				t.Fatalf("seed %d: %d wrong pages", seed, e.wrong)
+			}
+			if c.n.Load() == 0 {
+				t.Fatalf("seed %d: no fault injected: the workload did not reach L3", seed)
+			}
+			if st.Misses+st.Corrupt+st.PutFailures == 0 {
+				t.Fatalf("seed %d: %d faults and no miss or failed put in the store's stats", seed, c.n.Load())
+			}
+		})
+	}
+}
+
+// TestServePluginKilled: the L3 store is a plugin process (the l3disk
+// example); it is SIGKILLed while an engine runs. serve keeps answering
+// every step (misses, failed stores), no byte is wrong, the supervisor
+// restarts the plugin and L3 hits come back.
+func TestServePluginKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a plugin binary (-short)")
+	}
+	ctx := context.Background()
+	bin := filepath.Join(t.TempDir(), "kvtier-plugin-l3disk")
+	cmd := exec.Command("go", "build", "-o", bin, "./plugins/examples/l3disk")
+	cmd.Dir = filepath.Join("..", "..")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build plugin: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(b)
+	yaml := fmt.Sprintf(`version: 1
+model:
+  page_tokens: 512
+  payloads:
+    - {name: kv, page_bytes: 16KiB}
+tiers:
+  - name: l1
+    role: pool
+    use: host
+    config: {pages: 256, layers: 1, workers: 1}
+  - name: l2
+    role: slab
+    use: l2hugetlb
+    config: {size: 16MiB, fallback: shm, shm_dir: "{{DIR}}/rank{{RANK}}/shm", name: "kvp-{{DIRHASH}}", stale: remove}
+  - name: l3
+    role: store
+    plugin:
+      path: %s
+      sha256: %s
+      config:
+        disks: [{dir: "{{DIR}}/rank{{RANK}}/pl3", budget: 256MiB}]
+        index_dir: "{{DIR}}/rank{{RANK}}/pindex"
+        plp_probes: 0
+`, bin, hex.EncodeToString(sum[:]))
+	s, sock, _ := startWith(t, Config{DataDir: t.TempDir(), YAML: yaml, ConfigName: "plugin.yaml"})
+	pidOf := func() int {
+		p, ok := s.ranks[0].st.Stores[0].Store.(interface{ PID() int })
+		if !ok {
+			t.Fatal("the plugin store has no PID")
+		}
+		return p.PID()
+	}
+	e := dialEngine(t, sock, 0, 1)
+	if err := e.register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := load(t, ctx, e, "before", 100, 20)
+	pid := pidOf()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	during := load(t, ctx, e, "during", 40, 10)
+	deadline := time.Now().Add(30 * time.Second)
+	for pidOf() == pid || pidOf() <= 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the plugin did not come back within 30 s")
+		}
+		// Steps go on while it restarts.
+		if _, err := e.run(ctx, &pb.StepRequest{}, nil); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	after := load(t, ctx, e, "after", 100, 20)
+	t.Logf("L3 hit pages: %d before the kill, %d around it, %d after the restart; %d verified, %d wrong", before, during, after, e.verified, e.wrong)
+	if e.wrong != 0 {
+		t.Fatalf("%d wrong pages", e.wrong)
+	}
+	if before == 0 || after == 0 {
+		t.Fatalf("L3 hits before %d, after the restart %d: want both above zero", before, after)
+	}
+}
