@@ -189,6 +189,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		emit(mSessionEnds, float64(st.expired.Load()), rk, "expired")
 		emit(mSessionEnds, float64(st.replaced.Load()), rk, "replaced")
+		emit(mSessionEnds, float64(st.disconnected.Load()), rk, "disconnected")
 		emit(mRolledBack, float64(st.rolledBack.Load()), rk)
 		emit(mLookupPages, float64(st.hitPages.Load()), rk, "hit")
 		emit(mLookupPages, float64(st.missPages.Load()), rk, "miss")

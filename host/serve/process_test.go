@@ -165,3 +165,43 @@ func TestSessionReplacedRollsBack(t *testing.T) {
 		t.Fatalf("rank 0 after its restart: hit %d, wrong %d", res.HitPages, a.wrong)
 	}
 }
+
+// TestDisconnectRollsBack: a client whose connection closes mid-flight
+// (plans owed) has its session ended at once, its plans rolled back; a
+// new engine on the rank starts clean and reads only what it wrote.
+func TestDisconnectRollsBack(t *testing.T) {
+	ctx := context.Background()
+	s, sock, _ := startServer(t, t.TempDir(), 1)
+	a := dialEngine(t, sock, 0, 1)
+	if err := a.register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	key := chain("d", 8, 8, "")
+	drive(t, ctx, a, "warm", key)
+	out, err := a.run(ctx, &pb.StepRequest{Lookups: []*pb.Lookup{{ReqId: "x", Pages: 8, Hashes: packHashes(chain("e", 8, 8, ""))}}}, nil)
+	if err != nil || len(out.Errors) > 0 {
+		t.Fatal(err, out.GetErrors())
+	}
+	ek := chain("e", 8, 8, "")
+	out, err = a.run(ctx, &pb.StepRequest{Stores: []*pb.Store{{ReqId: "x", Pages: 8, Hashes: packHashes(ek)}}}, map[string][]pagehash.Hash{"x": ek})
+	if err != nil || len(out.Plans) == 0 {
+		t.Fatalf("no plans owed: %v %v", err, out)
+	}
+	a.conn.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for s.sessionCount() != 0 || s.ranks[0].stats.rolledBack.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the disconnect: %d sessions, %d plans rolled back", s.sessionCount(), s.ranks[0].stats.rolledBack.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	b := dialEngine(t, sock, 0, 1)
+	if err := b.register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	drive(t, ctx, b, "b1", key)
+	res := drive(t, ctx, b, "b2", key)
+	if res.HitPages != 8 || b.wrong != 0 {
+		t.Fatalf("new engine: hit %d, wrong %d", res.HitPages, b.wrong)
+	}
+}

@@ -56,6 +56,7 @@ type rank struct {
 // a scrape reads).
 type rankStats struct {
 	steps, sessions, expired, replaced atomic.Int64
+	disconnected                       atomic.Int64
 	lookups, hitPages, missPages       atomic.Int64
 	hitByTier                          [4]atomic.Int64
 	stores, placedPages, refusedStores atomic.Int64
@@ -94,13 +95,21 @@ const (
 	callRegister callKind = iota + 1
 	callStep
 	callClose
+	// callDrop ends a session whose connection closed.
+	callDrop
 )
+
+// closeMsg names a session to drop and why.
+type closeMsg struct {
+	session, why string
+}
 
 type call struct {
 	kind  callKind
 	reg   *pb.RegisterRequest
 	step  *pb.StepRequest
 	close *pb.CloseRequest
+	drop  *closeMsg
 	reply chan callReply
 }
 
@@ -141,6 +150,11 @@ func (r *rank) loop(ctx context.Context) {
 				r.srv.metrics.observeStep(r.idx, time.Since(t0))
 			case callClose:
 				out.err = r.closeSession(ctx, c.close)
+			case callDrop:
+				if r.sess != nil && r.sess.id == c.drop.session {
+					r.stats.disconnected.Add(1)
+					r.endSession(ctx, c.drop.why)
+				}
 			}
 			r.publish()
 			c.reply <- out // buffered: never blocks

@@ -104,6 +104,8 @@ type Server struct {
 
 	mu       sync.RWMutex
 	sessions map[string]*rank
+	conns    map[string]uint64 // session -> the connection it registered on
+	live     context.Context   // while serving: the ranks' context
 
 	ready bool
 	pb.UnimplementedEngineServer
@@ -174,7 +176,7 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if cfg.Ranks > 1 && !strings.Contains(text, "{{RANK}}") {
 		return nil, fmt.Errorf("serve: %s: %d ranks share one config, so its paths must contain {{RANK}} (each rank needs its own slab, L3 and index)", name, cfg.Ranks)
 	}
-	s := &Server{cfg: cfg, boot: newBootID(), log: cfg.Logger, sessions: map[string]*rank{}}
+	s := &Server{cfg: cfg, boot: newBootID(), log: cfg.Logger, sessions: map[string]*rank{}, conns: map[string]uint64{}}
 	s.metrics = newMetrics(s)
 	defer func() {
 		if err != nil {
@@ -363,6 +365,7 @@ func (s *Server) bind(id string, r *rank) {
 func (s *Server) unbind(id string) {
 	s.mu.Lock()
 	delete(s.sessions, id)
+	delete(s.conns, id)
 	s.mu.Unlock()
 }
 
@@ -389,7 +392,7 @@ func (s *Server) Serve(ctx context.Context) (err error) {
 		return err
 	}
 	defer os.Remove(s.cfg.Socket)
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(256<<20), grpc.MaxSendMsgSize(256<<20))
+	gs := grpc.NewServer(grpc.MaxRecvMsgSize(256<<20), grpc.MaxSendMsgSize(256<<20), grpc.StatsHandler(&connTracker{s: s}))
 	pb.RegisterEngineServer(gs, s)
 	errc := make(chan error, 3)
 	go func() { errc <- gs.Serve(lis) }()
@@ -425,6 +428,7 @@ func (s *Server) Serve(ctx context.Context) (err error) {
 	}
 	s.mu.Lock()
 	s.ready = true
+	s.live = rctx
 	s.mu.Unlock()
 	s.log.Info("kvtier serve: serving", "socket", s.cfg.Socket, "tcp", s.cfg.Listen, "metrics", s.cfg.Metrics, "ranks", len(s.ranks), "boot_id", s.boot)
 	select {
@@ -434,6 +438,7 @@ func (s *Server) Serve(ctx context.Context) (err error) {
 	}
 	s.mu.Lock()
 	s.ready = false
+	s.live = nil
 	s.mu.Unlock()
 	s.log.Info("kvtier serve: draining")
 	done := make(chan struct{})
@@ -568,6 +573,11 @@ func (s *Server) Register(ctx context.Context, q *pb.RegisterRequest) (*pb.Regis
 	}
 	if out.err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "%v", out.err)
+	}
+	if id := connOf(ctx); id != 0 {
+		s.mu.Lock()
+		s.conns[out.reg.Session] = id
+		s.mu.Unlock()
 	}
 	return out.reg, nil
 }
