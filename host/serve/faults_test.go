@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -88,6 +89,7 @@ type chance struct {
 	op  errorfs.Op
 	f   errorfs.Fault
 	p   float64
+	mu  sync.Mutex // the store reads and writes from several goroutines
 	rng *rand.Rand
 	n   atomic.Int64
 }
@@ -96,7 +98,10 @@ func (c *chance) Inject(e errorfs.Event) *errorfs.Fault {
 	if e.Op != c.op || filepath.Ext(e.Path) != ".slab" {
 		return nil
 	}
-	if c.rng.Float64() >= c.p {
+	c.mu.Lock()
+	hit := c.rng.Float64() < c.p
+	c.mu.Unlock()
+	if !hit {
 		return nil
 	}
 	c.n.Add(1)
