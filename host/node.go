@@ -241,7 +241,8 @@ func (n *Node) Apply(ctx context.Context, e control.Event) (control.Ready, error
 // run consumes the Machine's Ready: placements to the engine first (the
 // backups of the same Ready read what it wrote), then copies, store ops.
 func (n *Node) run(ctx context.Context, e control.Event) (control.Ready, error) {
-	rd := n.m.Ready()
+	// The contribution is taken at the tick (Tick), not per event.
+	rd := n.m.Output()
 	n.m.Advance()
 	for _, sk := range rd.Skips {
 		n.stats.Skips[sk.Reason.String()]++

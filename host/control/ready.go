@@ -268,6 +268,29 @@ func (m *Machine) Ready() Ready {
 	}
 }
 
+// Output is Ready without the contribution (its Contribution is zero): a
+// driver that offers the contribution only at its ticks (Contribution)
+// consumes the output of every event with it and skips building a
+// contribution per event, which costs a walk of every lane's ops.
+func (m *Machine) Output() Ready {
+	p := &m.out
+	return Ready{
+		Tick:       m.tick,
+		Matches:    p.matches,
+		Placements: p.placements,
+		Copies:     p.copies,
+		Puts:       p.puts,
+		Lookups:    p.lookups,
+		Gets:       p.gets,
+		Deletes:    p.deletes,
+		Touches:    p.touches,
+		Holds:      p.holds,
+		Unholds:    p.unholds,
+		Skips:      p.skips,
+		Digest:     p.digest,
+	}
+}
+
 // Advance drops the output Ready returned: the driver has acted on it.
 func (m *Machine) Advance() { m.out = pending{} }
 

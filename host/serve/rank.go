@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -276,8 +277,21 @@ type stepErrs struct {
 	stats *rankStats
 }
 
-func (e stepErrs) add(item, req string, code pb.ErrorCode, format string, args ...any) {
-	e.out.Errors = append(e.out.Errors, &pb.ItemError{Item: item, ReqId: req, Code: code, Message: fmt.Sprintf(format, args...)})
+// ref names an item of a step, formatted only when it is refused.
+type ref struct {
+	field string
+	i     int // -1: the field itself
+}
+
+func (r ref) String() string {
+	if r.i < 0 {
+		return r.field
+	}
+	return r.field + "[" + strconv.Itoa(r.i) + "]"
+}
+
+func (e stepErrs) add(item ref, req string, code pb.ErrorCode, format string, args ...any) {
+	e.out.Errors = append(e.out.Errors, &pb.ItemError{Item: item.String(), ReqId: req, Code: code, Message: fmt.Sprintf(format, args...)})
 	if int(code) < len(e.stats.itemErrors) {
 		e.stats.itemErrors[code].Add(1)
 	}
@@ -291,31 +305,31 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 	s := r.sess
 	switch {
 	case s == nil || q.GetSession() != s.id:
-		errs.add("session", "", pb.ErrorCode_ERROR_CODE_UNKNOWN, "session %q is not open on rank %d: register again", q.GetSession(), r.idx)
+		errs.add(ref{"session", -1}, "", pb.ErrorCode_ERROR_CODE_UNKNOWN, "session %q is not open on rank %d: register again", q.GetSession(), r.idx)
 		return out
 	case q.GetBootId() != r.srv.boot:
-		errs.add("boot_id", "", pb.ErrorCode_ERROR_CODE_STATE, "boot_id %q is stale: serve is %q since its restart; register again", q.GetBootId(), r.srv.boot)
+		errs.add(ref{"boot_id", -1}, "", pb.ErrorCode_ERROR_CODE_STATE, "boot_id %q is stale: serve is %q since its restart; register again", q.GetBootId(), r.srv.boot)
 		return out
 	case q.GetStep() <= s.lastStep:
-		errs.add("step", "", pb.ErrorCode_ERROR_CODE_STATE, "step %d does not follow step %d", q.GetStep(), s.lastStep)
+		errs.add(ref{"step", -1}, "", pb.ErrorCode_ERROR_CODE_STATE, "step %d does not follow step %d", q.GetStep(), s.lastStep)
 		return out
 	}
 	items := len(q.GetCompletions()) + len(q.GetLookups()) + len(q.GetStores()) + len(q.GetFinished()) + len(q.GetAborted())
 	if limit := r.srv.cfg.MaxItemsPerStep; items > limit {
-		errs.add("step", "", pb.ErrorCode_ERROR_CODE_LIMIT, "%d items, at most %d a step", items, limit)
+		errs.add(ref{"step", -1}, "", pb.ErrorCode_ERROR_CODE_LIMIT, "%d items, at most %d a step", items, limit)
 		return out
 	}
 	s.lastStep = q.GetStep()
 	s.seen = time.Now()
 	r.stats.steps.Add(1)
 	if len(q.GetFrontier()) > 0 {
-		errs.add("frontier", "", pb.ErrorCode_ERROR_CODE_INVALID, "this serve's group transport is in-process, not the engine: send no frontier")
+		errs.add(ref{"frontier", -1}, "", pb.ErrorCode_ERROR_CODE_INVALID, "this serve's group transport is in-process, not the engine: send no frontier")
 	}
 
 	// 1. Completions.
 	seen := map[uint64]bool{}
 	for i, c := range q.GetCompletions() {
-		item := fmt.Sprintf("completions[%d]", i)
+		item := ref{"completions", i}
 		id := tiers.BatchID(c.GetPlan())
 		switch {
 		case seen[c.GetPlan()]:
@@ -337,7 +351,7 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 	// 2. Lookups.
 	names := map[string]bool{}
 	for i, l := range q.GetLookups() {
-		item := fmt.Sprintf("lookups[%d]", i)
+		item := ref{"lookups", i}
 		name := l.GetReqId()
 		key, ok := r.checkKey(errs, item, name, l.GetPages(), l.GetHashes(), s)
 		if !ok {
@@ -358,7 +372,7 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 	// 3. Stores.
 	names = map[string]bool{}
 	for i, st := range q.GetStores() {
-		item := fmt.Sprintf("stores[%d]", i)
+		item := ref{"stores", i}
 		name := st.GetReqId()
 		key, ok := r.checkKey(errs, item, name, st.GetPages(), st.GetHashes(), s)
 		if !ok {
@@ -383,10 +397,10 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 	// 4. Finished and aborted.
 	names = map[string]bool{}
 	for i, f := range q.GetFinished() {
-		r.end(ctx, errs, fmt.Sprintf("finished[%d]", i), s, names, f.GetReqId(), true)
+		r.end(ctx, errs, ref{"finished", i}, s, names, f.GetReqId(), true)
 	}
 	for i, a := range q.GetAborted() {
-		r.end(ctx, errs, fmt.Sprintf("aborted[%d]", i), s, names, a.GetReqId(), false)
+		r.end(ctx, errs, ref{"aborted", i}, s, names, a.GetReqId(), false)
 	}
 
 	// 5. Tick: the frontier commits what finished; more ticks while
@@ -431,7 +445,7 @@ func (r *rank) pendingNames(s *session) []string {
 }
 
 // checkKey validates an item's id and hashes and returns serve's keys.
-func (r *rank) checkKey(errs stepErrs, item, name string, pages uint32, hashes []byte, s *session) ([]pagehash.Hash, bool) {
+func (r *rank) checkKey(errs stepErrs, item ref, name string, pages uint32, hashes []byte, s *session) ([]pagehash.Hash, bool) {
 	switch {
 	case name == "":
 		errs.add(item, name, pb.ErrorCode_ERROR_CODE_INVALID, "empty req_id")
@@ -455,7 +469,7 @@ func (r *rank) checkKey(errs stepErrs, item, name string, pages uint32, hashes [
 }
 
 // lookup matches a new request's key.
-func (r *rank) lookup(ctx context.Context, errs stepErrs, item string, s *session, name string, key []pagehash.Hash) {
+func (r *rank) lookup(ctx context.Context, errs stepErrs, item ref, s *session, name string, key []pagehash.Hash) {
 	r.nextReq++
 	rq := &request{name: name, id: r.nextReq, key: key}
 	r.tag = rq
@@ -537,7 +551,7 @@ func (r *rank) result(rq *request) *pb.LookupResult {
 }
 
 // store inserts a request's whole key and returns its placement.
-func (r *rank) store(ctx context.Context, errs stepErrs, item string, rq *request, key []pagehash.Hash, out *pb.StepReply) {
+func (r *rank) store(ctx context.Context, errs stepErrs, item ref, rq *request, key []pagehash.Hash, out *pb.StepReply) {
 	rd, err := r.node.Apply(ctx, control.Event{Kind: control.EvInsert, Req: rq.id, Pages: len(key), Hashes: key})
 	if err != nil {
 		errs.add(item, rq.name, pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "store: %v", err)
@@ -567,7 +581,7 @@ func (r *rank) store(ctx context.Context, errs stepErrs, item string, rq *reques
 }
 
 // end finishes or aborts a request.
-func (r *rank) end(ctx context.Context, errs stepErrs, item string, s *session, names map[string]bool, name string, finish bool) {
+func (r *rank) end(ctx context.Context, errs stepErrs, item ref, s *session, names map[string]bool, name string, finish bool) {
 	rq := s.reqs[name]
 	switch {
 	case name == "":
@@ -603,7 +617,7 @@ func (r *rank) tick(ctx context.Context, errs stepErrs) {
 	rd, err := r.node.Tick(ctx)
 	if err != nil {
 		r.log.Error("kvtier serve: tick", "rank", r.idx, "err", err)
-		errs.add("step", "", pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "tick: %v", err)
+		errs.add(ref{"step", -1}, "", pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "tick: %v", err)
 		return
 	}
 	r.unholds(ctx, rd.Unholds)
