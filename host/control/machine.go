@@ -379,17 +379,63 @@ func (m *Machine) l3Usable() bool { return m.opts.L3 && m.tierDown&(1<<2) == 0 }
 // spill queue, the requests and their holds, the reloads, the tier state.
 // Two replicas that applied the same events and frontiers agree.
 func (m *Machine) Digest() [32]byte {
+	p := m.digestParts()
 	d := sha256.New()
+	d.Write(p.head)
+	d.Write(p.marks)
+	d.Write(p.queues)
+	var out [32]byte
+	d.Sum(out[:0])
+	return out
+}
+
+// Structures of the replicated state, in the order StructureDigests
+// returns their digests (the same order as host/consensus's).
+const (
+	StructTree = iota
+	StructPlacement
+	StructMarkers
+	StructQueues
+	NumStructures
+)
+
+// StructureDigests returns one digest per replicated structure: the
+// radix tree, the L1 and L2 placement, the node markers, and the queues
+// (ops, lanes, spill queue, requests, reloads). Two ranks whose Digest
+// differs differ in at least one of them; a group names the first.
+func (m *Machine) StructureDigests() [NumStructures][32]byte {
+	p := m.digestParts()
+	var out [NumStructures][32]byte
+	out[StructTree] = p.tree
+	h := sha256.New()
+	h.Write(p.l1[:])
+	h.Write(p.l2[:])
+	h.Sum(out[StructPlacement][:0])
+	out[StructMarkers] = sha256.Sum256(p.marks)
+	out[StructQueues] = sha256.Sum256(p.queues)
+	return out
+}
+
+// digestParts is the canonical encoding of the replicated state in its
+// sections: Digest hashes head, marks and queues in that order.
+type digestParts struct {
+	head, marks, queues []byte
+	tree, l1, l2        [32]byte
+}
+
+func (m *Machine) digestParts() digestParts {
+	var p digestParts
 	var b []byte
 	u := func(v uint64) { b = binary.LittleEndian.AppendUint64(b, v) }
 	b = append(b, "kvtier.control.v1\n"...)
 	u(m.tick)
-	td := m.tree.Digest()
-	b = append(b, td[:]...)
-	l1 := m.l1.Digest()
-	b = append(b, l1[:]...)
-	l2 := m.l2.Digest()
-	b = append(b, l2[:]...)
+	p.tree = m.tree.Digest()
+	b = append(b, p.tree[:]...)
+	p.l1 = m.l1.Digest()
+	b = append(b, p.l1[:]...)
+	p.l2 = m.l2.Digest()
+	b = append(b, p.l2[:]...)
+	p.head, b = b, nil
 	ids := sortedKeys(m.marks)
 	u(uint64(len(ids)))
 	for _, id := range ids {
@@ -402,6 +448,7 @@ func (m *Machine) Digest() [32]byte {
 		u(uint64(k.spillOp))
 		u(uint64(k.loadOp))
 	}
+	p.marks, b = b, nil
 	opIDs := sortedKeys(m.ops)
 	u(uint64(len(opIDs)))
 	for _, id := range opIDs {
@@ -477,10 +524,8 @@ func (m *Machine) Digest() [32]byte {
 	}
 	u(m.reloadN)
 	u(uint64(m.tierDown))
-	d.Write(b)
-	var out [32]byte
-	d.Sum(out[:0])
-	return out
+	p.queues = b
+	return p
 }
 
 func b2u(v bool) uint64 {

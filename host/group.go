@@ -1,0 +1,154 @@
+package host
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/kvtier/kvtier/host/consensus"
+	"github.com/kvtier/kvtier/host/control"
+)
+
+// tierBits is the number of ok bits that carry a contribution's TierUp
+// (ANDed like every ok bit).
+const tierBits = 8
+
+// ConsensusGroup runs a Node's exchanges over a host/consensus transport
+// (inproc, tcpgroup, enginegroup, simgroup): it encodes the Machine's
+// contribution into the group's fixed-shape vector and decodes the
+// frontier back. The shape is computed from replicated state only (the
+// ops issued and not yet applied per lane, the digest interval), so every
+// rank sends the same shape whatever it finished:
+//
+//   - counts: class 0 = {gathered: gather lane, durable: durable lane,
+//     reloaded: reload lane, l1copied: backup lane}, class 1 = {l1copied:
+//     load-back lane, reloaded: lookup lane}, each the absolute number of
+//     the lane's ops this rank finished (MIN over ranks: the group's);
+//   - ok bits: one per op issued and not applied, lane by lane in lane
+//     order (true for an op this rank has not finished: the neutral
+//     element of AND), then 8 bits of TierUp;
+//   - reload prefixes: one per lookup op issued and not applied (MaxUint32
+//     while unfinished: the neutral element of MIN);
+//   - on ticks that are multiples of DigestEvery, the Machine's digest and
+//     its four structure digests, compared across ranks: a mismatch stops
+//     the group naming the tick, both ranks and the first structure.
+type ConsensusGroup struct {
+	// G is the rank's member of the group.
+	G consensus.Group
+	// M is the rank's Machine (its replicated state sizes the vector).
+	M *control.Machine
+	// DigestEvery offers digests on ticks that are its multiples (0:
+	// none).
+	DigestEvery uint64
+}
+
+// Exchange implements Group.
+func (g ConsensusGroup) Exchange(ctx context.Context, tick uint64, c control.Contribution) (control.Frontier, error) {
+	ops := g.M.LaneOps()
+	cc, err := EncodeContribution(c, ops, g.digestTick(tick), g.M)
+	if err != nil {
+		return control.Frontier{}, err
+	}
+	f, err := g.G.Exchange(ctx, tick, cc)
+	if err != nil {
+		return control.Frontier{}, err
+	}
+	return DecodeFrontier(c, ops, f)
+}
+
+func (g ConsensusGroup) digestTick(tick uint64) bool {
+	return g.DigestEvery > 0 && tick%g.DigestEvery == 0
+}
+
+// EncodeContribution is the consensus vector of c (see ConsensusGroup);
+// ops are the Machine's LaneOps, m supplies the digests when digest is
+// set (nil: none).
+func EncodeContribution(c control.Contribution, ops [control.NumLanes]int, digest bool, m *control.Machine) (consensus.Contribution, error) {
+	bits := 0
+	for l := range control.NumLanes {
+		p := c.Lanes[l]
+		if p.Done < p.Base || p.Done-p.Base > uint64(ops[l]) {
+			return consensus.Contribution{}, fmt.Errorf("host: contribution lane %s done %d, base %d, %d ops issued: %w", control.Lane(l), p.Done, p.Base, ops[l], control.ErrFrontier)
+		}
+		bits += ops[l]
+	}
+	s := consensus.Shape{Classes: 2, OKBits: bits + tierBits, Reloads: ops[control.LaneLookup]}
+	if digest && m != nil {
+		s.Digest, s.Structures = true, int(consensus.NumStructures)
+	}
+	out := consensus.NewContribution(c.Tick, s)
+	ln := &c.Lanes
+	out.Counts[0] = consensus.Counts{Gathered: ln[control.LaneGather].Done, Durable: ln[control.LaneDurable].Done,
+		Reloaded: ln[control.LaneReload].Done, L1Copied: ln[control.LaneBackup].Done}
+	out.Counts[1] = consensus.Counts{L1Copied: ln[control.LaneLoadBack].Done, Reloaded: ln[control.LaneLookup].Done}
+	at := 0
+	for l := range control.NumLanes {
+		copy(out.OK[at:at+ops[l]], ln[l].OK)
+		at += ops[l]
+	}
+	for t := range tierBits {
+		out.OK[at+t] = c.TierUp>>t&1 == 1
+	}
+	for i := range out.Prefix {
+		out.Prefix[i] = math.MaxUint32
+	}
+	for i, v := range ln[control.LaneLookup].Values {
+		out.Prefix[i] = uint32(min(max(v, 0), math.MaxUint32-1))
+	}
+	if s.Digest {
+		out.Digest = m.Digest()
+		sd := m.StructureDigests()
+		for i := range out.Structures {
+			out.Structures[i] = sd[i]
+		}
+	}
+	return out, nil
+}
+
+// DecodeFrontier turns the group's frontier back into the Machine's,
+// checking it against the rank's own contribution c and its LaneOps.
+func DecodeFrontier(c control.Contribution, ops [control.NumLanes]int, f consensus.Frontier) (control.Frontier, error) {
+	if err := f.Check(); err != nil {
+		return control.Frontier{}, fmt.Errorf("host: frontier at tick %d: %w", f.Tick, err)
+	}
+	bits := 0
+	for _, n := range ops {
+		bits += n
+	}
+	if f.Tick != c.Tick || f.Shape.Classes != 2 || f.Shape.OKBits != bits+tierBits || f.Shape.Reloads != ops[control.LaneLookup] {
+		return control.Frontier{}, fmt.Errorf("host: frontier at tick %d shape %s, rank at tick %d expects classes=2 ok=%d reloads=%d: %w",
+			f.Tick, f.Shape, c.Tick, bits+tierBits, ops[control.LaneLookup], control.ErrFrontier)
+	}
+	done := [control.NumLanes]uint64{
+		control.LaneBackup: f.Counts[0].L1Copied, control.LaneLoadBack: f.Counts[1].L1Copied,
+		control.LaneGather: f.Counts[0].Gathered, control.LaneDurable: f.Counts[0].Durable,
+		control.LaneLookup: f.Counts[1].Reloaded, control.LaneReload: f.Counts[0].Reloaded,
+	}
+	out := control.Frontier{Tick: f.Tick}
+	at := 0
+	for l := range control.NumLanes {
+		base := c.Lanes[l].Base
+		if done[l] < base || done[l]-base > uint64(ops[l]) {
+			return control.Frontier{}, fmt.Errorf("host: frontier at tick %d lane %s done %d, base %d, %d ops issued: %w", f.Tick, control.Lane(l), done[l], base, ops[l], control.ErrFrontier)
+		}
+		n := int(done[l] - base)
+		p := control.LaneProgress{Base: base, Done: done[l], OK: append([]bool(nil), f.OK[at:at+n]...)}
+		if control.Lane(l) == control.LaneLookup {
+			p.Values = make([]int, n)
+			for i := range n {
+				if f.Prefix[i] == math.MaxUint32 {
+					return control.Frontier{}, fmt.Errorf("host: frontier at tick %d: lookup %d done without a prefix: %w", f.Tick, i, control.ErrFrontier)
+				}
+				p.Values[i] = int(f.Prefix[i])
+			}
+		}
+		out.Lanes[l] = p
+		at += ops[l]
+	}
+	for t := range tierBits {
+		if f.OK[at+t] {
+			out.TierUp |= 1 << t
+		}
+	}
+	return out, nil
+}
