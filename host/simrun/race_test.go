@@ -1,0 +1,5 @@
+//go:build race
+
+package simrun
+
+const raceEnabled = true

@@ -1,0 +1,495 @@
+// Package simrun is `kvtier sim`: N ranks, each a control Machine and a
+// host.Node over its own real in-process tiers (a host L1 pool, an shm
+// slab, a memstore L3), exchanging through the simulated rank group
+// (host/consensus/simgroup: seeded per-rank arrival delays, operations
+// failing on one rank, stalls, crashes) while a generated workload runs
+// the same events on every rank. Tier acks are held back a random number
+// of ticks per rank, so ranks finish the same op ticks apart. It counts
+// digest checks, divergences, hangs, failed ops, the largest ack skew
+// and wrong bytes; with InjectDivergence one rank applies an extra event
+// and the run reports the tick the group caught it.
+package simrun
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvtier/kvtier/host"
+	"github.com/kvtier/kvtier/host/builtin"
+	"github.com/kvtier/kvtier/host/config"
+	"github.com/kvtier/kvtier/host/consensus"
+	"github.com/kvtier/kvtier/host/consensus/simgroup"
+	"github.com/kvtier/kvtier/host/control"
+	"github.com/kvtier/kvtier/host/stack"
+	"github.com/kvtier/kvtier/pagehash"
+	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/workload"
+)
+
+// Config configures a simulation.
+type Config struct {
+	// Ranks is the group size (1..64).
+	Ranks int
+	// Ticks is how many ticks to run.
+	Ticks uint64
+	// Seed seeds the workload, the group's delays and faults and the ack
+	// delays.
+	Seed uint64
+	// MaxAckSkew is the most ticks a tier ack is held back on a rank.
+	MaxAckSkew int
+	// OpFailRate is the probability an ok bit of a rank's contribution is
+	// cleared (an op failing on that rank).
+	OpFailRate float64
+	// Faults are stalls and crashes (simgroup faults).
+	Faults []simgroup.Fault
+	// InjectDivergence, when above zero, makes rank 0 apply an event the
+	// others do not at that tick.
+	InjectDivergence uint64
+	// DigestEvery is the digest interval in ticks (default 16).
+	DigestEvery uint64
+	// Timeout is the exchange deadline (default 5 s).
+	Timeout time.Duration
+	// MaxPages caps a request's key (default 64 pages).
+	MaxPages int
+	// Dir holds the ranks' slab files (default a temporary directory).
+	Dir string
+}
+
+// Result is one simulation. The JSON keys are a public contract.
+type Result struct {
+	Ranks            int     `json:"ranks"`
+	Ticks            uint64  `json:"ticks"`
+	Requests         int64   `json:"requests"`
+	DigestChecks     uint64  `json:"digest_checks"`
+	Divergences      int     `json:"divergences"`
+	Hangs            int     `json:"hangs"`
+	FailedOps        int64   `json:"failed_ops"`
+	MaxAckSkewTicks  uint64  `json:"max_ack_skew_ticks"`
+	VerifiedPages    int64   `json:"verified_pages"`
+	WrongBytes       int64   `json:"wrong_bytes"`
+	Seconds          float64 `json:"seconds"`
+	TicksPerSecond   float64 `json:"ticks_per_second"`
+	InjectedAtTick   uint64  `json:"injected_at_tick,omitempty"`
+	CaughtAtTick     uint64  `json:"caught_at_tick,omitempty"`
+	StoppedBy        string  `json:"stopped_by,omitempty"`
+	Seed             uint64  `json:"seed"`
+	DigestEveryTicks uint64  `json:"digest_every_ticks"`
+}
+
+const stackYAML = `version: 1
+model:
+  page_tokens: 512
+  payloads:
+    - {name: kv, page_bytes: 4KiB}
+tiers:
+  - name: l1
+    role: pool
+    use: host
+    config: {pages: 256, layers: 1, workers: 1}
+  - name: l2
+    role: slab
+    use: l2hugetlb
+    config: {size: 4MiB, fallback: shm, mount: "%[1]s/none", shm_dir: "%[1]s", name: "sim", stale: remove}
+  - name: l3
+    role: store
+    use: memstore
+    config: {capacity: 16MiB}
+policy:
+  evictor: lru
+write_policy: write_through
+`
+
+// rankRun is one rank of the simulation.
+type rankRun struct {
+	idx    int
+	s      *stack.Stack
+	m      *control.Machine
+	node   *host.Node
+	eng    *host.SimEngine
+	now    atomic.Uint64
+	delays []*delayer
+	refs   []control.PageRef
+	checks uint64
+}
+
+// Run runs a simulation. An error is returned only for a setup failure:
+// divergences, hangs and crashes are results.
+func Run(ctx context.Context, cfg Config) (res Result, err error) {
+	if cfg.Ranks < 1 || cfg.Ranks > 64 {
+		return res, fmt.Errorf("sim: %d ranks, want 1..64", cfg.Ranks)
+	}
+	if cfg.DigestEvery == 0 {
+		cfg.DigestEvery = 16
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 5 * time.Second
+	}
+	if cfg.MaxPages <= 0 {
+		cfg.MaxPages = 64
+	}
+	if cfg.MaxAckSkew < 0 || cfg.MaxAckSkew > 1000 {
+		return res, fmt.Errorf("sim: max ack skew %d ticks, want 0..1000", cfg.MaxAckSkew)
+	}
+	res = Result{Ranks: cfg.Ranks, Seed: cfg.Seed, DigestEveryTicks: cfg.DigestEvery}
+	if cfg.Dir == "" {
+		base := ""
+		if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
+			base = "/dev/shm"
+		}
+		d, err := os.MkdirTemp(base, "kvtier-sim-")
+		if err != nil {
+			return res, fmt.Errorf("sim: %w", err)
+		}
+		defer os.RemoveAll(d)
+		cfg.Dir = d
+	}
+	grp, err := simgroup.New(cfg.Ranks, simgroup.Options{Seed: cfg.Seed, OpFailRate: cfg.OpFailRate, Faults: cfg.Faults, Timeout: cfg.Timeout})
+	if err != nil {
+		return res, fmt.Errorf("sim: %w", err)
+	}
+	ranks := make([]*rankRun, cfg.Ranks)
+	defer func() {
+		for _, r := range ranks {
+			if r != nil {
+				if cerr := r.s.Close(); cerr != nil && err == nil {
+					err = fmt.Errorf("sim: rank %d: %w", r.idx, cerr)
+				}
+			}
+		}
+	}()
+	for i := range ranks {
+		if ranks[i], err = openRank(ctx, cfg, i, grp.Members()[i]); err != nil {
+			return res, fmt.Errorf("sim: rank %d: %w", i, err)
+		}
+	}
+	gen := workload.DefaultGeneratorConfig()
+	gen.Seed, gen.Requests = cfg.Seed, 4000
+	reqs, err := workload.Generate(gen)
+	if err != nil {
+		return res, fmt.Errorf("sim: %w", err)
+	}
+	keys := make([][]pagehash.Hash, len(reqs))
+	for i, rq := range reqs {
+		keys[i] = chainKey(rq.HashIDs, cfg.MaxPages)
+	}
+	skew := newSkew(cfg.Ranks)
+	start := time.Now()
+	var wg sync.WaitGroup
+	outs := make([]rankOut, cfg.Ranks)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for i, r := range ranks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			outs[i] = r.run(rctx, cfg, keys, skew)
+			if outs[i].err != nil {
+				// The group stopped: release a rank stalled in its
+				// exchange (a stall blocks until its context ends).
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	res.Seconds = time.Since(start).Seconds()
+	for i, o := range outs {
+		r := ranks[i]
+		res.Ticks = max(res.Ticks, r.m.Ticks())
+		res.VerifiedPages += r.eng.VerifiedPages
+		res.WrongBytes += r.eng.WrongBytes
+		for _, n := range r.node.Stats().FailedOps {
+			res.FailedOps += n
+		}
+		res.FailedOps += int64(grp.Members()[i].FailedOps())
+		if i == 0 {
+			res.Requests = o.requests
+			res.DigestChecks = r.checks
+		}
+		if o.err != nil && res.StoppedBy == "" {
+			res.StoppedBy = o.err.Error()
+		}
+		var mm *consensus.MismatchError
+		switch {
+		// A divergence shows as differing digests, or earlier as a
+		// contribution of another shape (the ranks issued different ops).
+		case errors.As(o.err, &mm) || errors.Is(o.err, consensus.ErrShape):
+			if res.CaughtAtTick == 0 || o.tick < res.CaughtAtTick {
+				res.CaughtAtTick = o.tick
+			}
+		case errors.Is(o.err, consensus.ErrTimeout):
+			res.Hangs = 1
+		}
+	}
+	if res.CaughtAtTick > 0 {
+		res.Divergences = 1
+	}
+	if cfg.InjectDivergence > 0 && cfg.InjectDivergence <= res.Ticks {
+		res.InjectedAtTick = cfg.InjectDivergence
+	}
+	res.MaxAckSkewTicks = skew.max()
+	if res.Seconds > 0 {
+		res.TicksPerSecond = float64(res.Ticks) / res.Seconds
+	}
+	return res, nil
+}
+
+// chainKey turns a trace request's block ids into page hashes (a prefix
+// chain, so equal prefixes give equal keys), at most max pages.
+func chainKey(ids []uint64, max int) []pagehash.Hash {
+	n := min(len(ids), max)
+	out := make([]pagehash.Hash, n)
+	prev := pagehash.Root
+	for i := range n {
+		var t [2]uint32
+		t[0], t[1] = uint32(ids[i]), uint32(ids[i]>>32)
+		prev = pagehash.Next(prev, t[:])
+		out[i] = prev
+	}
+	return out
+}
+
+func openRank(ctx context.Context, cfg Config, i int, member consensus.Group) (*rankRun, error) {
+	dir := filepath.Join(cfg.Dir, fmt.Sprintf("rank%d", i))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	tr, err := builtin.Tiers()
+	if err != nil {
+		return nil, err
+	}
+	ix, err := builtin.Indexes()
+	if err != nil {
+		return nil, err
+	}
+	pr, err := builtin.Policies()
+	if err != nil {
+		return nil, err
+	}
+	st, err := config.Load(fmt.Appendf(nil, stackYAML, dir), "sim stack", config.Modules{Tiers: tr, Indexes: ix, Policies: pr})
+	if err != nil {
+		return nil, err
+	}
+	quiet := slog.New(slog.DiscardHandler)
+	s, err := stack.Open(ctx, st, stack.Registries{Tiers: tr, Indexes: ix}, stack.Options{Logger: quiet, StackID: fmt.Sprintf("sim-r%d", i), ColdStart: tiers.ColdStartClear, IndexDir: dir})
+	if err != nil {
+		return nil, err
+	}
+	r := &rankRun{idx: i, s: s}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = s.Close()
+		}
+	}()
+	pd := newDelayer(&r.now, cfg.MaxAckSkew, cfg.Seed, uint64(2*i+1))
+	sd := newDelayer(&r.now, cfg.MaxAckSkew, cfg.Seed, uint64(2*i+2))
+	r.delays = []*delayer{pd, sd}
+	realPool := s.Pool
+	s.Pool = &delayPool{Pool: realPool, d: pd}
+	s.Stores[0].Store = &delayStore{Store: s.Stores[0].Store, d: sd}
+	base := control.DefaultOptions()
+	base.SpillQueueCap, base.SpillInflight = 1024, 64
+	base.ReloadMaxInflight, base.ReloadTTL = 16, uint64(4*cfg.MaxAckSkew+64)
+	base.DigestEvery = cfg.DigestEvery
+	base.Logger = quiet
+	mo, err := host.MachineOptions(s, base, "")
+	if err != nil {
+		return nil, err
+	}
+	if r.m, err = control.New(mo); err != nil {
+		return nil, err
+	}
+	if r.eng, err = host.NewSimEngine(realPool, st.Payload); err != nil {
+		return nil, err
+	}
+	g := &countingGroup{ConsensusGroup: host.ConsensusGroup{G: member, M: nil, DigestEvery: cfg.DigestEvery}, r: r}
+	g.M = r.m
+	if r.node, err = host.New(s, r.m, host.Options{Group: g, Engine: r.eng, Logger: quiet, SettleTimeout: 10 * time.Second}); err != nil {
+		return nil, err
+	}
+	ok = true
+	return r, nil
+}
+
+// countingGroup counts the digest ticks a rank exchanged successfully.
+type countingGroup struct {
+	host.ConsensusGroup
+	r *rankRun
+}
+
+func (g *countingGroup) Exchange(ctx context.Context, tick uint64, c control.Contribution) (control.Frontier, error) {
+	f, err := g.ConsensusGroup.Exchange(ctx, tick, c)
+	if err == nil && g.DigestEvery > 0 && tick%g.DigestEvery == 0 {
+		g.r.checks++
+	}
+	return f, err
+}
+
+type rankOut struct {
+	requests int64
+	tick     uint64
+	err      error
+}
+
+// run drives the rank: the same requests, in the same order, as every
+// other rank; every loop bound reads replicated state only, so every rank
+// ticks the same number of times.
+func (r *rankRun) run(ctx context.Context, cfg Config, keys [][]pagehash.Hash, sk *skew) (out rankOut) {
+	tick := func() (control.Ready, error) {
+		r.node.Drain()
+		rd, err := r.node.Tick(ctx)
+		if err != nil {
+			return rd, err
+		}
+		r.now.Store(r.m.Ticks())
+		sk.observe(r.idx, r.m.Ticks(), r.m.Contribution())
+		return rd, nil
+	}
+	apply := func(e control.Event) (control.Ready, error) { return r.node.Apply(ctx, e) }
+	injected := false
+	for i := 0; r.m.Ticks() < cfg.Ticks; i++ {
+		key := keys[i%len(keys)]
+		if len(key) == 0 {
+			continue
+		}
+		req := control.ReqID(i + 1)
+		if err := r.request(req, key, apply, tick); err != nil {
+			return rankOut{requests: out.requests, tick: r.m.Ticks(), err: err}
+		}
+		out.requests++
+		if r.idx == 0 && !injected && cfg.InjectDivergence > 0 && r.m.Ticks() >= cfg.InjectDivergence {
+			injected = true
+			h := pagehash.Next(pagehash.Root, []uint32{0xdead, uint32(cfg.Seed)})
+			if _, err := apply(control.Event{Kind: control.EvInsert, Req: 1 << 62, Pages: 1, Hashes: []pagehash.Hash{h}}); err != nil {
+				return rankOut{requests: out.requests, tick: r.m.Ticks(), err: err}
+			}
+			if _, err := apply(control.Event{Kind: control.EvRelease, Req: 1 << 62}); err != nil {
+				return rankOut{requests: out.requests, tick: r.m.Ticks(), err: err}
+			}
+		}
+	}
+	// Let the held acks land and the lanes drain, within a bound.
+	for range 4 * (cfg.MaxAckSkew + 4) {
+		if _, err := tick(); err != nil {
+			return rankOut{requests: out.requests, tick: r.m.Ticks(), err: err}
+		}
+	}
+	out.tick = r.m.Ticks()
+	return out
+}
+
+// request runs one request on the rank: match, wait out a reload hold
+// (re-matching once when it landed), wait (bounded) for the load-backs to
+// commit, verify the L1 prefix byte for byte, insert, finish, release.
+func (r *rankRun) request(req control.ReqID, key []pagehash.Hash, apply func(control.Event) (control.Ready, error), tick func() (control.Ready, error)) error {
+	rd, err := apply(control.Event{Kind: control.EvMatch, Req: req, Pages: len(key), Hashes: key})
+	if err != nil {
+		return err
+	}
+	res := rd.Matches[len(rd.Matches)-1]
+	for try := 0; res.Held; try++ {
+		var reason control.HoldReason
+		for n := 0; reason == 0; n++ {
+			if n > 10000 {
+				return fmt.Errorf("rank %d: request %d held for %d ticks", r.idx, req, n)
+			}
+			trd, err := tick()
+			if err != nil {
+				return err
+			}
+			if j := slices.IndexFunc(trd.Unholds, func(u control.Unhold) bool { return u.Req == req }); j >= 0 {
+				reason = trd.Unholds[j].Reason
+			}
+		}
+		if try > 0 || (reason != control.Loaded && reason != control.Present) {
+			break
+		}
+		if rd, err = apply(control.Event{Kind: control.EvMatch, Req: req, Pages: len(key), Hashes: key}); err != nil {
+			return err
+		}
+		res = rd.Matches[len(rd.Matches)-1]
+	}
+	want := res.L1 + res.L2
+	for n := 0; ; n++ {
+		r.refs = r.m.MatchedL1(req, r.refs[:0])
+		if len(r.refs) >= want || n >= 4*64 {
+			break
+		}
+		if _, err := tick(); err != nil {
+			return err
+		}
+	}
+	if _, err := r.eng.Verify(r.refs); err != nil {
+		return err
+	}
+	if _, err := apply(control.Event{Kind: control.EvInsert, Req: req, Pages: len(key), Hashes: key}); err != nil {
+		return err
+	}
+	if _, err := tick(); err != nil {
+		return err
+	}
+	if _, err := apply(control.Event{Kind: control.EvFinish, Req: req}); err != nil {
+		return err
+	}
+	if _, err := apply(control.Event{Kind: control.EvRelease, Req: req}); err != nil {
+		return err
+	}
+	_, err = tick()
+	return err
+}
+
+// skew measures, per lane op, the ticks between the first rank finishing
+// it and the last.
+type skew struct {
+	mu    sync.Mutex
+	ranks int
+	done  [][control.NumLanes]uint64 // per rank: ops finished per lane
+	first [control.NumLanes]map[uint64]uint64
+	worst uint64
+}
+
+func newSkew(ranks int) *skew {
+	s := &skew{ranks: ranks, done: make([][control.NumLanes]uint64, ranks)}
+	for l := range s.first {
+		s.first[l] = map[uint64]uint64{}
+	}
+	return s
+}
+
+func (s *skew) observe(rank int, tick uint64, c control.Contribution) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for l := range control.NumLanes {
+		d := c.Lanes[l].Done
+		for k := s.done[rank][l] + 1; k <= d; k++ {
+			if _, ok := s.first[l][k]; !ok {
+				s.first[l][k] = tick
+			}
+		}
+		s.done[rank][l] = max(s.done[rank][l], d)
+		lo := d
+		for r := range s.ranks {
+			lo = min(lo, s.done[r][l])
+		}
+		for k, t := range s.first[l] {
+			if k <= lo {
+				s.worst = max(s.worst, tick-t)
+				delete(s.first[l], k)
+			}
+		}
+	}
+}
+
+func (s *skew) max() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.worst
+}
