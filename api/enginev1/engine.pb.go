@@ -655,7 +655,8 @@ type RegisterReply struct {
 	Slab            *SlabGeometry  `protobuf:"bytes,4,opt,name=slab,proto3" json:"slab,omitempty"`
 	Kinds           []*PayloadKind `protobuf:"bytes,5,rep,name=kinds,proto3" json:"kinds,omitempty"`
 	Limits          *Limits        `protobuf:"bytes,6,opt,name=limits,proto3" json:"limits,omitempty"`
-	// namespace_id is the 32-byte digest the server keys this namespace by.
+	// namespace_id is the 32-byte digest the server keys this namespace by
+	// (every field but the shard; key = page hash XOR namespace_id).
 	NamespaceId   []byte `protobuf:"bytes,7,opt,name=namespace_id,json=namespaceId,proto3" json:"namespace_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -50,3 +50,21 @@ func (m *Machine) MatchedL1(req ReqID, dst []PageRef) []PageRef {
 	}
 	return dst
 }
+
+// Loading reports whether a load-back into L1 is in flight on the path
+// req's lock is on: replicated state, so every rank of a group answers
+// alike, and a driver can tell a request whose prefix is still coming
+// (MatchedL1 stops at it) from one whose load failed. An unknown request
+// is not loading.
+func (m *Machine) Loading(req ReqID) bool {
+	r := m.reqs[req]
+	if r == nil || r.lock == nil || r.lock.Removed() {
+		return false
+	}
+	for n := r.lock; n != nil && n != m.tree.Root(); n = n.Parent() {
+		if k := m.marks[n.ID()]; k != nil && k.loadOp != 0 {
+			return true
+		}
+	}
+	return false
+}

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"fmt"
 
+	"google.golang.org/protobuf/proto"
+
 	pb "github.com/kvtier/kvtier/api/enginev1"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
@@ -43,6 +45,18 @@ func namespaceID(ns *pb.Namespace) [32]byte {
 	var id [32]byte
 	h.Sum(id[:0])
 	return id
+}
+
+// keyNamespace is the namespace serve keys pages by: every field but the
+// shard. The ranks of a context-parallel engine send the same page hashes
+// (the same tokens) for their own shards of the KV; their Machines must
+// hold equal keys for their replicated state to be equal (the group
+// compares digests), and each rank's pages live in that rank's own tiers,
+// so the shard needs no place in the key.
+func keyNamespace(ns *pb.Namespace) [32]byte {
+	c := proto.Clone(ns).(*pb.Namespace)
+	c.Shard = 0
+	return namespaceID(c)
 }
 
 // checkNamespace validates ns against the stack's payload geometry; the

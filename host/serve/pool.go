@@ -26,10 +26,6 @@ type enginePool struct {
 	ready  chan struct{}
 	closed bool
 
-	// onIssue, when set, sees every plan as it is issued (the rank tags
-	// load plans with the request that caused them).
-	onIssue func(p *plan)
-
 	toSlab, fromSlab, bytesTo, bytesFrom atomic.Int64
 }
 
@@ -79,9 +75,6 @@ func (p *enginePool) issue(b []tiers.PoolCopy, toL2 bool) (tiers.BatchID, error)
 	p.next++
 	pl := plan{id: p.next, toL2: toL2, items: append([]tiers.PoolCopy(nil), b...)}
 	p.live[pl.id] = pl
-	if p.onIssue != nil {
-		p.onIssue(&pl)
-	}
 	p.out = append(p.out, pl)
 	return pl.id, nil
 }

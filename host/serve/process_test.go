@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -124,45 +125,68 @@ func TestProcessKillAndTerm(t *testing.T) {
 	}
 }
 
-// TestSessionReplacedRollsBack: a rank's engine that re-registers (it
-// restarted mid-step) has its owed plans failed and rolled back; the other
-// rank's session goes on untouched.
+// TestSessionReplacedRollsBack: ranks of one engine step in lockstep
+// through serve's rank group; when rank 0's engine re-registers (it
+// restarted mid-step, plans owed), its plans are rolled back and every
+// rank moves to a new epoch with empty Machines (the engine's L1 is gone);
+// the other rank's session ends with it. After both register again they
+// cache and hit again, the same answers on both ranks, every byte right.
 func TestSessionReplacedRollsBack(t *testing.T) {
 	ctx := context.Background()
 	s, sock, _ := startServer(t, t.TempDir(), 2)
-	a, b := dialEngine(t, sock, 0, 2), dialEngine(t, sock, 1, 2)
-	for _, e := range []*testEngine{a, b} {
+	es := []*testEngine{dialEngine(t, sock, 0, 2), dialEngine(t, sock, 1, 2)}
+	for _, e := range es {
 		if err := e.register(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
 	key := chain("x", 8, 8, "")
-	drive(t, ctx, b, "b0", key)
-	// Rank 0 stores and never reports its plans.
-	out, err := a.run(ctx, &pb.StepRequest{Lookups: []*pb.Lookup{{ReqId: "a0", Pages: 8, Hashes: packHashes(key)}}}, nil)
-	if err != nil || len(out.Errors) > 0 {
-		t.Fatal(err, out.GetErrors())
+	driveGroup(t, ctx, es, "g0", key)
+	if r := driveGroup(t, ctx, es, "g1", key); r[0].HitPages != 8 || r[0].L1Hit != 8 {
+		t.Fatalf("second request: %v", r[0])
 	}
-	out, err = a.run(ctx, &pb.StepRequest{Stores: []*pb.Store{{ReqId: "a0", Pages: 8, Hashes: packHashes(key)}}}, map[string][]pagehash.Hash{"a0": key})
-	if err != nil || len(out.Plans) == 0 {
-		t.Fatalf("no plans to owe: %v %v", err, out)
+	ek := chain("y", 8, 8, "")
+	stepAll(t, ctx, es, func() *pb.StepRequest {
+		return &pb.StepRequest{Lookups: []*pb.Lookup{{ReqId: "y", Pages: 8, Hashes: packHashes(ek)}}}
+	}, nil)
+	outs := stepAll(t, ctx, es, func() *pb.StepRequest {
+		return &pb.StepRequest{Stores: []*pb.Store{{ReqId: "y", Pages: 8, Hashes: packHashes(ek)}}}
+	}, map[string][]pagehash.Hash{"y": ek})
+	if len(outs[0].Plans) == 0 {
+		t.Fatalf("no plans owed: %v", outs[0])
 	}
-	a.done = nil // the engine died before running them
-	if err := a.register(ctx); err != nil {
+	es[0].done = nil // rank 0's engine died before running them
+	if err := es[0].register(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if n := s.ranks[0].stats.rolledBack.Load(); n == 0 {
 		t.Fatal("no plan rolled back")
 	}
-	// Rank 1 goes on; rank 0 starts over and re-caches.
-	res := drive(t, ctx, b, "b1", key)
-	if res.HitPages != 8 || b.wrong != 0 {
-		t.Fatalf("rank 1 after rank 0's restart: hit %d, wrong %d", res.HitPages, b.wrong)
+	// Rank 1's session ended with the group.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		out, err := es[1].run(ctx, &pb.StepRequest{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out.Errors) > 0 && out.Errors[0].Item == "session" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rank 1's session did not end with rank 0's: %v", out)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	drive(t, ctx, a, "a1", key)
-	res = drive(t, ctx, a, "a2", key)
-	if res.HitPages != 8 || a.wrong != 0 {
-		t.Fatalf("rank 0 after its restart: hit %d, wrong %d", res.HitPages, a.wrong)
+	if err := es[1].register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := driveGroup(t, ctx, es, "g2", key)
+	if r[0].L1Hit != 0 {
+		t.Fatalf("after the new epoch: %d L1 hit pages from an engine that has none", r[0].L1Hit)
+	}
+	r = driveGroup(t, ctx, es, "g3", key)
+	if r[0].HitPages != 8 || es[0].wrong != 0 || es[1].wrong != 0 {
+		t.Fatalf("after re-registering: hit %d, wrong %d/%d", r[0].HitPages, es[0].wrong, es[1].wrong)
 	}
 }
 
@@ -203,5 +227,39 @@ func TestDisconnectRollsBack(t *testing.T) {
 	res := drive(t, ctx, b, "b2", key)
 	if res.HitPages != 8 || b.wrong != 0 {
 		t.Fatalf("new engine: hit %d, wrong %d", res.HitPages, b.wrong)
+	}
+}
+
+// TestGroupLoad: three ranks of one engine in lockstep through serve's
+// rank group, a working set larger than L2 (spills to L3 and reloads):
+// every step gives every rank the same answers, the digests compared
+// every 64 ticks never differ, and every hit byte is right.
+func TestGroupLoad(t *testing.T) {
+	ctx := context.Background()
+	s, sock, _ := startServer(t, t.TempDir(), 3)
+	es := []*testEngine{dialEngine(t, sock, 0, 3), dialEngine(t, sock, 1, 3), dialEngine(t, sock, 2, 3)}
+	for _, e := range es {
+		if err := e.register(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys := make([][]pagehash.Hash, 110)
+	for i := range keys {
+		keys[i] = chain(fmt.Sprintf("g-%d", i), 12, 12, "")
+		driveGroup(t, ctx, es, fmt.Sprintf("a%d", i), keys[i])
+	}
+	var l3 uint32
+	for i := range 20 {
+		l3 += driveGroup(t, ctx, es, fmt.Sprintf("b%d", i), keys[i])[0].L3Hit
+	}
+	ticks := s.ranks[0].m.Ticks()
+	t.Logf("%d ticks, %d L3 hit pages per rank, verified %d/%d/%d", ticks, l3, es[0].verified, es[1].verified, es[2].verified)
+	if l3 == 0 || ticks < 64 {
+		t.Fatalf("the load did not reach L3 (%d pages) or a digest tick (%d ticks)", l3, ticks)
+	}
+	for i, e := range es {
+		if e.wrong != 0 {
+			t.Fatalf("rank %d: %d wrong pages", i, e.wrong)
+		}
 	}
 }

@@ -42,12 +42,15 @@ type rank struct {
 	sess    *session
 	nextReq control.ReqID
 	byID    map[control.ReqID]*request
-	loadOf  map[tiers.BatchID]*request
-	tag     *request // the request whose event is being applied
 	refs    []control.PageRef
 
-	// stale: an ended session's L1 could not be forgotten (see forgetL1).
-	stale bool
+	// mo and nodeOpts rebuild the Machine and Node for a new epoch.
+	mo       control.Options
+	nodeOpts host.Options
+	// epoch is the group epoch the rank's Machine runs in.
+	epoch *epoch
+	// broken: the rank could not start a new epoch; it refuses sessions.
+	broken error
 
 	snap  atomic.Pointer[snapshot]
 	stats rankStats
@@ -86,7 +89,6 @@ type request struct {
 	res       control.MatchResult
 	held      bool
 	rematched bool
-	loads     int  // FROM_SLAB plans outstanding
 	done      bool // its lookup result was sent DONE
 }
 
@@ -98,6 +100,8 @@ const (
 	callClose
 	// callDrop ends a session whose connection closed.
 	callDrop
+	// callEpoch moves the rank to a new epoch another rank started.
+	callEpoch
 )
 
 // closeMsg names a session to drop and why.
@@ -111,6 +115,7 @@ type call struct {
 	step  *pb.StepRequest
 	close *pb.CloseRequest
 	drop  *closeMsg
+	epoch *epoch
 	reply chan callReply
 }
 
@@ -156,6 +161,14 @@ func (r *rank) loop(ctx context.Context) {
 					r.stats.disconnected.Add(1)
 					r.endSession(ctx, c.drop.why)
 				}
+			case callEpoch:
+				if r.epoch.n < c.epoch.n {
+					if s := r.sess; s != nil {
+						r.log.Info("kvtier serve: session ended with its group", "rank", r.idx, "session", s.id, "why", c.drop.why)
+					}
+					r.dropSession()
+					r.reset(ctx, c.epoch, c.drop.why)
+				}
 			}
 			r.publish()
 			c.reply <- out // buffered: never blocks
@@ -176,11 +189,11 @@ func (r *rank) loop(ctx context.Context) {
 
 // register opens a session, replacing an earlier one.
 func (r *rank) register(ctx context.Context, q *pb.RegisterRequest) (*pb.RegisterReply, error) {
+	if r.broken != nil {
+		return nil, r.broken
+	}
 	if err := checkNamespace(q.GetNamespace(), r.st.Config.Payload); err != nil {
 		return nil, err
-	}
-	if r.stale && !r.forgetL1(ctx) {
-		return nil, fmt.Errorf("rank %d: an earlier engine's L1 is still in the cache (its operations have not settled); retry shortly: %w", r.idx, errRetry)
 	}
 	if r.sess != nil {
 		r.log.Info("kvtier serve: session replaced", "rank", r.idx, "old", r.sess.id, "engine", q.GetEngineId())
@@ -188,7 +201,7 @@ func (r *rank) register(ctx context.Context, q *pb.RegisterRequest) (*pb.Registe
 		r.endSession(ctx, "replaced by a new Register")
 	}
 	ns := q.GetNamespace()
-	s := &session{id: newSessionID(), engineID: q.GetEngineId(), ns: ns, keyer: keyer(namespaceID(ns)), seen: time.Now(), reqs: map[string]*request{}}
+	s := &session{id: newSessionID(), engineID: q.GetEngineId(), ns: ns, keyer: keyer(keyNamespace(ns)), seen: time.Now(), reqs: map[string]*request{}}
 	r.sess = s
 	r.srv.bind(s.id, r)
 	r.stats.sessions.Add(1)
@@ -207,69 +220,65 @@ func (r *rank) closeSession(ctx context.Context, q *pb.CloseRequest) error {
 	return nil
 }
 
-// endSession fails the session's outstanding plans (the Machine rolls
-// their ops back at the next frontier, which the tick here makes), and
-// releases its requests.
+// endSession ends the rank's session: its owed plans are failed, and the
+// rank starts a new group epoch with a new Machine over the same tiers
+// (see reset), because the L1 was the engine's memory and the next engine
+// starts with an empty one. With more than one rank, every rank moves to
+// the new epoch: the engine's ranks are one unit.
 func (r *rank) endSession(ctx context.Context, why string) {
 	s := r.sess
-	if s == nil {
-		return
+	r.dropSession()
+	e := r.srv.advance(r.epoch.n)
+	r.reset(ctx, e, why)
+	r.srv.broadcast(e, r.idx, why)
+	if s != nil {
+		r.log.Info("kvtier serve: session ended", "rank", r.idx, "session", s.id, "why", why, "epoch", e.n)
 	}
-	r.srv.unbind(s.id)
-	r.sess = nil
-	n := r.pool.failAll(fmt.Errorf("session %s %s before reporting the plan", s.id, why))
-	r.stats.rolledBack.Add(int64(n))
-	r.node.Drain()
-	names := make([]string, 0, len(s.reqs))
-	for name := range s.reqs {
-		names = append(names, name)
-	}
-	slices.Sort(names) // a total order: every rank releases alike
-	for _, name := range names {
-		q := s.reqs[name]
-		if _, err := r.node.Apply(ctx, control.Event{Kind: control.EvRelease, Req: q.id}); err != nil {
-			r.log.Error("kvtier serve: release of an ended session's request", "rank", r.idx, "req", name, "err", err)
-		}
-		delete(r.byID, q.id)
-	}
-	clear(r.loadOf)
-	flushed := r.forgetL1(ctx)
-	r.log.Info("kvtier serve: session ended", "rank", r.idx, "session", s.id, "why", why, "plans_rolled_back", n, "requests_released", len(names), "flushed", flushed)
 }
 
-// forgetL1 makes the Machine forget what the ended session's L1 held: the
-// L1 is the engine's memory, and the next engine starts with an empty
-// one. The Machine has no L1-only drop, so the rank flushes its whole
-// cache once every op has settled (the L3 copies stay durable and are
-// found again by lookups). It reports whether the flush happened; if it
-// could not (a tier that never answers), the rank refuses new sessions
-// until it can, rather than serve pages the new engine never wrote.
-func (r *rank) forgetL1(ctx context.Context) bool {
-	for range 16 {
-		if err := r.node.Settle(ctx); err != nil {
-			r.log.Error("kvtier serve: settle after the session ended", "rank", r.idx, "err", err)
-		}
-		if _, err := r.node.Tick(ctx); err != nil {
-			r.log.Error("kvtier serve: tick after the session ended", "rank", r.idx, "err", err)
-		}
-		before := r.m.Count("flush")
-		if _, err := r.node.Apply(ctx, control.Event{Kind: control.EvFlush}); err != nil {
-			r.log.Error("kvtier serve: flush after the session ended", "rank", r.idx, "err", err)
-			continue
-		}
-		if r.m.Count("flush") > before {
-			r.stale = false
-			return true
-		}
+// dropSession forgets the session and fails the plans it owed.
+func (r *rank) dropSession() {
+	if s := r.sess; s != nil {
+		r.srv.unbind(s.id)
+		r.sess = nil
 	}
-	r.stale = true
-	return false
+	n := r.pool.failAll(fmt.Errorf("the session ended before reporting the plan"))
+	r.stats.rolledBack.Add(int64(n))
+	r.node.Drain()
+}
+
+// reset moves the rank to epoch e: it waits (bounded) for the old
+// Machine's store operations, so no put still reads a slab span the new
+// Machine will reuse, and builds a new Machine and Node over the same
+// stack. Pages durable in L3 are found again by lookups (cold).
+func (r *rank) reset(ctx context.Context, e *epoch, why string) {
+	if r.epoch == e {
+		return
+	}
+	if err := r.node.Settle(ctx); err != nil {
+		r.log.Error("kvtier serve: settle before a new epoch", "rank", r.idx, "err", err)
+	}
+	if r.node.Outstanding() > 0 {
+		r.log.Warn("kvtier serve: store operations abandoned at a new epoch", "rank", r.idx, "batches", r.node.Outstanding())
+	}
+	m, node, err := r.srv.build(r, e)
+	if err != nil {
+		// The options built a Machine once, so this is a bug; the old
+		// Machine's L1 is the last engine's: refuse sessions, never
+		// serve it.
+		r.broken = fmt.Errorf("rank %d: rebuild for epoch %d: %w: %w", r.idx, e.n, err, errBroken)
+		r.log.Error("kvtier serve: rank broken", "err", r.broken)
+		return
+	}
+	r.m, r.node, r.epoch = m, node, e
+	clear(r.byID)
+	r.log.Debug("kvtier serve: new epoch", "rank", r.idx, "epoch", e.n, "why", why)
 }
 
 var (
 	errUnknownSession = errors.New("unknown session")
 	errStaleBoot      = errors.New("stale boot_id")
-	errRetry          = errors.New("not now")
+	errBroken         = errors.New("rank out of service; restart serve")
 )
 
 type stepErrs struct {
@@ -341,10 +350,6 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 		}
 		seen[c.GetPlan()] = true
 		r.pool.complete(id, c.GetOk(), nil)
-		if rq := r.loadOf[id]; rq != nil {
-			rq.loads--
-			delete(r.loadOf, id)
-		}
 	}
 	r.node.Drain()
 
@@ -406,15 +411,23 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 	// 5. Tick: the frontier commits what finished; more ticks while
 	// requests wait for a reload, so an L3 hit takes one step where the
 	// tiers answer at once.
-	r.tick(ctx, errs)
-	for n := 0; n < maxExtraTicks && len(r.m.Held()) > 0; n++ {
-		r.tick(ctx, errs)
+	err := r.tick(ctx)
+	for n := 0; err == nil && n < maxExtraTicks && len(r.m.Held()) > 0; n++ {
+		err = r.tick(ctx)
+	}
+	if err != nil {
+		// The group stopped (a rank's engine did not step in time, or
+		// the ranks diverged): every session ends, a new epoch starts;
+		// the engine registers again and recomputes what was pending.
+		errs.add(ref{"step", -1}, "", pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "tick: %v; the session ended, register again", err)
+		r.endSession(ctx, "group stopped")
+		return out
 	}
 
 	// Lookups that finished.
 	for _, name := range r.pendingNames(s) {
 		rq := s.reqs[name]
-		if !rq.held && rq.loads == 0 {
+		if r.ready(rq) {
 			out.Lookups = append(out.Lookups, r.result(rq))
 		}
 	}
@@ -472,9 +485,7 @@ func (r *rank) checkKey(errs stepErrs, item ref, name string, pages uint32, hash
 func (r *rank) lookup(ctx context.Context, errs stepErrs, item ref, s *session, name string, key []pagehash.Hash) {
 	r.nextReq++
 	rq := &request{name: name, id: r.nextReq, key: key}
-	r.tag = rq
 	rd, err := r.node.Apply(ctx, control.Event{Kind: control.EvMatch, Req: rq.id, Pages: len(key), Hashes: key})
-	r.tag = nil
 	if err != nil {
 		errs.add(item, name, pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "lookup: %v", err)
 		// The Machine refused it whole; make sure no lock stays.
@@ -490,7 +501,7 @@ func (r *rank) lookup(ctx context.Context, errs stepErrs, item ref, s *session, 
 		rq.held = rq.first.Held
 	}
 	r.unholds(ctx, rd.Unholds)
-	if !rq.held && rq.loads == 0 {
+	if r.ready(rq) {
 		errs.out.Lookups = append(errs.out.Lookups, r.result(rq))
 	} else {
 		errs.out.Lookups = append(errs.out.Lookups, &pb.LookupResult{ReqId: name, Status: pb.LookupStatus_LOOKUP_STATUS_PENDING})
@@ -510,9 +521,7 @@ func (r *rank) unholds(ctx context.Context, us []control.Unhold) {
 			continue
 		}
 		rq.rematched = true
-		r.tag = rq
 		rd, err := r.node.Apply(ctx, control.Event{Kind: control.EvMatch, Req: rq.id, Pages: len(rq.key), Hashes: rq.key})
-		r.tag = nil
 		if err != nil {
 			r.log.Warn("kvtier serve: re-match after a reload", "rank", r.idx, "req", rq.name, "err", err)
 			continue
@@ -524,6 +533,11 @@ func (r *rank) unholds(ctx context.Context, us []control.Unhold) {
 		r.unholds(ctx, rd.Unholds)
 	}
 }
+
+// ready reports whether a lookup is done: not held for a reload and no
+// load-back in flight on its path. Both are replicated state, so every
+// rank of a group answers DONE in the same step.
+func (r *rank) ready(rq *request) bool { return !rq.held && !r.m.Loading(rq.id) }
 
 // result is a DONE lookup result: the hit prefix readable in L1 now.
 func (r *rank) result(rq *request) *pb.LookupResult {
@@ -603,24 +617,19 @@ func (r *rank) end(ctx context.Context, errs stepErrs, item ref, s *session, nam
 	if _, err := r.node.Apply(ctx, control.Event{Kind: control.EvRelease, Req: rq.id}); err != nil {
 		r.log.Error("kvtier serve: release", "rank", r.idx, "req", name, "err", err)
 	}
-	for id, q := range r.loadOf {
-		if q == rq {
-			delete(r.loadOf, id)
-		}
-	}
 	delete(s.reqs, name)
 	delete(r.byID, rq.id)
 }
 
 // tick exchanges and ticks the Machine and handles the holds it releases.
-func (r *rank) tick(ctx context.Context, errs stepErrs) {
+func (r *rank) tick(ctx context.Context) error {
 	rd, err := r.node.Tick(ctx)
 	if err != nil {
-		r.log.Error("kvtier serve: tick", "rank", r.idx, "err", err)
-		errs.add(ref{"step", -1}, "", pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "tick: %v", err)
-		return
+		r.log.Error("kvtier serve: tick", "rank", r.idx, "epoch", r.epoch.n, "err", err)
+		return err
 	}
 	r.unholds(ctx, rd.Unholds)
+	return nil
 }
 
 func planMsg(pl plan) *pb.CopyPlan {

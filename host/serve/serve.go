@@ -37,6 +37,8 @@ import (
 	"github.com/kvtier/kvtier/host"
 	"github.com/kvtier/kvtier/host/builtin"
 	"github.com/kvtier/kvtier/host/config"
+	"github.com/kvtier/kvtier/host/consensus"
+	"github.com/kvtier/kvtier/host/consensus/inproc"
 	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/host/stack"
 	"github.com/kvtier/kvtier/policy"
@@ -84,6 +86,10 @@ type Config struct {
 	MaxPagesPerRequest int
 	// DrainTimeout bounds the graceful stop (default 10 s).
 	DrainTimeout time.Duration
+	// GroupTimeout bounds one exchange of the ranks' group (more than one
+	// rank): a rank whose engine does not step within it stops the group,
+	// every session ends and a new epoch starts (default 30 s).
+	GroupTimeout time.Duration
 	// Version is reported by Health.
 	Version string
 	// Logger receives serve's and the tiers' lines (nil: discarded).
@@ -101,6 +107,9 @@ type Server struct {
 	ranks   []*rank
 	log     *slog.Logger
 	metrics *metrics
+
+	emu   sync.Mutex // guards epoch
+	epoch *epoch
 
 	mu       sync.RWMutex
 	sessions map[string]*rank
@@ -136,6 +145,9 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = 10 * time.Second
+	}
+	if cfg.GroupTimeout <= 0 {
+		cfg.GroupTimeout = 30 * time.Second
 	}
 	if cfg.Listen != "" && !cfg.AllowRemote {
 		if err := checkLoopback(cfg.Listen); err != nil {
@@ -178,6 +190,9 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	s := &Server{cfg: cfg, boot: newBootID(), log: cfg.Logger, sessions: map[string]*rank{}, conns: map[string]uint64{}}
 	s.metrics = newMetrics(s)
+	if s.epoch, err = s.newEpoch(1); err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
 	defer func() {
 		if err != nil {
 			for _, r := range s.ranks {
@@ -299,24 +314,118 @@ func (s *Server) openRank(ctx context.Context, text, name string, i int) (_ *ran
 	if mo.NewEvictor, err = evictor(st); err != nil {
 		return nil, err
 	}
-	m, err := control.New(mo)
-	if err != nil {
+	r := &rank{idx: i, srv: s, st: stk, pool: pool, log: log, calls: make(chan call), closeHook: closeHook,
+		byID: map[control.ReqID]*request{}, mo: mo,
+		nodeOpts: host.Options{Logger: log, SettleTimeout: s.cfg.DrainTimeout}}
+	if r.m, r.node, err = s.build(r, s.epoch); err != nil {
 		return nil, err
 	}
-	r := &rank{idx: i, srv: s, st: stk, m: m, pool: pool, log: log, calls: make(chan call), closeHook: closeHook,
-		byID: map[control.ReqID]*request{}, loadOf: map[tiers.BatchID]*request{}}
-	pool.onIssue = func(p *plan) {
-		if !p.toL2 && r.tag != nil {
-			r.tag.loads++
-			r.loadOf[p.id] = r.tag
+	r.epoch = s.epoch
+	return r, nil
+}
+
+// build makes a rank's Machine and Node for epoch e: a group of one
+// (host.Solo) for a single rank, else the epoch's in-process group
+// through host.ConsensusGroup (digests compared every DigestEvery ticks).
+func (s *Server) build(r *rank, e *epoch) (*control.Machine, *host.Node, error) {
+	m, err := control.New(r.mo)
+	if err != nil {
+		return nil, nil, err
+	}
+	var g host.Group = host.Solo{}
+	if e.members != nil {
+		g = epochGroup{g: host.ConsensusGroup{G: e.members[r.idx], M: m, DigestEvery: r.mo.DigestEvery}, ctx: e.ctx}
+	}
+	o := r.nodeOpts
+	o.Group = timedGroup{g: g, m: s.metrics, rank: r.idx}
+	node, err := host.New(r.st, m, o)
+	if err != nil {
+		return nil, nil, err
+	}
+	return m, node, nil
+}
+
+// epoch is one life of the ranks' Machines: a new one starts when an
+// engine's session ends (the engine's L1 went with it) or the group
+// stopped, with new Machines over the same tiers and, with more than one
+// rank, a new in-process group. Its context ends when a later epoch
+// starts, releasing a rank still waiting in the old group's exchange.
+type epoch struct {
+	n       uint64
+	members []consensus.Group // nil: one rank
+	ctx     context.Context
+	cancel  context.CancelFunc
+}
+
+// newEpoch returns epoch n for the server's ranks.
+func (s *Server) newEpoch(n uint64) (*epoch, error) {
+	e := &epoch{n: n}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	if s.cfg.Ranks > 1 {
+		ms, err := inproc.New(s.cfg.Ranks, inproc.Options{Timeout: s.cfg.GroupTimeout})
+		if err != nil {
+			e.cancel()
+			return nil, fmt.Errorf("rank group: %w", err)
+		}
+		for _, m := range ms {
+			e.members = append(e.members, m)
 		}
 	}
-	node, err := host.New(stk, m, host.Options{Group: timedGroup{g: host.Solo{}, m: s.metrics, rank: i}, Logger: log, SettleTimeout: s.cfg.DrainTimeout})
-	if err != nil {
-		return nil, err
+	return e, nil
+}
+
+// advance starts epoch from+1 unless a later one already started, and
+// returns the current epoch.
+func (s *Server) advance(from uint64) *epoch {
+	s.emu.Lock()
+	defer s.emu.Unlock()
+	if s.epoch.n > from {
+		return s.epoch
 	}
-	r.node = node
-	return r, nil
+	e, err := s.newEpoch(from + 1)
+	if err != nil {
+		// inproc.New fails only for a size it refused at Open.
+		s.log.Error("kvtier serve: new epoch", "err", err)
+		return s.epoch
+	}
+	s.epoch.cancel()
+	s.epoch = e
+	return e
+}
+
+// broadcast moves every rank but from to epoch e (each in its goroutine).
+func (s *Server) broadcast(e *epoch, from int, why string) {
+	if len(s.ranks) < 2 {
+		return
+	}
+	s.mu.RLock()
+	ctx := s.live
+	s.mu.RUnlock()
+	if ctx == nil {
+		return
+	}
+	for _, r := range s.ranks {
+		if r.idx == from {
+			continue
+		}
+		go func() {
+			_, _ = s.call(ctx, r, call{kind: callEpoch, epoch: e, drop: &closeMsg{why: fmt.Sprintf("rank %d: %s", from, why)}})
+		}()
+	}
+}
+
+// epochGroup is a group member whose exchanges end with its epoch.
+type epochGroup struct {
+	g   host.Group
+	ctx context.Context
+}
+
+func (g epochGroup) Exchange(ctx context.Context, tick uint64, c control.Contribution) (control.Frontier, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(g.ctx, cancel)
+	defer stop()
+	return g.g.Exchange(ctx, tick, c)
 }
 
 // evictor returns a builder of the stack's eviction policy.
@@ -467,8 +576,11 @@ func (s *Server) Serve(ctx context.Context) (err error) {
 // the stacks (each in its own order: pool, stores, indexes, slab).
 func (s *Server) closeRanks(ctx context.Context) error {
 	var errs []error
+	s.emu.Lock()
+	s.epoch.cancel()
+	s.emu.Unlock()
 	for _, r := range s.ranks {
-		r.endSession(ctx, "serve stopped")
+		r.dropSession()
 		if err := r.node.Settle(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("rank %d: settle: %w", r.idx, err))
 		}
@@ -568,7 +680,7 @@ func (s *Server) Register(ctx context.Context, q *pb.RegisterRequest) (*pb.Regis
 	if err != nil {
 		return nil, err
 	}
-	if errors.Is(out.err, errRetry) {
+	if errors.Is(out.err, errBroken) {
 		return nil, status.Errorf(codes.Unavailable, "%v", out.err)
 	}
 	if out.err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,38 +69,80 @@ func startWith(t testing.TB, cfg Config) (*Server, string, func()) {
 // pages), then store and finish. It returns the DONE result.
 func drive(t testing.TB, ctx context.Context, e *testEngine, name string, key []pagehash.Hash) *pb.LookupResult {
 	t.Helper()
-	keys := map[string][]pagehash.Hash{name: key}
-	out, err := e.run(ctx, &pb.StepRequest{Lookups: []*pb.Lookup{{ReqId: name, Pages: uint32(len(key)), Hashes: packHashes(key)}}}, keys)
-	if err != nil {
-		t.Fatal(err)
+	return driveGroup(t, ctx, []*testEngine{e}, name, key)[0]
+}
+
+// stepAll runs one step on every engine of a group at once (a scheduler
+// step of a context-parallel engine) and fails on a call error.
+func stepAll(t testing.TB, ctx context.Context, es []*testEngine, q func() *pb.StepRequest, keys map[string][]pagehash.Hash) []*pb.StepReply {
+	t.Helper()
+	outs := make([]*pb.StepReply, len(es))
+	errs := make([]error, len(es))
+	var wg sync.WaitGroup
+	for i, e := range es {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			outs[i], errs[i] = e.run(ctx, q(), keys)
+		}()
 	}
-	var res *pb.LookupResult
-	for n := 0; ; n++ {
-		if len(out.Errors) > 0 {
-			t.Fatalf("%s: errors %v", name, out.Errors)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", i, err)
 		}
-		for _, r := range out.Lookups {
-			if r.ReqId == name && r.Status == pb.LookupStatus_LOOKUP_STATUS_DONE {
-				res = r
+	}
+	return outs
+}
+
+// driveGroup is drive on every rank of a group in lockstep; every rank
+// must give the same answer in the same step.
+func driveGroup(t testing.TB, ctx context.Context, es []*testEngine, name string, key []pagehash.Hash) []*pb.LookupResult {
+	t.Helper()
+	keys := map[string][]pagehash.Hash{name: key}
+	outs := stepAll(t, ctx, es, func() *pb.StepRequest {
+		return &pb.StepRequest{Lookups: []*pb.Lookup{{ReqId: name, Pages: uint32(len(key)), Hashes: packHashes(key)}}}
+	}, keys)
+	res := make([]*pb.LookupResult, len(es))
+	for n := 0; ; n++ {
+		done := 0
+		for i, out := range outs {
+			if len(out.Errors) > 0 {
+				t.Fatalf("%s rank %d: errors %v", name, i, out.Errors)
+			}
+			for _, r := range out.Lookups {
+				if r.ReqId == name && r.Status == pb.LookupStatus_LOOKUP_STATUS_DONE {
+					res[i] = r
+				}
+			}
+			if res[i] != nil {
+				done++
 			}
 		}
-		if res != nil {
+		if done == len(es) {
 			break
+		}
+		if done > 0 {
+			t.Fatalf("%s: %d of %d ranks DONE in the same step: the answer must be replicated", name, done, len(es))
 		}
 		if n > 200 {
 			t.Fatalf("%s: lookup still pending after %d steps", name, n)
 		}
-		if out, err = e.run(ctx, &pb.StepRequest{}, keys); err != nil {
-			t.Fatal(err)
+		outs = stepAll(t, ctx, es, func() *pb.StepRequest { return &pb.StepRequest{} }, keys)
+	}
+	for i, e := range es {
+		e.verify(res[i], key)
+		if res[i].HitPages != res[0].HitPages {
+			t.Fatalf("%s: rank %d hit %d pages, rank 0 %d", name, i, res[i].HitPages, res[0].HitPages)
 		}
 	}
-	e.verify(res, key)
-	out, err = e.run(ctx, &pb.StepRequest{Stores: []*pb.Store{{ReqId: name, Pages: uint32(len(key)), Hashes: packHashes(key)}}, Finished: []*pb.Finish{{ReqId: name}}}, keys)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(out.Errors) > 0 {
-		t.Fatalf("%s: store: %v", name, out.Errors)
+	outs = stepAll(t, ctx, es, func() *pb.StepRequest {
+		return &pb.StepRequest{Stores: []*pb.Store{{ReqId: name, Pages: uint32(len(key)), Hashes: packHashes(key)}}, Finished: []*pb.Finish{{ReqId: name}}}
+	}, keys)
+	for i, out := range outs {
+		if len(out.Errors) > 0 {
+			t.Fatalf("%s rank %d: store: %v", name, i, out.Errors)
+		}
 	}
 	return res
 }
