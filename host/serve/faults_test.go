@@ -178,8 +178,8 @@ model:
 tiers:
   - name: l1
     role: pool
-    use: host
-    config: {pages: 256, layers: 1, workers: 1}
+    use: engine
+    config: {pages: 256, layers: 1}
   - name: l2
     role: slab
     use: l2hugetlb

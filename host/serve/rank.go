@@ -19,6 +19,7 @@ import (
 	"github.com/kvtier/kvtier/host/stack"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/l1cuda"
 )
 
 // maxExtraTicks bounds the extra ticks one step makes while requests wait
@@ -33,7 +34,8 @@ type rank struct {
 	st    *stack.Stack
 	node  *host.Node
 	m     *control.Machine
-	pool  *enginePool
+	pool  *l1cuda.EnginePool
+	plans []l1cuda.PlannedCopy // reused by step
 	log   *slog.Logger
 	calls chan call
 	// closeHook closes stores a test's Config.Stores put in (nil: none).
@@ -242,7 +244,7 @@ func (r *rank) dropSession() {
 		r.srv.unbind(s.id)
 		r.sess = nil
 	}
-	n := r.pool.failAll(fmt.Errorf("the session ended before reporting the plan"))
+	n := r.pool.FailPending(fmt.Errorf("the session ended before reporting the plan"))
 	r.stats.rolledBack.Add(int64(n))
 	r.node.Drain()
 }
@@ -279,6 +281,7 @@ var (
 	errUnknownSession = errors.New("unknown session")
 	errStaleBoot      = errors.New("stale boot_id")
 	errBroken         = errors.New("rank out of service; restart serve")
+	errEngineFailed   = errors.New("the engine reported the plan failed")
 )
 
 type stepErrs struct {
@@ -344,12 +347,18 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 		case seen[c.GetPlan()]:
 			errs.add(item, "", pb.ErrorCode_ERROR_CODE_DUPLICATE, "plan %d reported twice in the step", c.GetPlan())
 			continue
-		case !r.pool.known(id):
+		case !r.pool.Outstanding(id):
 			errs.add(item, "", pb.ErrorCode_ERROR_CODE_UNKNOWN, "plan %d was never made or is already reported", c.GetPlan())
 			continue
 		}
 		seen[c.GetPlan()] = true
-		r.pool.complete(id, c.GetOk(), nil)
+		var why error
+		if !c.GetOk() {
+			why = errEngineFailed
+		}
+		if err := r.pool.CompleteBatch(id, why); err != nil {
+			errs.add(item, "", pb.ErrorCode_ERROR_CODE_UNKNOWN, "plan %d: %v", c.GetPlan(), err)
+		}
 	}
 	r.node.Drain()
 
@@ -431,9 +440,8 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 			out.Lookups = append(out.Lookups, r.result(rq))
 		}
 	}
-	for _, pl := range r.pool.take() {
-		out.Plans = append(out.Plans, planMsg(pl))
-	}
+	r.plans = r.pool.TakePlans(r.plans[:0])
+	out.Plans = planMsgs(out.Plans, r.plans)
 	out.Tick = r.m.Ticks()
 	out.Contribution = []byte(control.Frontier(r.m.Contribution()).String())
 	if r.m.Options().DigestEvery > 0 && r.m.Ticks()%uint64(r.m.Options().DigestEvery) == 0 {
@@ -632,15 +640,22 @@ func (r *rank) tick(ctx context.Context) error {
 	return nil
 }
 
-func planMsg(pl plan) *pb.CopyPlan {
-	m := &pb.CopyPlan{Plan: uint64(pl.id), Direction: pb.Direction_DIRECTION_FROM_SLAB, Items: make([]*pb.CopyItem, len(pl.items))}
-	if pl.toL2 {
-		m.Direction = pb.Direction_DIRECTION_TO_SLAB
+// planMsgs groups planned copies (in plan order, a batch's items
+// together) into one CopyPlan per batch.
+func planMsgs(dst []*pb.CopyPlan, pcs []l1cuda.PlannedCopy) []*pb.CopyPlan {
+	for i, pc := range pcs {
+		if i == 0 || pcs[i-1].Batch != pc.Batch {
+			m := &pb.CopyPlan{Plan: uint64(pc.Batch), Direction: pb.Direction_DIRECTION_FROM_SLAB}
+			if pc.ToSlab {
+				m.Direction = pb.Direction_DIRECTION_TO_SLAB
+			}
+			dst = append(dst, m)
+		}
+		m := dst[len(dst)-1]
+		it := pc.Copy
+		m.Items = append(m.Items, &pb.CopyItem{L1Page: uint32(it.Page), Kind: uint32(it.Kind), Slab: uint32(it.Span.Slab), Offset: uint64(it.Span.Offset), Length: uint64(it.Span.Length)})
 	}
-	for i, it := range pl.items {
-		m.Items[i] = &pb.CopyItem{L1Page: uint32(it.Page), Kind: uint32(it.Kind), Slab: uint32(it.Span.Slab), Offset: uint64(it.Span.Offset), Length: uint64(it.Span.Length)}
-	}
-	return m
+	return dst
 }
 
 func errorCodeName(code int) string {

@@ -43,6 +43,7 @@ import (
 	"github.com/kvtier/kvtier/host/stack"
 	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/l1cuda"
 )
 
 //go:embed default.yaml
@@ -295,13 +296,14 @@ func (s *Server) openRank(ctx context.Context, text, name string, i int) (_ *ran
 			}
 		}()
 	}
-	if stk.Pool == nil {
-		return nil, fmt.Errorf("%s: the stack has no pool tier: its pages are the size of the engine's L1, which serve plans", name)
+	pool, ok := stk.Pool.(*l1cuda.EnginePool)
+	if !ok {
+		what := "none"
+		if stk.Pool != nil {
+			what = stk.PoolName + " (" + stk.Pool.Geometry().Device + ")"
+		}
+		return nil, fmt.Errorf("%s: serve needs the pool tier `use: engine` (the engine's L1, whose copies the engine runs from serve's plans); the stack has %s", name, what)
 	}
-	// The engine's memory is L1: serve keeps the pool's geometry and
-	// plans the copies; the opened pool stays idle until the stack closes.
-	pool := newEnginePool(stk.Pool.Geometry().Pages, st.Payload)
-	stk.Pool = pool
 	base := control.DefaultOptions()
 	base.SpillQueueCap, base.SpillInflight = 1024, 64
 	base.ReloadMaxInflight, base.ReloadTTL = 16, 64
@@ -635,7 +637,7 @@ func (s *Server) registerReply(r *rank, ses *session) *pb.RegisterReply {
 		sg.Files = append(sg.Files, &pb.SlabFile{Id: uint32(f.ID), Path: f.Path, Size: uint64(f.Size)})
 	}
 	out := &pb.RegisterReply{Session: ses.id, BootId: s.boot, ProtocolVersion: 1, Slab: sg,
-		Limits: &pb.Limits{L1Pages: uint32(r.pool.geo.Pages), MaxPagesPerRequest: uint32(s.cfg.MaxPagesPerRequest),
+		Limits: &pb.Limits{L1Pages: uint32(r.pool.Geometry().Pages), MaxPagesPerRequest: uint32(s.cfg.MaxPagesPerRequest),
 			MaxItemsPerStep: uint32(s.cfg.MaxItemsPerStep), SessionTtlMs: uint32(s.cfg.SessionTTL / time.Millisecond)},
 		NamespaceId: append([]byte(nil), ses.keyer[:]...)}
 	for _, k := range r.st.Config.Payload.Kinds {

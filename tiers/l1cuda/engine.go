@@ -157,6 +157,67 @@ func (p *EnginePool) Complete(batch tiers.BatchID, index int, err error) error {
 	return nil
 }
 
+// Outstanding reports whether batch has items planned and not yet
+// reported.
+func (p *EnginePool) Outstanding(batch tiers.BatchID) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.batches[batch] > 0
+}
+
+// CompleteBatch reports every outstanding item of batch finished (err nil)
+// or failed: the engine reports a plan whole. A batch with nothing
+// outstanding is refused with ErrInvalid and changes nothing.
+func (p *EnginePool) CompleteBatch(batch tiers.BatchID, err error) error {
+	p.mu.Lock()
+	n := p.batches[batch]
+	var idx []int
+	if n > 0 {
+		for k := range p.pending {
+			if k.batch == batch {
+				idx = append(idx, k.index)
+			}
+		}
+	}
+	p.mu.Unlock()
+	if len(idx) == 0 {
+		return fmt.Errorf("l1 engine pool: completion of batch %d, which has nothing outstanding: %w", batch, tiers.ErrInvalid)
+	}
+	slices.Sort(idx)
+	for _, i := range idx {
+		if cerr := p.Complete(batch, i, err); cerr != nil {
+			return cerr
+		}
+	}
+	return nil
+}
+
+// FailPending fails every item the engine has not reported (the engine
+// that owed them is gone) and drops the plans not yet taken; the pool
+// stays open for the next engine. It returns the number of batches
+// failed.
+func (p *EnginePool) FailPending(why error) int {
+	p.mu.Lock()
+	left := make([]PlannedCopy, 0, len(p.pending))
+	for _, pc := range p.pending {
+		left = append(left, pc)
+	}
+	p.plans = p.plans[:0]
+	p.mu.Unlock()
+	slices.SortFunc(left, func(a, b PlannedCopy) int {
+		return cmp.Or(cmp.Compare(a.Batch, b.Batch), cmp.Compare(a.Index, b.Index))
+	})
+	batches := 0
+	for i, pc := range left {
+		if i == 0 || left[i-1].Batch != pc.Batch {
+			batches++
+		}
+		// An item completed concurrently is no longer outstanding: skip.
+		_ = p.Complete(pc.Batch, pc.Index, why)
+	}
+	return batches
+}
+
 // Close fails every copy the engine has not reported (AckFailed with
 // ErrClosed: the engine is gone or no longer reports) and refuses new
 // plans.

@@ -423,3 +423,51 @@ func FuzzCheck(f *testing.F) {
 		}
 	})
 }
+
+// TestEnginePoolWholeBatches: an engine that reports plans whole
+// (CompleteBatch) and an engine that goes away (FailPending): every item
+// gets exactly one ack, the pool stays open for the next engine.
+func TestEnginePoolWholeBatches(t *testing.T) {
+	ctx := context.Background()
+	slab := testSlab()
+	p, err := OpenEngine(testEnv(slab), EngineConfig{Pages: 8, Layers: 1, MaxPending: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	size := testPayload.Kinds[0].PageBytes
+	item := func(page int) tiers.PoolCopy {
+		return tiers.PoolCopy{Page: page, Kind: 0, Span: tiers.Span{Offset: int64(page) * size, Length: size}}
+	}
+	a, _ := p.CopyToSlab(ctx, []tiers.PoolCopy{item(0), item(1), item(2)})
+	b, _ := p.CopyFromSlab(ctx, []tiers.PoolCopy{item(3)})
+	c, _ := p.CopyToSlab(ctx, []tiers.PoolCopy{item(4), item(5)})
+	if !p.Outstanding(a) || p.Outstanding(99) {
+		t.Fatal("Outstanding disagrees with the plans")
+	}
+	if err := p.Complete(a, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CompleteBatch(a, nil); err != nil {
+		t.Fatalf("the rest of batch %d: %v", a, err)
+	}
+	if err := p.CompleteBatch(a, nil); !errors.Is(err, tiers.ErrInvalid) {
+		t.Fatalf("a batch reported twice: %v, want ErrInvalid", err)
+	}
+	if err := p.CompleteBatch(b, errors.New("engine copy failed")); err != nil {
+		t.Fatal(err)
+	}
+	if n := p.FailPending(errors.New("engine gone")); n != 1 {
+		t.Fatalf("FailPending failed %d batches, want 1 (batch %d)", n, c)
+	}
+	got := map[tiers.BatchID][]tiers.AckStage{}
+	for _, ack := range p.DrainAcks(nil) {
+		got[ack.Batch] = append(got[ack.Batch], ack.Stage)
+	}
+	if len(got[a]) != 3 || len(got[b]) != 1 || got[b][0] != tiers.AckFailed || len(got[c]) != 2 || got[c][0] != tiers.AckFailed {
+		t.Fatalf("acks %v", got)
+	}
+	if _, err := p.CopyToSlab(ctx, []tiers.PoolCopy{item(6)}); err != nil {
+		t.Fatalf("the pool refuses plans after FailPending: %v", err)
+	}
+}
