@@ -30,6 +30,7 @@ for _ in $(seq 1 500); do
 	sleep 0.02
 done
 [ -S "$sock" ] || { echo "kvtier serve did not listen within 10 s" >&2; exit 1; }
+sleep 0.2 # the socket file exists from bind(), before listen()
 echo "== kvtier loadgen --socket $sock --ranks $RANKS --requests $REQUESTS (built-in generated workload)"
 "$BIN/kvtier" loadgen --socket "$sock" --ranks "$RANKS" --requests "$REQUESTS"
 echo "== stopping kvtier serve (SIGTERM: drain, close tiers in order)"

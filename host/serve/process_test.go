@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"net"
 	"fmt"
 	"os"
 	"os/exec"
@@ -40,11 +41,16 @@ func startProcess(t *testing.T, bin, dir, sock string, args ...string) *exec.Cmd
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	for i := 0; ; i++ {
+		// The file exists from bind(), before listen(): wait for a dial
+		// to be accepted.
 		if fi, err := os.Stat(sock); err == nil && fi.Mode()&os.ModeSocket != 0 {
-			if fi.Mode().Perm() != 0o600 {
-				t.Fatalf("socket mode %v, want 0600", fi.Mode().Perm())
+			if c, err := net.Dial("unix", sock); err == nil {
+				c.Close()
+				if fi.Mode().Perm() != 0o600 {
+					t.Fatalf("socket mode %v, want 0600", fi.Mode().Perm())
+				}
+				return cmd
 			}
-			return cmd
 		}
 		if i > 1000 {
 			t.Fatal("kvtier serve did not listen within 10 s")

@@ -117,7 +117,8 @@ type Server struct {
 	conns    map[string]uint64 // session -> the connection it registered on
 	live     context.Context   // while serving: the ranks' context
 
-	ready bool
+	ready     bool
+	listening chan struct{} // closed once the socket accepts connections
 	pb.UnimplementedEngineServer
 }
 
@@ -189,7 +190,7 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if cfg.Ranks > 1 && !strings.Contains(text, "{{RANK}}") {
 		return nil, fmt.Errorf("serve: %s: %d ranks share one config, so its paths must contain {{RANK}} (each rank needs its own slab, L3 and index)", name, cfg.Ranks)
 	}
-	s := &Server{cfg: cfg, boot: newBootID(), log: cfg.Logger, sessions: map[string]*rank{}, conns: map[string]uint64{}}
+	s := &Server{cfg: cfg, boot: newBootID(), log: cfg.Logger, sessions: map[string]*rank{}, conns: map[string]uint64{}, listening: make(chan struct{})}
 	s.metrics = newMetrics(s)
 	if s.epoch, err = s.newEpoch(1); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
@@ -461,6 +462,9 @@ func (t timedGroup) Exchange(ctx context.Context, tick uint64, c control.Contrib
 	return f, err
 }
 
+// Listening is closed once Serve's socket accepts connections.
+func (s *Server) Listening() <-chan struct{} { return s.listening }
+
 // BootID is the server's boot id.
 func (s *Server) BootID() string { return s.boot }
 
@@ -503,6 +507,10 @@ func (s *Server) Serve(ctx context.Context) (err error) {
 		return err
 	}
 	defer os.Remove(s.cfg.Socket)
+	// NB: the socket file exists from bind(), before listen(): a client
+	// that dials when the file appears can be refused. Listening says
+	// when connections are accepted.
+	close(s.listening)
 	gs := grpc.NewServer(grpc.MaxRecvMsgSize(256<<20), grpc.MaxSendMsgSize(256<<20), grpc.StatsHandler(&connTracker{s: s}))
 	pb.RegisterEngineServer(gs, s)
 	errc := make(chan error, 3)

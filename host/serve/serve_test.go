@@ -40,14 +40,12 @@ func startWith(t testing.TB, cfg Config) (*Server, string, func()) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx) }()
-	for i := 0; ; i++ {
-		if _, err := os.Stat(sock); err == nil {
-			break
-		}
-		if i > 500 {
-			t.Fatal("serve did not listen")
-		}
-		time.Sleep(10 * time.Millisecond)
+	select {
+	case <-s.Listening():
+	case err := <-done:
+		t.Fatalf("serve stopped before listening: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve did not listen within 10 s")
 	}
 	stopped := false
 	stop := func() {

@@ -19,6 +19,9 @@ func TestSim(t *testing.T) {
 		ticks uint64
 		seed  uint64
 	}{{2, 3000, 1}, {4, 3000, 2}, {8, 2000, 3}} {
+		if raceEnabled {
+			tc.ticks /= 5 // the race detector slows the ranks tenfold
+		}
 		res, err := Run(context.Background(), Config{Ranks: tc.ranks, Ticks: tc.ticks, Seed: tc.seed, MaxAckSkew: 8, OpFailRate: 0.001})
 		if err != nil {
 			t.Fatal(err)
