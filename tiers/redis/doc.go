@@ -19,10 +19,11 @@
 // with min_replicas, that many replicas (WAIT) — confirmed: only then is the
 // slab span no longer read. The two commands are not a transaction (inside
 // MULTI/EXEC the server copies the payload for the APPEND): a read between
-// them is a corrupt miss, never bytes; a put whose APPEND fails unlinks the
-// payload it left (best effort: if the server is gone, it reads as a corrupt
-// miss once back); a put whose APPEND finds another put's interleaved
-// writes the page again. In cluster mode a put goes to each page's master
+// them is a corrupt miss, never bytes; a put refused half way (the SET as
+// OOM but not the APPEND, or the reverse) unlinks what it left (best effort:
+// if the server is gone, that reads as a corrupt miss once it is back); a
+// put whose APPEND finds another put's interleaved commands writes the page
+// again, and unlinks it if that races too. In cluster mode a put goes to each page's master
 // directly and is resent once to the new master after MOVED.
 //
 // Gets and LongestPrefix are one pipelined round trip per pipeline_depth

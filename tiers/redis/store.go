@@ -454,6 +454,19 @@ func (s *Store) send(c *putChunk) []error {
 	}
 	if len(raced) > 0 {
 		s.sendItems(ctx, c, raced, errs)
+		// A page that raced again is left broken: unlink it, so that it
+		// reads as a plain miss.
+		pipe := s.client.Pipeline()
+		n := 0
+		for _, j := range raced {
+			if errors.Is(errs[j], errRaced) {
+				pipe.Unlink(ctx, s.redisKey(c.keys[j]))
+				n++
+			}
+		}
+		if n > 0 {
+			_, _ = pipe.Exec(ctx)
+		}
 	}
 	return errs
 }
@@ -506,17 +519,21 @@ func (s *Store) sendOn(ctx context.Context, client *goredis.Client, c *putChunk,
 	for n, j := range idx {
 		if err := appendError(cmds[n].set, cmds[n].app, int64(len(c.srcs[j])+TrailerSize)); err != nil {
 			errs[j] = putError(c.keys[j], err)
-			if cmds[n].set.Err() == nil && !errors.Is(err, errRaced) {
+			// NB: either command alone changes the value: a SET whose
+			// APPEND failed leaves a payload without its trailer, an APPEND
+			// after a failed SET (refused as OOM while its argument was in
+			// memory, when the APPEND's small one was not) leaves a trailer
+			// alone. A raced item is written again by send.
+			_, appErr := cmds[n].app.Int64()
+			if (cmds[n].set.Err() == nil || appErr == nil) && !errors.Is(err, errRaced) {
 				torn = append(torn, s.redisKey(c.keys[j]))
 			}
 		}
 	}
 	if len(torn) > 0 {
-		// The SET stored a payload whose APPEND failed (the server filled
-		// up in between, or went away): unlink it (allowed when the server
-		// is full) rather than leave a value without its trailer, which
-		// would read as a corrupt miss. Best effort: if the server is gone,
-		// so is the read.
+		// Unlink what half a put left (allowed when the server is full)
+		// rather than leave a value that reads as a corrupt miss. Best
+		// effort: if the server is gone, so is the read.
 		// NB: one key per UNLINK, as a cluster master refuses keys of
 		// several slots in one command.
 		up := client.Pipeline()
