@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/redis/internal/crc32c"
 )
 
 // ErrNotReplicated is the error of a put item whose master confirmed it but
@@ -89,20 +90,58 @@ type putChunk struct {
 	index []int // item index within the batch
 	keys  []tiers.Key
 	srcs  [][]byte // the payloads, in the slab
+	crcs  []*pageCRC
 }
 
-// lazyTrailer is the APPEND argument of one put: go-redis marshals it when
-// it writes the command, right after the SET that sent the payload, so the
-// checksum reads the payload while the socket write has left it in cache.
-// Written again on a retry, it is computed again, from the same bytes.
-type lazyTrailer struct {
-	key tiers.Key
-	src []byte
+// pageCRC is the CRC-32C of one put item's payload, computed on its own
+// goroutine while the payload is being written to the socket: the SET's
+// argument starts it as go-redis writes the command, the APPEND's waits
+// for it. So the checksum runs beside the write (whose syscall mostly
+// waits for the server to read) instead of between two writes, and reads
+// the page while the write brings it into cache.
+type pageCRC struct {
+	key  tiers.Key
+	src  []byte
+	once sync.Once
+	done chan struct{}
+	crc  uint32
 }
 
-// MarshalBinary returns the trailer.
-func (t lazyTrailer) MarshalBinary() ([]byte, error) {
-	b := NewTrailer(t.key, t.src)
+func newPageCRC(key tiers.Key, src []byte) *pageCRC {
+	return &pageCRC{key: key, src: src, done: make(chan struct{})}
+}
+
+// start begins the checksum, once.
+func (p *pageCRC) start() {
+	p.once.Do(func() {
+		go func() {
+			p.crc = crc32c.Checksum(p.src)
+			close(p.done)
+		}()
+	})
+}
+
+// payloadArg is the SET's value argument: the payload itself, from the
+// slab (go-redis writes a marshaled argument as it writes a []byte: a large
+// one straight to the socket).
+type payloadArg struct{ p *pageCRC }
+
+// MarshalBinary starts the checksum and returns the payload.
+func (a payloadArg) MarshalBinary() ([]byte, error) {
+	a.p.start()
+	return a.p.src, nil
+}
+
+// trailerArg is the APPEND's argument: the trailer, once the checksum is
+// done. On a retry both are marshaled again; the checksum is not redone.
+type trailerArg struct{ p *pageCRC }
+
+// MarshalBinary waits for the checksum and returns the trailer.
+func (a trailerArg) MarshalBinary() ([]byte, error) {
+	a.p.start() // NB: a no-op after the SET's; never waits on work not begun
+	<-a.p.done
+	var b [TrailerSize]byte
+	Trailer{Kind: a.p.key.Kind, Hash: a.p.key.Hash, Length: uint64(len(a.p.src)), PayloadCRC: a.p.crc}.Encode(b[:])
 	return b[:], nil
 }
 
@@ -373,6 +412,7 @@ func (s *Store) gatherLoop() {
 				c.index = append(c.index, i)
 				c.keys = append(c.keys, key)
 				c.srcs = append(c.srcs, job.srcs[i])
+				c.crcs = append(c.crcs, newPageCRC(key, job.srcs[i]))
 				job.srcs[i] = nil
 			}
 			s.chunks <- c
@@ -425,7 +465,7 @@ func (s *Store) sendLoop() {
 			s.pages.Add(1)
 			s.bytes.Add(int64(len(c.srcs[j])))
 		}
-		c.srcs = nil
+		c.srcs, c.crcs = nil, nil
 		if failed > 0 {
 			s.refreshSlots()
 			s.putFailures.Add(int64(failed))
@@ -503,11 +543,11 @@ func (s *Store) sendOn(ctx context.Context, client *goredis.Client, c *putChunk,
 	for n, j := range idx {
 		key := s.redisKey(c.keys[j])
 		if s.ttl > 0 {
-			cmds[n].set = pipe.Do(ctx, "set", key, c.srcs[j], "px", s.ttl.Milliseconds())
+			cmds[n].set = pipe.Do(ctx, "set", key, payloadArg{c.crcs[j]}, "px", s.ttl.Milliseconds())
 		} else {
-			cmds[n].set = pipe.Do(ctx, "set", key, c.srcs[j])
+			cmds[n].set = pipe.Do(ctx, "set", key, payloadArg{c.crcs[j]})
 		}
-		cmds[n].app = pipe.Do(ctx, "append", key, lazyTrailer{key: c.keys[j], src: c.srcs[j]})
+		cmds[n].app = pipe.Do(ctx, "append", key, trailerArg{c.crcs[j]})
 	}
 	var wait *goredis.Cmd
 	if s.cfg.MinReplicas > 0 {
