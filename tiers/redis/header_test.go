@@ -74,6 +74,7 @@ func TestVerifyRejects(t *testing.T) {
 		{"truncated", func() []byte { return good[1:] }, k, int64(len(src)), "payload bytes before the trailer"},
 		{"appended after", func() []byte { return append(clone(good), 0) }, k, int64(len(src)), "magic"},
 		{"prepended", func() []byte { return append([]byte{0}, good...) }, k, int64(len(src)), "payload bytes before the trailer"},
+		{"trailer alone (an APPEND after a refused SET)", func() []byte { return clone(good[len(src):]) }, k, int64(len(src)), "0 payload bytes before the trailer"},
 		{"trailer twice (two torn appends)", func() []byte { return append(clone(good), good[len(src):]...) }, k, int64(len(src)), "payload bytes before the trailer"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
