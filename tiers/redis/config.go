@@ -67,9 +67,9 @@ type Config struct {
 	// or whitespace.
 	KeyPrefix string `yaml:"key_prefix"`
 	// PipelineDepth is the number of pages one pipelined round trip
-	// carries (default 8: 22 MiB for 2.75 MiB pages). A put stages at most
-	// three times this many pages: one chunk being gathered while two are
-	// on the wire, so the copy out of the slab overlaps the network.
+	// carries (default 8: 22 MiB for 2.75 MiB pages). A put has at most
+	// four such chunks out at once (two on the wire, two waiting for a
+	// sender), each payload sent straight from the slab.
 	PipelineDepth int `yaml:"pipeline_depth"`
 	// DialTimeout bounds connecting to a node (default 1s).
 	DialTimeout time.Duration `yaml:"dial_timeout"`

@@ -8,28 +8,38 @@ import (
 
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/redis/internal/crc32c"
 )
 
-// HeaderSize is the length of the header at the start of every value; the
-// payload follows it.
-const HeaderSize = 64
+// TrailerSize is the length of the trailer at the end of every value; the
+// payload comes before it.
+const TrailerSize = 64
 
 // FormatVersion is the value format version. A reader refuses any other.
-const FormatVersion = 1
+//
+// Version 1 put a 64-byte header before the payload. Version 2 moves the
+// same fields to the end, so that a put can send the payload straight from
+// the slab (SET) and the small trailer after it (APPEND, in one MULTI/EXEC)
+// without first copying both into one buffer. A version 1 value is refused
+// with an error that names it (a counted corrupt miss; the next put of the
+// page rewrites it).
+const FormatVersion = 2
 
 // valueMagic is "KVRD" little-endian.
 const valueMagic = 0x4452564b
 
-// castagnoli is CRC-32C, the checksum of headers and payloads.
+// castagnoli is CRC-32C, the checksum of trailers (payloads go through
+// crc32c, the same function, faster).
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // ErrBadValue marks a value that is not the page it is read for: too short,
-// wrong magic, version or header checksum, another page's hash or kind, a
+// wrong magic, version or trailer checksum, another page's hash or kind, a
 // length that is not the page size, or a payload whose CRC-32C does not
 // match. The store turns it into a counted corrupt miss.
 var ErrBadValue = errors.New("bad value")
 
-// Header is the self-describing 64-byte header at the start of every value:
+// Trailer is the self-describing 64-byte trailer at the end of every value
+// (format version 2):
 //
 //	off  size  field
 //	  0     4  magic "KVRD"
@@ -40,10 +50,10 @@ var ErrBadValue = errors.New("bad value")
 //	 40     8  payload length
 //	 48     4  payload CRC-32C
 //	 52     8  reserved (0)
-//	 60     4  header CRC-32C of bytes 0..59
+//	 60     4  trailer CRC-32C of bytes 0..59
 //
-// All integers are little-endian.
-type Header struct {
+// Offsets are within the trailer; all integers are little-endian.
+type Trailer struct {
 	// Kind is the payload kind.
 	Kind tiers.PayloadKind
 	// Hash is the page hash.
@@ -54,92 +64,128 @@ type Header struct {
 	PayloadCRC uint32
 }
 
-// Encode writes h into dst[:HeaderSize].
-func (h Header) Encode(dst []byte) {
-	_ = dst[HeaderSize-1]
+// Encode writes t into dst[:TrailerSize].
+func (t Trailer) Encode(dst []byte) {
+	encodeFields(dst, FormatVersion, t)
+}
+
+func encodeFields(dst []byte, version uint16, t Trailer) {
+	_ = dst[TrailerSize-1]
 	binary.LittleEndian.PutUint32(dst[0:], valueMagic)
-	binary.LittleEndian.PutUint16(dst[4:], FormatVersion)
-	dst[6] = byte(h.Kind)
+	binary.LittleEndian.PutUint16(dst[4:], version)
+	dst[6] = byte(t.Kind)
 	dst[7] = 0
-	copy(dst[8:40], h.Hash[:])
-	binary.LittleEndian.PutUint64(dst[40:], h.Length)
-	binary.LittleEndian.PutUint32(dst[48:], h.PayloadCRC)
+	copy(dst[8:40], t.Hash[:])
+	binary.LittleEndian.PutUint64(dst[40:], t.Length)
+	binary.LittleEndian.PutUint32(dst[48:], t.PayloadCRC)
 	binary.LittleEndian.PutUint64(dst[52:], 0)
 	binary.LittleEndian.PutUint32(dst[60:], crc32.Checksum(dst[:60], castagnoli))
 }
 
-// DecodeHeader parses b[:HeaderSize]. Any error wraps ErrBadValue and says
-// which field was wrong.
-func DecodeHeader(b []byte) (Header, error) {
-	var h Header
-	if len(b) < HeaderSize {
-		return h, fmt.Errorf("value header: %d bytes, want at least %d: %w", len(b), HeaderSize, ErrBadValue)
+// DecodeTrailer parses the last TrailerSize bytes of value. Any error wraps
+// ErrBadValue and says which field was wrong; a value in the old format
+// (version 1, header first) is named as such.
+func DecodeTrailer(value []byte) (Trailer, error) {
+	var t Trailer
+	if len(value) < TrailerSize {
+		return t, fmt.Errorf("value trailer: %d bytes, want at least %d: %w", len(value), TrailerSize, ErrBadValue)
 	}
+	b := value[len(value)-TrailerSize:]
 	if m := binary.LittleEndian.Uint32(b[0:]); m != valueMagic {
-		return h, fmt.Errorf("value header: magic %#08x, want %#08x: %w", m, valueMagic, ErrBadValue)
+		if isVersion1(value) {
+			return t, errVersion1
+		}
+		return t, fmt.Errorf("value trailer: magic %#08x, want %#08x: %w", m, valueMagic, ErrBadValue)
 	}
 	if got, want := binary.LittleEndian.Uint32(b[60:]), crc32.Checksum(b[:60], castagnoli); got != want {
-		return h, fmt.Errorf("value header: crc %#08x, computed %#08x: %w", got, want, ErrBadValue)
+		if isVersion1(value) {
+			return t, errVersion1
+		}
+		return t, fmt.Errorf("value trailer: crc %#08x, computed %#08x: %w", got, want, ErrBadValue)
 	}
 	if v := binary.LittleEndian.Uint16(b[4:]); v != FormatVersion {
-		return h, fmt.Errorf("value header: format version %d, want %d: %w", v, FormatVersion, ErrBadValue)
+		return t, fmt.Errorf("value trailer: format version %d, want %d: %w", v, FormatVersion, ErrBadValue)
 	}
 	if b[7] != 0 || binary.LittleEndian.Uint64(b[52:]) != 0 {
-		return h, fmt.Errorf("value header: reserved bytes set: %w", ErrBadValue)
+		return t, fmt.Errorf("value trailer: reserved bytes set: %w", ErrBadValue)
 	}
-	h.Kind = tiers.PayloadKind(b[6])
-	copy(h.Hash[:], b[8:40])
-	h.Length = binary.LittleEndian.Uint64(b[40:])
-	h.PayloadCRC = binary.LittleEndian.Uint32(b[48:])
-	return h, nil
+	t.Kind = tiers.PayloadKind(b[6])
+	copy(t.Hash[:], b[8:40])
+	t.Length = binary.LittleEndian.Uint64(b[40:])
+	t.PayloadCRC = binary.LittleEndian.Uint32(b[48:])
+	return t, nil
+}
+
+var errVersion1 = fmt.Errorf("value in format version 1 (64-byte header first), written by an older kvtier; this one reads version %d only: %w",
+	FormatVersion, ErrBadValue)
+
+// isVersion1 reports whether value starts with a well-formed version 1
+// header (magic, version 1, header CRC-32C). Only used to name the error of
+// a value whose trailer is not valid.
+func isVersion1(value []byte) bool {
+	if len(value) < TrailerSize {
+		return false
+	}
+	b := value[:TrailerSize]
+	return binary.LittleEndian.Uint32(b[0:]) == valueMagic && binary.LittleEndian.Uint16(b[4:]) == 1 &&
+		binary.LittleEndian.Uint32(b[60:]) == crc32.Checksum(b[:60], castagnoli)
 }
 
 // VerifyValue checks that value is the page key with a payload of exactly
 // pageBytes bytes, and returns the payload (aliasing value). Any error
 // wraps ErrBadValue.
 func VerifyValue(value []byte, key tiers.Key, pageBytes int64) ([]byte, error) {
-	h, err := DecodeHeader(value)
+	t, err := DecodeTrailer(value)
 	if err != nil {
+		if int64(len(value)) == pageBytes && !errors.Is(err, errVersion1) {
+			return nil, fmt.Errorf("value of exactly page_bytes %d with no trailer (a put between its SET and its APPEND, or cut short there): %w", pageBytes, err)
+		}
 		return nil, err
 	}
-	if h.Kind != key.Kind {
-		return nil, fmt.Errorf("value header: payload kind %d, want %d: %w", h.Kind, key.Kind, ErrBadValue)
+	if t.Kind != key.Kind {
+		return nil, fmt.Errorf("value trailer: payload kind %d, want %d: %w", t.Kind, key.Kind, ErrBadValue)
 	}
-	if h.Hash != key.Hash {
-		return nil, fmt.Errorf("value header: page hash %s, want %s: %w", h.Hash.Short(), key.Hash.Short(), ErrBadValue)
+	if t.Hash != key.Hash {
+		return nil, fmt.Errorf("value trailer: page hash %s, want %s: %w", t.Hash.Short(), key.Hash.Short(), ErrBadValue)
 	}
-	if pageBytes < 0 || h.Length != uint64(pageBytes) {
-		return nil, fmt.Errorf("value header: payload length %d, want page_bytes %d: %w", h.Length, pageBytes, ErrBadValue)
+	if pageBytes < 0 || t.Length != uint64(pageBytes) {
+		return nil, fmt.Errorf("value trailer: payload length %d, want page_bytes %d: %w", t.Length, pageBytes, ErrBadValue)
 	}
-	payload := value[HeaderSize:]
-	if uint64(len(payload)) != h.Length {
-		return nil, fmt.Errorf("value: %d payload bytes after the header, header says %d: %w", len(payload), h.Length, ErrBadValue)
+	payload := value[:len(value)-TrailerSize]
+	if uint64(len(payload)) != t.Length {
+		return nil, fmt.Errorf("value: %d payload bytes before the trailer, trailer says %d: %w", len(payload), t.Length, ErrBadValue)
 	}
-	if got := crc32.Checksum(payload, castagnoli); got != h.PayloadCRC {
-		return nil, fmt.Errorf("value payload: crc %#08x, header says %#08x: %w", got, h.PayloadCRC, ErrBadValue)
+	if got := crc32c.Checksum(payload); got != t.PayloadCRC {
+		return nil, fmt.Errorf("value payload: crc %#08x, trailer says %#08x: %w", got, t.PayloadCRC, ErrBadValue)
 	}
 	return payload, nil
 }
 
-// gatherChunk bounds one step of the fused copy and checksum in
-// EncodeValue: small enough that the copied bytes are still in cache when
-// the checksum reads them.
-const gatherChunk = 64 << 10
+// NewTrailer returns the trailer of page key with payload src, checksumming
+// src.
+func NewTrailer(key tiers.Key, src []byte) [TrailerSize]byte {
+	var b [TrailerSize]byte
+	Trailer{Kind: key.Kind, Hash: key.Hash, Length: uint64(len(src)), PayloadCRC: crc32c.Checksum(src)}.Encode(b[:])
+	return b
+}
 
-// EncodeValue writes the value of page key with payload src into dst,
-// which must hold HeaderSize+len(src) bytes, and returns dst. It copies and
-// checksums in one pass over src.
+// EncodeValue writes the whole value of page key with payload src into dst,
+// which must hold len(src)+TrailerSize bytes, and returns dst. The store
+// never builds a value in one buffer (it sends the payload from the slab
+// and the trailer after it); tests and tools do.
 func EncodeValue(dst []byte, key tiers.Key, src []byte) []byte {
-	dst = dst[:HeaderSize+len(src)]
-	body := dst[HeaderSize:]
-	var crc uint32
-	for off := 0; off < len(src); off += gatherChunk {
-		end := min(off+gatherChunk, len(src))
-		copy(body[off:end], src[off:end])
-		// NB: checksum the copy, not the slab: it is what goes on the wire,
-		// and it is hot in cache.
-		crc = crc32.Update(crc, castagnoli, body[off:end])
-	}
-	Header{Kind: key.Kind, Hash: key.Hash, Length: uint64(len(src)), PayloadCRC: crc}.Encode(dst)
+	dst = dst[:len(src)+TrailerSize]
+	copy(dst, src)
+	t := NewTrailer(key, src)
+	copy(dst[len(src):], t[:])
+	return dst
+}
+
+// encodeVersion1 writes a value in the old format (header first), for the
+// tests of its refusal.
+func encodeVersion1(dst []byte, key tiers.Key, src []byte) []byte {
+	dst = dst[:TrailerSize+len(src)]
+	copy(dst[TrailerSize:], src)
+	encodeFields(dst, 1, Trailer{Kind: key.Kind, Hash: key.Hash, Length: uint64(len(src)), PayloadCRC: crc32.Checksum(src, castagnoli)})
 	return dst
 }

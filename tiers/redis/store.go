@@ -22,11 +22,15 @@ import (
 
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/redis/internal/crc32c"
 )
 
 // ErrNotReplicated is the error of a put item whose master confirmed it but
 // fewer than min_replicas replicas did within replica_timeout.
 var ErrNotReplicated = errors.New("not confirmed by enough replicas")
+
+// errRaced marks a put whose APPEND found a value of the wrong length.
+var errRaced = errors.New("another put of the same page ran between SET and APPEND")
 
 // putSenders is the number of chunks in flight to the servers at once: with
 // two, one chunk's replies are read while the next one is written, so the
@@ -61,7 +65,6 @@ type Store struct {
 	stop    chan struct{}
 	chunks  chan *putChunk
 	done    sync.WaitGroup
-	staging *stagingPool
 
 	ackMu sync.Mutex
 	acks  []tiers.Ack
@@ -80,12 +83,66 @@ type putJob struct {
 	srcs [][]byte
 }
 
-// putChunk is up to pipeline_depth staged items of one job.
+// putChunk is up to pipeline_depth items of one job. The payloads are
+// still in the slab and are sent from there.
 type putChunk struct {
-	id     tiers.BatchID
-	index  []int // item index within the batch
-	keys   []tiers.Key
-	values [][]byte
+	id    tiers.BatchID
+	index []int // item index within the batch
+	keys  []tiers.Key
+	srcs  [][]byte // the payloads, in the slab
+	crcs  []*pageCRC
+}
+
+// pageCRC is the CRC-32C of one put item's payload, computed on its own
+// goroutine while the payload is being written to the socket: the SET's
+// argument starts it as go-redis writes the command, the APPEND's waits
+// for it. So the checksum runs beside the write (whose syscall mostly
+// waits for the server to read) instead of between two writes, and reads
+// the page while the write brings it into cache.
+type pageCRC struct {
+	key  tiers.Key
+	src  []byte
+	once sync.Once
+	done chan struct{}
+	crc  uint32
+}
+
+func newPageCRC(key tiers.Key, src []byte) *pageCRC {
+	return &pageCRC{key: key, src: src, done: make(chan struct{})}
+}
+
+// start begins the checksum, once.
+func (p *pageCRC) start() {
+	p.once.Do(func() {
+		go func() {
+			p.crc = crc32c.Checksum(p.src)
+			close(p.done)
+		}()
+	})
+}
+
+// payloadArg is the SET's value argument: the payload itself, from the
+// slab (go-redis writes a marshaled argument as it writes a []byte: a large
+// one straight to the socket).
+type payloadArg struct{ p *pageCRC }
+
+// MarshalBinary starts the checksum and returns the payload.
+func (a payloadArg) MarshalBinary() ([]byte, error) {
+	a.p.start()
+	return a.p.src, nil
+}
+
+// trailerArg is the APPEND's argument: the trailer, once the checksum is
+// done. On a retry both are marshaled again; the checksum is not redone.
+type trailerArg struct{ p *pageCRC }
+
+// MarshalBinary waits for the checksum and returns the trailer.
+func (a trailerArg) MarshalBinary() ([]byte, error) {
+	a.p.start() // NB: a no-op after the SET's; never waits on work not begun
+	<-a.p.done
+	var b [TrailerSize]byte
+	Trailer{Kind: a.p.key.Kind, Hash: a.p.key.Hash, Length: uint64(len(a.p.src)), PayloadCRC: a.p.crc}.Encode(b[:])
+	return b[:], nil
 }
 
 // log kinds rate-limited separately.
@@ -129,7 +186,6 @@ func Open(ctx context.Context, env tiers.Env, cfg Config) (*Store, error) {
 		wake:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 		chunks:  make(chan *putChunk, 1),
-		staging: newStagingPool((1 + putSenders) * cfg.PipelineDepth),
 		ready:   make(chan struct{}, 1),
 	}
 	s.rl = ratelog.New(s.log, logInterval)
@@ -316,9 +372,9 @@ func (s *Store) Put(_ context.Context, batch []tiers.PutRequest) (tiers.BatchID,
 	return job.id, nil
 }
 
-// gatherLoop stages accepted items chunk by chunk, acknowledges them
-// gathered and hands the chunks to the sender. On stop it fails every item
-// not yet staged with ErrClosed.
+// gatherLoop cuts accepted batches into chunks of pipeline_depth items and
+// hands them to the senders; the payloads stay in the slab. On stop it
+// fails every item not yet handed over with ErrClosed.
 func (s *Store) gatherLoop() {
 	defer s.done.Done()
 	defer close(s.chunks)
@@ -351,17 +407,14 @@ func (s *Store) gatherLoop() {
 			}
 			end := min(start+depth, len(job.reqs))
 			c := &putChunk{id: job.id}
-			acks := make([]tiers.Ack, 0, end-start)
 			for i := start; i < end; i++ {
 				key := job.reqs[i].Key
-				buf := s.staging.get(HeaderSize + len(job.srcs[i]))
 				c.index = append(c.index, i)
 				c.keys = append(c.keys, key)
-				c.values = append(c.values, EncodeValue(buf, key, job.srcs[i]))
+				c.srcs = append(c.srcs, job.srcs[i])
+				c.crcs = append(c.crcs, newPageCRC(key, job.srcs[i]))
 				job.srcs[i] = nil
-				acks = append(acks, tiers.Ack{Batch: job.id, Index: i, Stage: tiers.AckGathered})
 			}
-			s.queue(acks)
 			s.chunks <- c
 		}
 	}
@@ -387,29 +440,32 @@ func (s *Store) failItems(id tiers.BatchID, from, to int, err error) {
 	s.queue(acks)
 }
 
-// sendLoop writes staged chunks and acknowledges their items durable or
-// failed. It drains every chunk the gatherer made, even after Close began:
-// those items are in flight and Close waits for them.
+// sendLoop writes chunks and acknowledges their items gathered and durable,
+// or failed. The payloads go from the slab to the socket with no copy in
+// between, so an item is gathered (its span free for the host) only once
+// its round trip is over: the bytes are then in the server, or the item
+// failed, and no retry will read the span again. It drains every chunk the
+// gatherer made, even after Close began: those items are in flight and
+// Close waits for them.
 func (s *Store) sendLoop() {
 	defer s.done.Done()
 	for c := range s.chunks {
 		errs := s.send(c)
-		acks := make([]tiers.Ack, len(c.keys))
+		acks := make([]tiers.Ack, 0, 2*len(c.keys))
 		failed := 0
 		for j := range c.keys {
-			acks[j] = tiers.Ack{Batch: c.id, Index: c.index[j], Stage: tiers.AckDurable}
 			if errs[j] != nil {
-				acks[j].Stage, acks[j].Err = tiers.AckFailed, errs[j]
+				acks = append(acks, tiers.Ack{Batch: c.id, Index: c.index[j], Stage: tiers.AckFailed, Err: errs[j]})
 				failed++
-			} else {
-				size := int64(len(c.values[j]) - HeaderSize)
-				s.pages.Add(1)
-				s.bytes.Add(size)
+				continue
 			}
+			acks = append(acks,
+				tiers.Ack{Batch: c.id, Index: c.index[j], Stage: tiers.AckGathered},
+				tiers.Ack{Batch: c.id, Index: c.index[j], Stage: tiers.AckDurable})
+			s.pages.Add(1)
+			s.bytes.Add(int64(len(c.srcs[j])))
 		}
-		for _, v := range c.values {
-			s.staging.put(v)
-		}
+		c.srcs, c.crcs = nil, nil
 		if failed > 0 {
 			s.refreshSlots()
 			s.putFailures.Add(int64(failed))
@@ -424,12 +480,44 @@ func (s *Store) send(c *putChunk) []error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
 	defer cancel()
 	errs := make([]error, len(c.keys))
-	if s.cfg.MinReplicas > 0 && s.cluster != nil {
-		s.sendPerMaster(ctx, c, errs)
-		return errs
+	s.sendItems(ctx, c, all(len(c.keys)), errs)
+	// NB: two puts of one page at once can interleave as SET, SET, APPEND,
+	// APPEND; the second APPEND sees the wrong length. Its put writes the
+	// page again, once, so that the value ends whole (a reader meanwhile
+	// gets a corrupt miss, never wrong bytes).
+	var raced []int
+	for j, err := range errs {
+		if errors.Is(err, errRaced) {
+			errs[j] = nil
+			raced = append(raced, j)
+		}
 	}
-	s.sendOn(ctx, s.client, c, all(len(c.keys)), errs)
+	if len(raced) > 0 {
+		s.sendItems(ctx, c, raced, errs)
+		// A page that raced again is left broken: unlink it, so that it
+		// reads as a plain miss.
+		pipe := s.client.Pipeline()
+		n := 0
+		for _, j := range raced {
+			if errors.Is(errs[j], errRaced) {
+				pipe.Unlink(ctx, s.redisKey(c.keys[j]))
+				n++
+			}
+		}
+		if n > 0 {
+			_, _ = pipe.Exec(ctx)
+		}
+	}
 	return errs
+}
+
+// sendItems sends the items idx of c, to their masters in cluster mode.
+func (s *Store) sendItems(ctx context.Context, c *putChunk, idx []int, errs []error) {
+	if s.cluster != nil {
+		s.sendPerMaster(ctx, c, idx, errs)
+		return
+	}
+	s.sendOn(ctx, s.client.(*goredis.Client), c, idx, errs)
 }
 
 func all(n int) []int {
@@ -440,13 +528,26 @@ func all(n int) []int {
 	return idx
 }
 
-// sendOn pipelines SETs of items idx of c (and a WAIT after them when
-// min_replicas is set) on one client, filling errs.
-func (s *Store) sendOn(ctx context.Context, client goredis.Cmdable, c *putChunk, idx []int, errs []error) {
+// sendOn pipelines the items idx of c on one server (a standalone server
+// or one cluster master), each as MULTI, SET key payload, APPEND key
+// trailer, EXEC (and a WAIT after them when min_replicas is set), filling
+// errs. The payload is written from the slab (go-redis writes a large
+// argument straight to the socket) and the server keeps the bulk string it
+// read as the value, so neither side copies the page; the transaction makes
+// the value appear whole, never a payload without its trailer, even with
+// two hosts putting the same page at once.
+func (s *Store) sendOn(ctx context.Context, client *goredis.Client, c *putChunk, idx []int, errs []error) {
 	pipe := client.Pipeline()
-	sets := make([]*goredis.StatusCmd, len(idx))
+	type itemCmds struct{ set, app *goredis.Cmd }
+	cmds := make([]itemCmds, len(idx))
 	for n, j := range idx {
-		sets[n] = pipe.Set(ctx, s.redisKey(c.keys[j]), c.values[j], s.ttl)
+		key := s.redisKey(c.keys[j])
+		if s.ttl > 0 {
+			cmds[n].set = pipe.Do(ctx, "set", key, payloadArg{c.crcs[j]}, "px", s.ttl.Milliseconds())
+		} else {
+			cmds[n].set = pipe.Do(ctx, "set", key, payloadArg{c.crcs[j]})
+		}
+		cmds[n].app = pipe.Do(ctx, "append", key, trailerArg{c.crcs[j]})
 	}
 	var wait *goredis.Cmd
 	if s.cfg.MinReplicas > 0 {
@@ -454,10 +555,32 @@ func (s *Store) sendOn(ctx context.Context, client goredis.Cmdable, c *putChunk,
 		wait = pipe.Do(ctx, "wait", s.cfg.MinReplicas, s.cfg.ReplicaTimeout.Milliseconds())
 	}
 	_, _ = pipe.Exec(ctx) // per-command errors below
+	var torn []string
 	for n, j := range idx {
-		if err := sets[n].Err(); err != nil {
+		if err := appendError(cmds[n].set, cmds[n].app, int64(len(c.srcs[j])+TrailerSize)); err != nil {
 			errs[j] = putError(c.keys[j], err)
+			// NB: either command alone changes the value: a SET whose
+			// APPEND failed leaves a payload without its trailer, an APPEND
+			// after a failed SET (refused as OOM while its argument was in
+			// memory, when the APPEND's small one was not) leaves a trailer
+			// alone. A raced item is written again by send.
+			_, appErr := cmds[n].app.Int64()
+			if (cmds[n].set.Err() == nil || appErr == nil) && !errors.Is(err, errRaced) {
+				torn = append(torn, s.redisKey(c.keys[j]))
+			}
 		}
+	}
+	if len(torn) > 0 {
+		// Unlink what half a put left (allowed when the server is full)
+		// rather than leave a value that reads as a corrupt miss. Best
+		// effort: if the server is gone, so is the read.
+		// NB: one key per UNLINK, as a cluster master refuses keys of
+		// several slots in one command.
+		up := client.Pipeline()
+		for _, k := range torn {
+			up.Unlink(ctx, k)
+		}
+		_, _ = up.Exec(ctx)
 	}
 	if wait == nil {
 		return
@@ -480,8 +603,7 @@ func (s *Store) sendOn(ctx context.Context, client goredis.Cmdable, c *putChunk,
 // since the routing: a failover) are retried once on the new master, after
 // the client's slot map has caught up; items answered ASK (a slot being
 // migrated) fail.
-func (s *Store) sendPerMaster(ctx context.Context, c *putChunk, errs []error) {
-	idx := all(len(c.keys))
+func (s *Store) sendPerMaster(ctx context.Context, c *putChunk, idx []int, errs []error) {
 	for attempt := 0; attempt < 2 && len(idx) > 0; attempt++ {
 		groups := map[*goredis.Client][]int{}
 		for _, j := range idx {
@@ -541,6 +663,22 @@ func (s *Store) sendPerMaster(ctx context.Context, c *putChunk, errs []error) {
 func (s *Store) routesTo(ctx context.Context, k tiers.Key, addr string) bool {
 	m, err := s.cluster.MasterForKey(ctx, s.redisKey(k))
 	return err == nil && m.Options().Addr == addr
+}
+
+// appendError returns the first error of one item's SET and APPEND
+// replies, or an error when the APPEND did not make a value of size bytes.
+func appendError(set, app *goredis.Cmd, size int64) error {
+	if err := set.Err(); err != nil {
+		return err
+	}
+	n, err := app.Int64()
+	if err != nil {
+		return err
+	}
+	if n != size {
+		return fmt.Errorf("append made a value of %d bytes, want %d: %w", n, size, errRaced)
+	}
+	return nil
 }
 
 // putError wraps a server error of one put item; a full server is
@@ -814,43 +952,3 @@ func (s *Store) refreshSlots() {
 
 // logRate logs msg at warn level at most once per logInterval per kind.
 func (s *Store) logRate(kind, msg string, args ...any) { s.rl.Warn(kind, msg, args...) }
-
-// stagingPool recycles value buffers and bounds how many are out: the
-// gatherer blocks when the sender has not yet written enough of them.
-type stagingPool struct {
-	tokens chan struct{}
-	mu     sync.Mutex
-	free   map[int][][]byte
-}
-
-func newStagingPool(n int) *stagingPool {
-	p := &stagingPool{tokens: make(chan struct{}, n), free: map[int][][]byte{}}
-	for range n {
-		p.tokens <- struct{}{}
-	}
-	return p
-}
-
-// get returns a buffer of n bytes, waiting for a token.
-func (p *stagingPool) get(n int) []byte {
-	<-p.tokens
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if l := p.free[n]; len(l) > 0 {
-		b := l[len(l)-1]
-		p.free[n] = l[:len(l)-1]
-		return b
-	}
-	return make([]byte, n)
-}
-
-// put returns a buffer and its token.
-func (p *stagingPool) put(b []byte) {
-	p.mu.Lock()
-	b = b[:cap(b)]
-	if len(p.free[len(b)]) < cap(p.tokens) {
-		p.free[len(b)] = append(p.free[len(b)], b)
-	}
-	p.mu.Unlock()
-	p.tokens <- struct{}{}
-}

@@ -1,6 +1,6 @@
 // Package redisbench measures the Redis Store against the raw client in the
-// same run: put and get throughput of pages through tiers/redis (staging,
-// header, CRC-32C, verification, acks, slab copies included) and a plain
+// same run: put and get throughput of pages through tiers/redis (trailer,
+// CRC-32C, verification, acks, slab copies included) and a plain
 // pipelined go-redis SET and GET of the same bytes on the same server. The
 // ratio store/raw is what the store costs over the client it is built on.
 //
