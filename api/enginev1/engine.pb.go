@@ -1704,10 +1704,14 @@ type HealthReply struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	BootId string                 `protobuf:"bytes,1,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
 	// ready: every rank's stack is open and serving.
-	Ready         bool   `protobuf:"varint,2,opt,name=ready,proto3" json:"ready,omitempty"`
-	Sessions      uint32 `protobuf:"varint,3,opt,name=sessions,proto3" json:"sessions,omitempty"`
-	Ranks         uint32 `protobuf:"varint,4,opt,name=ranks,proto3" json:"ranks,omitempty"`
-	Version       string `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`
+	Ready    bool   `protobuf:"varint,2,opt,name=ready,proto3" json:"ready,omitempty"`
+	Sessions uint32 `protobuf:"varint,3,opt,name=sessions,proto3" json:"sessions,omitempty"`
+	Ranks    uint32 `protobuf:"varint,4,opt,name=ranks,proto3" json:"ranks,omitempty"`
+	Version  string `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`
+	// page_tokens and kinds are the page geometry a Register's namespace
+	// must state (namespace.page_tokens, namespace.page_bytes).
+	PageTokens    uint32         `protobuf:"varint,6,opt,name=page_tokens,json=pageTokens,proto3" json:"page_tokens,omitempty"`
+	Kinds         []*PayloadKind `protobuf:"bytes,7,rep,name=kinds,proto3" json:"kinds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1775,6 +1779,20 @@ func (x *HealthReply) GetVersion() string {
 		return x.Version
 	}
 	return ""
+}
+
+func (x *HealthReply) GetPageTokens() uint32 {
+	if x != nil {
+		return x.PageTokens
+	}
+	return 0
+}
+
+func (x *HealthReply) GetKinds() []*PayloadKind {
+	if x != nil {
+		return x.Kinds
+	}
+	return nil
 }
 
 type CloseRequest struct {
@@ -2053,13 +2071,16 @@ const file_kvtier_engine_v1_engine_proto_rawDesc = "" +
 	"\x06errors\x18\x06 \x03(\v2\x1b.kvtier.engine.v1.ItemErrorR\x06errors\x12\"\n" +
 	"\fcontribution\x18\a \x01(\fR\fcontribution\x12\x16\n" +
 	"\x06digest\x18\b \x01(\fR\x06digest\"\x0f\n" +
-	"\rHealthRequest\"\x88\x01\n" +
+	"\rHealthRequest\"\xde\x01\n" +
 	"\vHealthReply\x12\x17\n" +
 	"\aboot_id\x18\x01 \x01(\tR\x06bootId\x12\x14\n" +
 	"\x05ready\x18\x02 \x01(\bR\x05ready\x12\x1a\n" +
 	"\bsessions\x18\x03 \x01(\rR\bsessions\x12\x14\n" +
 	"\x05ranks\x18\x04 \x01(\rR\x05ranks\x12\x18\n" +
-	"\aversion\x18\x05 \x01(\tR\aversion\"A\n" +
+	"\aversion\x18\x05 \x01(\tR\aversion\x12\x1f\n" +
+	"\vpage_tokens\x18\x06 \x01(\rR\n" +
+	"pageTokens\x123\n" +
+	"\x05kinds\x18\a \x03(\v2\x1d.kvtier.engine.v1.PayloadKindR\x05kinds\"A\n" +
 	"\fCloseRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\"\f\n" +
@@ -2156,21 +2177,22 @@ var file_kvtier_engine_v1_engine_proto_depIdxs = []int32{
 	18, // 17: kvtier.engine.v1.StepReply.placements:type_name -> kvtier.engine.v1.Placement
 	20, // 18: kvtier.engine.v1.StepReply.plans:type_name -> kvtier.engine.v1.CopyPlan
 	21, // 19: kvtier.engine.v1.StepReply.errors:type_name -> kvtier.engine.v1.ItemError
-	4,  // 20: kvtier.engine.v1.Engine.Register:input_type -> kvtier.engine.v1.RegisterRequest
-	15, // 21: kvtier.engine.v1.Engine.Step:input_type -> kvtier.engine.v1.StepRequest
-	23, // 22: kvtier.engine.v1.Engine.Health:input_type -> kvtier.engine.v1.HealthRequest
-	25, // 23: kvtier.engine.v1.Engine.Close:input_type -> kvtier.engine.v1.CloseRequest
-	27, // 24: kvtier.engine.v1.Engine.Ping:input_type -> kvtier.engine.v1.PingRequest
-	9,  // 25: kvtier.engine.v1.Engine.Register:output_type -> kvtier.engine.v1.RegisterReply
-	22, // 26: kvtier.engine.v1.Engine.Step:output_type -> kvtier.engine.v1.StepReply
-	24, // 27: kvtier.engine.v1.Engine.Health:output_type -> kvtier.engine.v1.HealthReply
-	26, // 28: kvtier.engine.v1.Engine.Close:output_type -> kvtier.engine.v1.CloseReply
-	28, // 29: kvtier.engine.v1.Engine.Ping:output_type -> kvtier.engine.v1.PingReply
-	25, // [25:30] is the sub-list for method output_type
-	20, // [20:25] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	5,  // 20: kvtier.engine.v1.HealthReply.kinds:type_name -> kvtier.engine.v1.PayloadKind
+	4,  // 21: kvtier.engine.v1.Engine.Register:input_type -> kvtier.engine.v1.RegisterRequest
+	15, // 22: kvtier.engine.v1.Engine.Step:input_type -> kvtier.engine.v1.StepRequest
+	23, // 23: kvtier.engine.v1.Engine.Health:input_type -> kvtier.engine.v1.HealthRequest
+	25, // 24: kvtier.engine.v1.Engine.Close:input_type -> kvtier.engine.v1.CloseRequest
+	27, // 25: kvtier.engine.v1.Engine.Ping:input_type -> kvtier.engine.v1.PingRequest
+	9,  // 26: kvtier.engine.v1.Engine.Register:output_type -> kvtier.engine.v1.RegisterReply
+	22, // 27: kvtier.engine.v1.Engine.Step:output_type -> kvtier.engine.v1.StepReply
+	24, // 28: kvtier.engine.v1.Engine.Health:output_type -> kvtier.engine.v1.HealthReply
+	26, // 29: kvtier.engine.v1.Engine.Close:output_type -> kvtier.engine.v1.CloseReply
+	28, // 30: kvtier.engine.v1.Engine.Ping:output_type -> kvtier.engine.v1.PingReply
+	26, // [26:31] is the sub-list for method output_type
+	21, // [21:26] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_kvtier_engine_v1_engine_proto_init() }

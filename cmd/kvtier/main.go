@@ -33,6 +33,7 @@ func commands() map[string]command {
 		"plugin":   {"pin (sum) or smoke-test (check) a tier or index plugin binary", runPlugin},
 		"doctor":   {"check this machine against a stack config before serving", runDoctor},
 		"serve":    {"serve the engine API: the ranks of a stack over a unix socket", runServe},
+		"loadgen":  {"drive a running kvtier serve with a trace: N rank sessions, every loaded byte verified", runLoadgen},
 		"sim":      {"simulate a rank group (delays, faults, divergence) and check it never diverges or hangs", runSim},
 	}
 }

@@ -734,7 +734,15 @@ func (s *Server) Health(ctx context.Context, _ *pb.HealthRequest) (*pb.HealthRep
 	s.mu.RLock()
 	ready := s.ready
 	s.mu.RUnlock()
-	return &pb.HealthReply{BootId: s.boot, Ready: ready, Sessions: uint32(s.sessionCount()), Ranks: uint32(len(s.ranks)), Version: s.cfg.Version}, nil
+	out := &pb.HealthReply{BootId: s.boot, Ready: ready, Sessions: uint32(s.sessionCount()), Ranks: uint32(len(s.ranks)), Version: s.cfg.Version}
+	if len(s.ranks) > 0 {
+		g := s.ranks[0].st.Config.Payload
+		out.PageTokens = uint32(g.PageTokens)
+		for _, k := range g.Kinds {
+			out.Kinds = append(out.Kinds, &pb.PayloadKind{Name: k.Name, PageBytes: uint64(k.PageBytes)})
+		}
+	}
+	return out, nil
 }
 
 // Close ends a session.

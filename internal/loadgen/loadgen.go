@@ -1,0 +1,505 @@
+// Package loadgen is `kvtier loadgen`: a synthetic engine of N rank
+// sessions driving a running kvtier serve with a trace. Each rank has an
+// L1 pool in host memory, writes every placed page's payload (host.Payload
+// of its hash), runs the copy plans through the mapped slab, and verifies
+// every loaded page byte for byte. The ranks run the same requests in the
+// same steps (a context-parallel engine), so serve's rank group sees them
+// in lockstep.
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	pb "github.com/kvtier/kvtier/api/enginev1"
+	"github.com/kvtier/kvtier/client"
+	"github.com/kvtier/kvtier/host"
+	"github.com/kvtier/kvtier/pagehash"
+	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/workload"
+)
+
+// Config configures a run.
+type Config struct {
+	// Socket is serve's socket.
+	Socket string
+	// Ranks is the number of rank sessions (serve's rank count).
+	Ranks int
+	// Requests is the trace.
+	Requests []workload.Request
+	// PerStep is the most new requests looked up per step (default 8).
+	PerStep int
+	// MaxLive bounds requests looked up and not finished (default 32).
+	MaxLive int
+	// MaxPages caps a request's key (default 64 pages).
+	MaxPages int
+	// Model names the namespace (default "loadgen").
+	Model string
+}
+
+// Result is one run. The JSON keys are a public contract.
+type Result struct {
+	Ranks           int              `json:"ranks"`
+	Requests        int64            `json:"requests"`
+	InputTokens     int64            `json:"input_tokens"`
+	HitTokens       int64            `json:"hit_tokens"`
+	HitRate         float64          `json:"hit_rate"`
+	HitTokensByTier map[string]int64 `json:"hit_tokens_by_tier"`
+	VerifiedPages   int64            `json:"verified_pages"`
+	WrongBytes      int64            `json:"wrong_bytes"`
+	Errors          int64            `json:"errors"`
+	Restarts        int64            `json:"restarts"`
+	Steps           int64            `json:"steps"`
+	StepUsP50       float64          `json:"step_us_p50"`
+	StepUsP99       float64          `json:"step_us_p99"`
+	StepUsMax       float64          `json:"step_us_max"`
+	LoadGBps        float64          `json:"load_gbps"`
+	StoreGBps       float64          `json:"store_gbps"`
+	MemcpyGBps      float64          `json:"memcpy_gbps"`
+	LoadRatio       float64          `json:"load_ratio"`
+	StoreRatio      float64          `json:"store_ratio"`
+	LoadedBytes     int64            `json:"loaded_bytes"`
+	StoredBytes     int64            `json:"stored_bytes"`
+	Seconds         float64          `json:"seconds"`
+	PageTokens      int              `json:"page_tokens"`
+	PageBytes       int64            `json:"page_bytes"`
+	L1Pages         int              `json:"l1_pages"`
+	FirstError      string           `json:"first_error,omitempty"`
+}
+
+// Key turns a trace request's block ids into its page hash chain: page i
+// hashes page_tokens tokens derived from block i's id (a splitmix64
+// stream), chained, so equal id prefixes give equal keys.
+func Key(ids []uint64, pageTokens, max int) []pagehash.Hash {
+	n := min(len(ids), max)
+	out := make([]pagehash.Hash, n)
+	toks := make([]uint32, pageTokens)
+	prev := pagehash.Root
+	for i := range n {
+		s := ids[i]
+		for j := range toks {
+			s += 0x9e3779b97f4a7c15
+			z := (s ^ s>>30) * 0xbf58476d1ce4e5b9
+			z = (z ^ z>>27) * 0x94d049bb133111eb
+			toks[j] = uint32(z ^ z>>31)
+		}
+		prev = pagehash.Next(prev, toks)
+		out[i] = prev
+	}
+	return out
+}
+
+// Run drives serve with cfg's trace on every rank and returns the totals
+// (rank 0's request counts; bytes and errors of all ranks).
+func Run(ctx context.Context, cfg Config) (Result, error) {
+	if cfg.Ranks < 1 || cfg.Ranks > 64 {
+		return Result{}, fmt.Errorf("loadgen: %d ranks, want 1..64", cfg.Ranks)
+	}
+	if cfg.PerStep <= 0 {
+		cfg.PerStep = 8
+	}
+	if cfg.MaxLive <= 0 {
+		cfg.MaxLive = 32
+	}
+	if cfg.MaxPages <= 0 {
+		cfg.MaxPages = 64
+	}
+	if cfg.Model == "" {
+		cfg.Model = "loadgen"
+	}
+	probe, err := client.Health(ctx, cfg.Socket)
+	if err != nil {
+		return Result{}, fmt.Errorf("loadgen: %w", err)
+	}
+	if int(probe.GetRanks()) != cfg.Ranks {
+		return Result{}, fmt.Errorf("loadgen: serve hosts %d ranks, --ranks is %d", probe.GetRanks(), cfg.Ranks)
+	}
+	ns := &pb.Namespace{Model: cfg.Model, KvLayout: "layer_first", Dtype: "bf16", PageTokens: probe.GetPageTokens()}
+	for _, k := range probe.GetKinds() {
+		ns.PageBytes = append(ns.PageBytes, k.GetPageBytes())
+	}
+	keys := make([][]pagehash.Hash, len(cfg.Requests))
+	for i, r := range cfg.Requests {
+		keys[i] = Key(r.HashIDs, int(probe.GetPageTokens()), cfg.MaxPages)
+	}
+	ranks := make([]*rank, cfg.Ranks)
+	for i := range ranks {
+		n := proto(ns)
+		n.Shard = uint32(i)
+		c, err := client.Dial(ctx, client.Options{Socket: cfg.Socket, EngineID: "loadgen", Rank: i, WorldSize: cfg.Ranks, Namespace: n})
+		if err != nil {
+			for _, r := range ranks[:i] {
+				r.close(ctx)
+			}
+			return Result{}, fmt.Errorf("loadgen: rank %d: %w", i, err)
+		}
+		ranks[i] = &rank{idx: i, c: c, cfg: cfg, keys: keys}
+		if err := ranks[i].attach(); err != nil {
+			for _, r := range ranks[:i+1] {
+				r.close(ctx)
+			}
+			return Result{}, fmt.Errorf("loadgen: rank %d: %w", i, err)
+		}
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for _, r := range ranks {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.run(ctx) }()
+	}
+	wg.Wait()
+	res := Result{Ranks: cfg.Ranks, Seconds: time.Since(start).Seconds(), HitTokensByTier: map[string]int64{},
+		PageTokens: int(probe.GetPageTokens()), L1Pages: int(ranks[0].c.Info().GetLimits().GetL1Pages())}
+	for _, k := range probe.GetKinds() {
+		res.PageBytes += int64(k.GetPageBytes())
+	}
+	var lat []time.Duration
+	var loadNs, storeNs int64
+	for _, r := range ranks {
+		if r.idx == 0 {
+			res.Requests, res.InputTokens, res.HitTokens = r.requests, r.input, r.hits[1]+r.hits[2]+r.hits[3]
+			for t, name := range []string{"", "l1", "l2", "l3"} {
+				if t > 0 {
+					res.HitTokensByTier[name] = r.hits[t]
+				}
+			}
+			res.Steps = r.steps
+		}
+		res.VerifiedPages += r.verified
+		res.WrongBytes += r.wrong
+		res.Errors += r.errors
+		res.Restarts += r.restarts
+		res.LoadedBytes += r.loaded
+		res.StoredBytes += r.stored
+		loadNs += r.loadNs
+		storeNs += r.storeNs
+		lat = append(lat, r.lat...)
+		if res.FirstError == "" && r.firstErr != "" {
+			res.FirstError = r.firstErr
+		}
+		r.close(ctx)
+	}
+	if res.InputTokens > 0 {
+		res.HitRate = float64(res.HitTokens) / float64(res.InputTokens)
+	}
+	slices.Sort(lat)
+	if n := len(lat); n > 0 {
+		res.StepUsP50 = us(lat[n/2])
+		res.StepUsP99 = us(lat[min(n-1, n*99/100)])
+		res.StepUsMax = us(lat[n-1])
+	}
+	if loadNs > 0 {
+		res.LoadGBps = float64(res.LoadedBytes) / float64(loadNs)
+	}
+	if storeNs > 0 {
+		res.StoreGBps = float64(res.StoredBytes) / float64(storeNs)
+	}
+	res.MemcpyGBps = Memcpy(int(res.PageBytes))
+	if res.MemcpyGBps > 0 {
+		res.LoadRatio, res.StoreRatio = res.LoadGBps/res.MemcpyGBps, res.StoreGBps/res.MemcpyGBps
+	}
+	return res, nil
+}
+
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+
+func proto(ns *pb.Namespace) *pb.Namespace {
+	return &pb.Namespace{Model: ns.Model, KvLayout: ns.KvLayout, Dtype: ns.Dtype, PageTokens: ns.PageTokens, PageBytes: slices.Clone(ns.PageBytes), Shard: ns.Shard, Salt: ns.Salt}
+}
+
+// Memcpy measures the limit of the engine's copies: copying page-sized
+// pieces between two 64 MiB buffers (out of cache, as the engine's copies
+// between its L1 and the slab are), in GB/s, best of five passes.
+func Memcpy(pageBytes int) float64 {
+	if pageBytes <= 0 {
+		return 0
+	}
+	pages := max(1, (64<<20)/pageBytes)
+	src, dst := make([]byte, pages*pageBytes), make([]byte, pages*pageBytes)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	best := 0.0
+	for range 5 {
+		t0 := time.Now()
+		for p := range pages {
+			copy(dst[p*pageBytes:(p+1)*pageBytes], src[((p*7)%pages)*pageBytes:])
+		}
+		if g := float64(pages*pageBytes) / float64(time.Since(t0).Nanoseconds()); g > best {
+			best = g
+		}
+	}
+	return best
+}
+
+// rank is one engine rank.
+type rank struct {
+	idx  int
+	c    *client.Client
+	cfg  Config
+	keys [][]pagehash.Hash
+	slab *client.Slab
+	l1   [][]byte // per kind
+	kb   []int64  // page bytes per kind
+	want []byte
+
+	requests, input, verified, wrong, errors, restarts int64
+	hits                                               [4]int64
+	steps, loaded, stored, loadNs, storeNs             int64
+	lat                                                []time.Duration
+	firstErr                                           string
+}
+
+type req struct {
+	name  string
+	i     int
+	key   []pagehash.Hash
+	input int64
+}
+
+func (r *rank) attach() error {
+	if r.slab != nil {
+		r.slab.Close()
+	}
+	info := r.c.Info()
+	s, err := client.MapSlab(info.GetSlab())
+	if err != nil {
+		return err
+	}
+	r.slab = s
+	n := int(info.GetLimits().GetL1Pages())
+	r.l1, r.kb = nil, nil
+	for _, k := range info.GetKinds() {
+		r.l1 = append(r.l1, make([]byte, n*int(k.GetPageBytes())))
+		r.kb = append(r.kb, int64(k.GetPageBytes()))
+		if int(k.GetPageBytes()) > len(r.want) {
+			r.want = make([]byte, k.GetPageBytes())
+		}
+	}
+	return nil
+}
+
+func (r *rank) close(ctx context.Context) {
+	if r.slab != nil {
+		r.slab.Close()
+	}
+	_ = r.c.Close(ctx)
+}
+
+func (r *rank) fail(format string, args ...any) {
+	r.errors++
+	if r.firstErr == "" {
+		r.firstErr = fmt.Sprintf("rank %d: ", r.idx) + fmt.Sprintf(format, args...)
+	}
+}
+
+func (r *rank) page(kind int, p uint32) ([]byte, error) {
+	n := r.kb[kind]
+	if int64(p+1)*n > int64(len(r.l1[kind])) {
+		return nil, fmt.Errorf("L1 page %d outside the pool", p)
+	}
+	return r.l1[kind][int64(p)*n : int64(p+1)*n], nil
+}
+
+// run is the rank's scheduler loop: every step sends the completions of
+// the plans run since the last one, the stores and finishes of requests
+// whose lookups came back DONE, and up to PerStep new lookups.
+func (r *rank) run(ctx context.Context) {
+	live := map[string]*req{}
+	var ready []*req
+	var owed []*pb.Completion
+	next := 0
+	for {
+		if ctx.Err() != nil {
+			return
+		}
+		q := &pb.StepRequest{Completions: owed}
+		owed = nil
+		for _, rq := range ready {
+			q.Stores = append(q.Stores, &pb.Store{ReqId: rq.name, Pages: uint32(len(rq.key)), Hashes: client.PackHashes(nil, rq.key)})
+			q.Finished = append(q.Finished, &pb.Finish{ReqId: rq.name})
+		}
+		stored := map[string]*req{}
+		for _, rq := range ready {
+			stored[rq.name] = rq
+		}
+		ready = nil
+		for added := 0; added < r.cfg.PerStep && len(live) < r.cfg.MaxLive && next < len(r.keys); next++ {
+			if len(r.keys[next]) == 0 {
+				continue
+			}
+			rq := &req{name: fmt.Sprintf("r%d", next), i: next, key: r.keys[next],
+				input: min(int64(r.cfg.Requests[next].InputLength), int64(len(r.keys[next]))*int64(workload.BlockTokens))}
+			live[rq.name] = rq
+			q.Lookups = append(q.Lookups, &pb.Lookup{ReqId: rq.name, Pages: uint32(len(rq.key)), Hashes: client.PackHashes(nil, rq.key)})
+			added++
+		}
+		if len(q.Lookups)+len(q.Stores)+len(q.Completions) == 0 && len(live) == 0 {
+			return
+		}
+		t0 := time.Now()
+		out, err := r.c.Step(ctx, q)
+		r.lat = append(r.lat, time.Since(t0))
+		r.steps++
+		if err != nil {
+			if errors.Is(err, client.ErrRestarted) || errors.Is(err, client.ErrUnavailable) {
+				// Serve restarted or ended the session: what was pending
+				// is a miss; the requests go on with the next ones.
+				r.restarts++
+				clear(live)
+				if errors.Is(err, client.ErrRestarted) {
+					if aerr := r.attach(); aerr != nil {
+						r.fail("re-map the slab: %v", aerr)
+						return
+					}
+				} else {
+					time.Sleep(50 * time.Millisecond)
+				}
+				continue
+			}
+			r.fail("step: %v", err)
+			return
+		}
+		for _, e := range out.GetErrors() {
+			r.fail("%s %s: %s: %s", e.GetItem(), e.GetReqId(), e.GetCode(), e.GetMessage())
+		}
+		for _, p := range out.GetPlacements() {
+			rq := stored[p.GetReqId()]
+			if rq == nil {
+				r.fail("placement for %q, not stored in this step", p.GetReqId())
+				continue
+			}
+			i := int(p.GetFirstPage())
+			for _, rg := range p.GetL1Pages() {
+				for pg := rg.GetStart(); pg < rg.GetStart()+rg.GetCount(); pg++ {
+					if i >= len(rq.key) {
+						r.fail("placement for %q past its %d pages", rq.name, len(rq.key))
+						break
+					}
+					for k := range r.kb {
+						b, err := r.page(k, pg)
+						if err != nil {
+							r.fail("placement for %q: %v", rq.name, err)
+							continue
+						}
+						host.Payload(b, rq.key[i], tiers.PayloadKind(k))
+					}
+					i++
+				}
+			}
+		}
+		for _, pl := range out.GetPlans() {
+			owed = append(owed, &pb.Completion{Plan: pl.GetPlan(), Ok: r.runPlan(pl)})
+		}
+		for _, lr := range out.GetLookups() {
+			if lr.GetStatus() != pb.LookupStatus_LOOKUP_STATUS_DONE {
+				continue
+			}
+			rq := live[lr.GetReqId()]
+			if rq == nil {
+				r.fail("a result for %q, which is not pending", lr.GetReqId())
+				continue
+			}
+			delete(live, rq.name)
+			r.result(rq, lr)
+			ready = append(ready, rq)
+		}
+	}
+}
+
+// runPlan runs one copy plan through the slab; false when an item could
+// not be run.
+func (r *rank) runPlan(pl *pb.CopyPlan) bool {
+	t0 := time.Now()
+	var n int64
+	ok := true
+	for _, it := range pl.GetItems() {
+		if int(it.GetKind()) >= len(r.kb) || int64(it.GetLength()) != r.kb[it.GetKind()] {
+			r.fail("plan %d: item of kind %d, %d bytes", pl.GetPlan(), it.GetKind(), it.GetLength())
+			ok = false
+			continue
+		}
+		sp, err := r.slab.Bytes(it.GetSlab(), it.GetOffset(), it.GetLength())
+		if err != nil {
+			r.fail("plan %d: %v", pl.GetPlan(), err)
+			ok = false
+			continue
+		}
+		pg, err := r.page(int(it.GetKind()), it.GetL1Page())
+		if err != nil {
+			r.fail("plan %d: %v", pl.GetPlan(), err)
+			ok = false
+			continue
+		}
+		if pl.GetDirection() == pb.Direction_DIRECTION_TO_SLAB {
+			copy(sp, pg)
+		} else {
+			copy(pg, sp)
+		}
+		n += int64(len(sp))
+	}
+	d := time.Since(t0).Nanoseconds()
+	if pl.GetDirection() == pb.Direction_DIRECTION_TO_SLAB {
+		r.stored += n
+		r.storeNs += d
+	} else {
+		r.loaded += n
+		r.loadNs += d
+	}
+	return ok
+}
+
+// result verifies a DONE lookup's hit pages and counts its hits.
+func (r *rank) result(rq *req, lr *pb.LookupResult) {
+	r.requests++
+	r.input += rq.input
+	i := 0
+	good := 0
+	for _, rg := range lr.GetL1Pages() {
+		for pg := rg.GetStart(); pg < rg.GetStart()+rg.GetCount(); pg++ {
+			if i >= len(rq.key) {
+				r.fail("%q: %d hit pages for a key of %d", rq.name, lr.GetHitPages(), len(rq.key))
+				return
+			}
+			same := true
+			for k := range r.kb {
+				b, err := r.page(k, pg)
+				if err != nil {
+					r.fail("%q: %v", rq.name, err)
+					return
+				}
+				w := r.want[:r.kb[k]]
+				host.Payload(w, rq.key[i], tiers.PayloadKind(k))
+				if !bytes.Equal(b, w) {
+					same = false
+					for j := range b {
+						if b[j] != w[j] {
+							r.wrong++
+						}
+					}
+				}
+			}
+			if same {
+				r.verified++
+				good++
+			}
+			i++
+		}
+	}
+	if i != int(lr.GetHitPages()) {
+		r.fail("%q: %d L1 pages listed for %d hit pages", rq.name, i, lr.GetHitPages())
+	}
+	tok := func(pages int) int64 { return min(int64(pages)*int64(workload.BlockTokens), rq.input) }
+	l1 := min(int(lr.GetL1Hit()), good)
+	l2 := min(int(lr.GetL2Hit()), good-l1)
+	l3 := good - l1 - l2
+	r.hits[1] += tok(l1)
+	r.hits[2] += tok(l1+l2) - tok(l1)
+	r.hits[3] += tok(l1+l2+l3) - tok(l1+l2)
+}
+
