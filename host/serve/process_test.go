@@ -2,8 +2,8 @@ package serve
 
 import (
 	"context"
-	"net"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"

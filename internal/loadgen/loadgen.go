@@ -502,4 +502,3 @@ func (r *rank) result(rq *req, lr *pb.LookupResult) {
 	r.hits[2] += tok(l1+l2) - tok(l1)
 	r.hits[3] += tok(l1+l2+l3) - tok(l1+l2)
 }
-
