@@ -22,6 +22,7 @@ func benches() map[string]benchCommand {
 		"plugin":  runBenchPlugin,
 		"redis":   runBenchRedis,
 		"host":    runBenchHost,
+		"serve":   runBenchServe,
 	}
 }
 
