@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 
 	"github.com/kvtier/kvtier/host/serve"
@@ -31,6 +32,8 @@ func runBenchServe(ctx context.Context, args []string, stdout, stderr io.Writer)
 	dir := fs.String("dir", os.TempDir(), "`directory` for the ranks' L3 and indexes")
 	l3 := fs.String("l3", "l3disk", "the ranks' L3: l3disk (the embedded demo stack), memstore (in RAM) or none")
 	asJSON := fs.Bool("json", false, "print one JSON object per line")
+	copies := fs.Bool("copies", true, "run the engine's copies in the bench process (false: report plans done without copying, the control plane alone)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to `file`")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -94,8 +97,19 @@ func runBenchServe(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return fmt.Errorf("bench serve: %w", err)
 	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("bench serve: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("bench serve: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	res, err := loadgen.Run(ctx, loadgen.Config{Socket: filepath.Join(sd, "s.sock"), Ranks: *sessions, Requests: reqs,
-		PerStep: *perStep, MaxLive: 2 * *perStep, Ping: true, NoPayload: true})
+		PerStep: *perStep, MaxLive: 2 * *perStep, Ping: true, NoPayload: true, NoCopies: !*copies})
 	stop()
 	if serr := <-done; serr != nil && err == nil {
 		err = serr
@@ -106,8 +120,12 @@ func runBenchServe(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if res.Errors != 0 {
 		return fmt.Errorf("bench serve: %d errors (first: %s)", res.Errors, res.FirstError)
 	}
-	note := fmt.Sprintf("L3 %s; %d sessions in lockstep (one serve rank each), %d new requests a step, %d requests, %d steps; copies run, payloads not generated (loadgen verifies them); ratio = ping/step; %s",
-		*l3, *sessions, *perStep, res.Requests, res.Steps, loadNote())
+	what := "copies run"
+	if !*copies {
+		what = "copies not run (control plane only)"
+	}
+	note := fmt.Sprintf("L3 %s, %s; %d sessions in lockstep (one serve rank each), %d new requests a step, %d requests, %d steps; payloads not generated (loadgen verifies them); ratio = ping/step; %s",
+		*l3, what, *sessions, *perStep, res.Requests, res.Steps, loadNote())
 	lower := func(name string, v, limit float64, target float64) benchreport.Result {
 		r := benchreport.Result{Bench: name, Value: v, Unit: "us", Limit: limit, LimitName: "empty gRPC call, same socket", Target: target, Note: note}
 		if v > 0 {
