@@ -1,0 +1,238 @@
+"""The connector against a real ``kvtier serve`` process, driven by a
+simulated engine loop (no vLLM): hits verified byte for byte, a SIGKILL of
+serve in the middle (misses while it is away), a restart on the same data
+dir (re-registered on the new boot_id, L3 hits again)."""
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+from kvtier.client import Client, make_namespace, pack_hashes, unpack_hashes
+from kvtier.connector import KvtierConnector, Request, SchedulerOutput
+from kvtier.payload import payload
+from kvtier.slab import Slab
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+
+
+@pytest.fixture(scope="module")
+def kvtier_bin():
+    go = shutil.which("go")
+    if go is None:
+        pytest.skip("go is not on PATH: cannot build kvtier serve for the connector tests")
+    d = tempfile.mkdtemp(prefix="kvtier-py-")
+    out = os.path.join(d, "kvtier")
+    subprocess.run([go, "build", "-o", out, "./cmd/kvtier"], cwd=REPO, check=True)
+    yield out
+    shutil.rmtree(d, ignore_errors=True)
+
+
+class Serve:
+    def __init__(self, binary, data):
+        self.binary, self.data = binary, data
+        self.sockdir = tempfile.mkdtemp(prefix="kvs-")
+        self.sock = os.path.join(self.sockdir, "s.sock")
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen([self.binary, "serve", "--data-dir", self.data, "--socket", self.sock,
+                                      "--log-level", "error"], stdout=subprocess.DEVNULL)
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect(self.sock)
+                return
+            except OSError:
+                time.sleep(0.02)
+            finally:
+                s.close()
+        raise RuntimeError("kvtier serve did not listen within 15 s")
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        shutil.rmtree(self.sockdir, ignore_errors=True)
+
+
+@pytest.fixture
+def serve(kvtier_bin, tmp_path):
+    s = Serve(kvtier_bin, str(tmp_path / "data"))
+    s.start()
+    yield s
+    s.stop()
+
+
+class Engine:
+    """A CPU engine's scheduler loop, one rank, a few requests a step."""
+
+    def __init__(self, conn, seed):
+        self.conn = conn
+        self.rng = random.Random(seed)
+        self.verified = self.wrong = self.hit_tokens = self.input_tokens = 0
+        self.done = 0
+
+    def request(self, i):
+        pt = self.conn.page_tokens
+        system = self.rng.randrange(4)
+        pages = 3 + self.rng.randrange(4)
+        toks = [system * 1000003 + j for j in range(4 * pt)]  # a shared 4-page system prompt
+        toks += [i * 7919 + j for j in range(pages * pt)]
+        if self.rng.random() < 0.3 and i > 0:
+            toks = [system * 1000003 + j for j in range(4 * pt)] + [(i - 1) * 7919 + j for j in range(pages * pt)]
+        return Request("r%d" % i, toks)
+
+    def kv_of(self, rid, i, kind, h):
+        return payload(h, kind, self.conn.kinds[kind][1])
+
+    def verify(self, req):
+        hs = self.conn._keys[req.request_id]
+        for i, page in enumerate(self.conn.hit_pages(req)):
+            for k, (_, size) in enumerate(self.conn.kinds):
+                if bytes(self.conn.l1[k][page]) == payload(hs[i], k, size):
+                    self.verified += 1
+                else:
+                    self.wrong += 1
+
+    def run(self, n, start=0, per_step=4, on_step=None):
+        waiting, queue = [], [self.request(i) for i in range(start, start + n)]
+        computed = []
+        steps = 0
+        while queue or waiting or computed:
+            steps += 1
+            assert steps < 20 * n + 100, "the engine loop does not finish"
+            while queue and len(waiting) < per_step:
+                waiting.append(queue.pop(0))
+            ready = []
+            for req in waiting:
+                tokens, pending = self.conn.get_num_new_matched_tokens(req, 0)
+                if not pending:
+                    ready.append((req, tokens))
+            for req, tokens in ready:
+                waiting.remove(req)
+                self.verify(req)
+                self.hit_tokens += tokens
+                self.input_tokens += len(req.prompt_token_ids)
+            stored = computed
+            computed = [req for req, _ in ready]
+            self.conn.build_connector_meta(SchedulerOutput(computed=computed))
+            self.conn.start_load_kv()
+            self.conn.save_kv_layer("all", self.kv_of)
+            self.conn.wait_for_save()
+            for req in stored:
+                self.conn.request_finished(req)
+                self.done += 1
+            if on_step:
+                on_step(steps)
+        # one more step sends the last finishes and completions
+        self.conn.build_connector_meta(SchedulerOutput())
+        self.conn.start_load_kv()
+        self.conn.wait_for_save()
+
+
+def test_connector_hits_verified(serve):
+    conn = KvtierConnector(serve.sock, "test-model")
+    eng = Engine(conn, seed=1)
+    eng.run(120)
+    conn.close()
+    assert conn.errors == []
+    assert eng.wrong == 0
+    assert eng.verified > 100, eng.verified
+    assert eng.hit_tokens > 0.2 * eng.input_tokens, (eng.hit_tokens, eng.input_tokens)
+
+
+def test_connector_survives_serve_kill(serve):
+    conn = KvtierConnector(serve.sock, "test-model")
+    eng = Engine(conn, seed=2)
+    eng.run(60)
+    assert eng.wrong == 0 and eng.verified > 0
+    # Let the spills land, then kill serve mid-run.
+    for _ in range(20):
+        conn.build_connector_meta(SchedulerOutput())
+        conn.start_load_kv()
+        conn.wait_for_save()
+    serve.kill()
+    before = eng.verified
+
+    def restart_at(step):
+        if step == 5:
+            serve.start()
+
+    eng.run(60, start=60, on_step=restart_at)
+    assert conn.unavailable_steps > 0
+    # The engine steps on; the connector re-registers once gRPC reconnects.
+    deadline = time.time() + 15
+    while conn.restarts == 0 and time.time() < deadline:
+        conn.build_connector_meta(SchedulerOutput())
+        time.sleep(0.02)
+    assert conn.restarts == 1
+    # After the restart the cache is found again (L3) and every byte is right.
+    after = Engine(conn, seed=2)
+    after.run(60)
+    assert after.wrong == 0 and eng.wrong == 0
+    assert after.verified > 0, "no hits after serve came back"
+    assert conn.errors == [], conn.errors[:3]
+    conn.close()
+    assert before > 0
+
+
+def test_pack_and_namespace():
+    hs = [bytes([i]) * 32 for i in range(3)]
+    assert unpack_hashes(pack_hashes(hs)) == hs
+    with pytest.raises(ValueError, match="hash 1 has 31 bytes"):
+        pack_hashes([b"a" * 32, b"b" * 31])
+    with pytest.raises(ValueError, match="multiple of 32"):
+        unpack_hashes(b"x" * 33)
+    good = {"model": "m", "page_tokens": 512, "page_bytes": [16384]}
+    assert make_namespace(good).page_tokens == 512
+    for bad, msg in [({"page_tokens": 512, "page_bytes": [1]}, "namespace.model"),
+                     (dict(good, page_tokens=0), "namespace.page_tokens"),
+                     (dict(good, page_bytes=[]), "namespace.page_bytes"),
+                     (dict(good, colour="red"), "unknown field")]:
+        with pytest.raises(ValueError, match=msg):
+            make_namespace(bad)
+
+
+def test_slab_bounds(tmp_path):
+    p = tmp_path / "s0"
+    p.write_bytes(bytes(8192))
+
+    class F:
+        def __init__(self, i, path, size):
+            self.id, self.path, self.size = i, path, size
+
+    class G:
+        files = [F(0, str(p), 8192)]
+
+    s = Slab(G())
+    v = s.span(0, 4096, 4096)
+    v[0] = 9
+    assert p.read_bytes()[4096] == 9
+    for args, msg in [((1, 0, 1), "slab 1 of 1"), ((0, 8192, 1), "outside"), ((0, 4096, 4097), "outside"), ((0, -1, 1), "outside")]:
+        with pytest.raises(ValueError, match=msg):
+            s.span(*args)
+    s.close()
+
+
+def test_payload_matches_go():
+    # Printed by host.Payload in Go for pagehash.Next(Root, [tok]).
+    for h, k, n, want in [
+        ("71c99cc3bc21757feed5b712744ebb0f770d5c41d99189f9457495747bf11050", 0, 16, "fe1fdd4f25ca3b3cc35d8321b3b6de1a"),
+        ("a82e8c1943a8293993f3074e550affd613e389826ed78519458b3c9cc6dac5eb", 1, 13, "ee9793c5ed637e1baa66987966"),
+        ("977d660f26807198d6e78c6639eb0c6f76b3d9c2dcb53f74ad674c7d8d941554", 3, 40,
+         "4330d3a75264be814e6a96a6493a846506464c499bc19e6e4ad08d5c218e0e4097e171a9502acba0"),
+    ]:
+        assert payload(bytes.fromhex(h), k, n).hex() == want
