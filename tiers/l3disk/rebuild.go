@@ -153,8 +153,8 @@ type RebuildCounts struct {
 }
 
 // rebuildFlush is how many entries a rebuild hands the index at once: the
-// index commits (each an fsync) run while the next chunks are read, and
-// the last one, which nothing overlaps, stays small.
+// index commits (each an fsync) run while the next chunks are read; the
+// putter folds batches that queued up behind a slow commit into one.
 const rebuildFlush = 2048
 
 // rebuildFile indexes every verified slot of f (kind k of this store's
@@ -183,6 +183,23 @@ func rebuildFile(ctx context.Context, ix indexes.Index, f *slabFile, disk int, d
 	go func() {
 		var err error
 		for batch := range puts {
+			// Fold what queued up while the last commit ran into this
+			// one: one commit (one fsync) instead of one per batch. The
+			// first commit is slow (its fsync waits behind the reads), and
+			// without this the batches queued behind it were committed one
+			// by one after the reads ended.
+		fold:
+			for {
+				select {
+				case more, ok := <-puts:
+					if !ok {
+						break fold
+					}
+					batch = append(batch, more...)
+				default:
+					break fold
+				}
+			}
 			if err == nil {
 				if err = putEntries(ctx, ix, f.path, batch); err != nil {
 					cancel()
