@@ -232,3 +232,66 @@ tiers:
 		t.Fatalf("L3 hits before %d, after the restart %d: want both above zero", before, after)
 	}
 }
+
+// TestServeIndexFull: the L3 store's LMDB map holds a fraction of what
+// its slab can (1 MiB, a few thousand entries, against 16,384 slots) while
+// an engine stores many times that. The index refuses puts as full before
+// its map ends, keeping room for deletes; the store then evicts its coldest
+// pages and keeps serving: no step error, no wrong byte, the newest keys
+// hit L3, and the store's deletes never fail.
+func TestServeIndexFull(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	stores := func(ctx context.Context, rank int, s *stack.Stack) (func() error, error) {
+		icfg := lmdb.DefaultConfig()
+		icfg.MapSizeBytes, icfg.Sync = 1<<20, lmdb.SyncNone
+		ix, err := lmdb.Open(ctx, indexes.Env{Logger: slog.New(slog.DiscardHandler), Dir: filepath.Join(dir, "small-index")}, icfg)
+		if err != nil {
+			return nil, err
+		}
+		cfg := l3disk.DefaultConfig()
+		cfg.Disks = []l3disk.Disk{{Dir: filepath.Join(dir, "l3"), Budget: 256 * quantity.MiB}}
+		env := tiers.Env{Logger: slog.New(slog.DiscardHandler), Payload: s.Config.Payload, WorldSize: 1, StackID: "serve-r0",
+			Slab: s.Slab, ColdStart: tiers.ColdStartClear, Index: ix}
+		st, err := l3disk.Open(ctx, env, cfg)
+		if err != nil {
+			return nil, errors.Join(err, ix.Close())
+		}
+		s.Stores = []stack.Store{{Name: "small-index-l3", Store: st, Index: ix}}
+		return func() error { return errors.Join(st.Close(), ix.Close()) }, nil
+	}
+	s, sock, _ := startWith(t, Config{DataDir: dir, Stores: stores})
+	e := dialEngine(t, sock, 0, 1)
+	if err := e.register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const n, revisit = 900, 40 // 10,800 pages stored; the index holds ~3,000
+	keys := make([][]pagehash.Hash, n)
+	for i := range keys {
+		keys[i] = chain(fmt.Sprintf("full-%d", i), 12, 12, "")
+		drive(t, ctx, e, fmt.Sprintf("full-a%d", i), keys[i])
+	}
+	var l3 uint32
+	for i := n - revisit - 200; i < n-200; i++ {
+		l3 += drive(t, ctx, e, fmt.Sprintf("full-b%d", i), keys[i]).L3Hit
+	}
+	st := s.ranks[0].st.Stores[0].Store.Stats()
+	ist, err := s.ranks[0].st.Stores[0].Index.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d L3 hit pages, %d verified; store: %d durable puts, %d failed, %d evictions; index: %d entries, %d of %d bytes",
+		l3, e.verified, st.Puts, st.PutFailures, st.Evictions, ist.Entries, ist.Bytes, ist.CapacityBytes)
+	if e.wrong != 0 {
+		t.Fatalf("%d wrong pages", e.wrong)
+	}
+	if st.Evictions == 0 || st.Puts <= ist.Entries {
+		t.Fatalf("the index never filled: %d durable puts, %d entries, %d evictions", st.Puts, ist.Entries, st.Evictions)
+	}
+	if l3 == 0 {
+		t.Fatalf("no L3 hit on recent keys after the index filled")
+	}
+	if st.PutFailures > st.Puts/10 {
+		t.Fatalf("%d of %d puts failed: the store does not free index room by itself", st.PutFailures, st.Puts+st.PutFailures)
+	}
+}

@@ -57,7 +57,7 @@ const (
 
 // Limits of the config values.
 const (
-	minMapSize    = 64 << 10
+	minMapSize    = 256 << 10 // 64 pages: room for a few entries beside the delete reserve
 	maxMapSize    = 1 << 44
 	minMaxReaders = 8
 	maxMaxReaders = 1 << 16

@@ -22,7 +22,7 @@ func damageCases() int {
 func openForDamage(ctx context.Context, dir string) (indexes.Index, error) {
 	cfg := DefaultConfig()
 	cfg.Dir = dir
-	cfg.MapSizeBytes = 16 << 20
+	cfg.MapSizeBytes = 32 << 20
 	cfg.Sync = SyncNone
 	return Open(ctx, indexes.Env{Logger: slog.New(slog.DiscardHandler), Dir: dir}, cfg)
 }

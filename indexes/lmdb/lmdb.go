@@ -5,9 +5,11 @@
 // Keys are the 33-byte indexes.EncodeKey form and values the 32-byte
 // canonical record (indexes.EncodeRecord), in one named database. Each
 // batch is one write transaction. The map size is fixed at open (config):
-// a batch that does not fit fails whole with indexes.ErrFull — LMDB aborts
-// the transaction, every earlier entry stays intact and the environment
-// stays usable, so the caller stops admitting pages and frees some.
+// a put batch that does not fit fails whole with indexes.ErrFull — every
+// earlier entry stays intact and the environment stays usable, so the
+// caller stops admitting pages and frees some. Puts stop short of the
+// map's end so that deletes, which LMDB's copy-on-write makes need free
+// pages too, always find room to free some (reserve.go).
 // Reader slots left by processes that died inside a read transaction are
 // cleared at open (mdb_reader_check), so they cannot pin old pages.
 //
@@ -62,6 +64,8 @@ type Index struct {
 	m        *indexes.Metrics
 	dir      string
 	mapSize  int64
+	// psize is the environment's page size.
+	psize int64
 
 	// staleReaders is how many dead processes' reader slots Open cleared.
 	staleReaders int
@@ -203,7 +207,11 @@ func openEnv(dir string, cfg Config, log *slog.Logger) (*Index, error) {
 		log.Warn("lmdb index: map size differs from the config; configure every rank alike",
 			"dir", dir, "configured", cfg.MapSizeBytes, "effective", info.MapSize)
 	}
-	ix := &Index{env: e, log: log, dir: dir, mapSize: info.MapSize, staleReaders: stale}
+	est, err := e.Stat()
+	if err != nil {
+		return fail("env stat", err)
+	}
+	ix := &Index{env: e, log: log, dir: dir, mapSize: info.MapSize, psize: int64(est.PSize), staleReaders: stale}
 	err = e.Update(func(txn *mdb.Txn) error {
 		ix.dbi, err = txn.OpenDBI(dbName, mdb.Create)
 		return err
@@ -302,6 +310,11 @@ func (ix *Index) enter(ctx context.Context, op string) (release func(), err erro
 func (ix *Index) update(op string, n int, fn func(txn *mdb.Txn) error) error {
 	ix.writeMu.Lock()
 	defer ix.writeMu.Unlock()
+	if op == "put" {
+		if err := ix.room(n); err != nil {
+			return err
+		}
+	}
 	if err := ix.env.Update(fn); err != nil {
 		return ix.wrapErr(op, n, err)
 	}

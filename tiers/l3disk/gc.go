@@ -2,6 +2,7 @@ package l3disk
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/kvtier/kvtier/indexes"
@@ -42,17 +43,24 @@ func (s *Store) deleteLive(keys []tiers.Key) error {
 
 // collect is the page-level LRU garbage collection of one kind: when
 // occupancy reaches GCStart, reclaim coldest pages until GCStop, at most
-// GCBatch per pass so the put behind it never waits long.
+// GCBatch per pass so the put behind it never waits long. Once the index
+// refused a put of this kind as full, the pages in use then (indexCap)
+// stand for the capacity when smaller than the slots: an index map
+// smaller than the slabs need makes a cache bounded by its index, not a
+// cache that stops storing.
 func (s *Store) collect(k tiers.PayloadKind) {
 	pool := s.pools[k]
-	occ := pool.occupancy()
-	if occ >= s.cfg.GCStart {
+	size := pool.size()
+	if c := s.indexCap[k]; c > 0 && c < size {
+		size = c
+	}
+	if float64(pool.used()) >= s.cfg.GCStart*float64(size) {
 		s.gcActive[k] = true
 	}
+	target := int(s.cfg.GCStop * float64(size))
 	if !s.gcActive[k] {
 		return
 	}
-	target := int(s.cfg.GCStop * float64(pool.size()))
 	n := min(pool.used()-target, s.cfg.GCBatch)
 	if n <= 0 {
 		s.gcActive[k] = false
@@ -74,7 +82,14 @@ func (s *Store) collect(k tiers.PayloadKind) {
 	// NB: the index entry goes first, durably; only then is the slot
 	// free for reuse, so a racing reader sees a miss or a header for
 	// another page, never another page's bytes under this key.
-	if err := s.index.DeleteIf(context.Background(), entries, deleted); err != nil {
+	err := s.index.DeleteIf(context.Background(), entries, deleted)
+	for errors.Is(err, indexes.ErrFull) && len(entries) > 1 {
+		// An index map too small for one batch of deletes (its reserve
+		// covers a few dozen keys at the smallest size): halve it.
+		entries, slots, deleted = entries[:len(entries)/2], slots[:len(slots)/2], deleted[:len(deleted)/2]
+		err = s.index.DeleteIf(context.Background(), entries, deleted)
+	}
+	if err != nil {
 		s.st.gcIndexErrors.Add(1)
 		s.limiter.Error("gc-index", "l3 gc: index delete failed; nothing reclaimed", "kind", k, "pages", len(entries), "err", err)
 		return

@@ -12,7 +12,7 @@ type collector struct {
 	s                                  *Store
 	hits, misses, corrupt, puts, fails *prometheus.Desc
 	evictions, writeErr, readErr       *prometheus.Desc
-	idxErr, spill, reload              *prometheus.Desc
+	idxErr, spill, reload, idxFull     *prometheus.Desc
 	used, total, readOnly              *prometheus.Desc
 }
 
@@ -32,6 +32,7 @@ func newCollector(s *Store) *collector {
 		writeErr:  d("write_errors_total", "Slot writes that failed."),
 		readErr:   d("read_errors_total", "Slot reads that failed."),
 		idxErr:    d("index_errors_total", "Index operations that failed."),
+		idxFull:   d("index_full_total", "Times the index refused a put as full and GC took the pages then in use as the capacity (the index map is smaller than the slabs need)."),
 		spill:     d("spill_bytes_total", "Payload bytes made durable."),
 		reload:    d("reload_bytes_total", "Payload bytes served by gets."),
 		used:      d("slots_used", "Slots live or in flight.", "kind"),
@@ -42,7 +43,7 @@ func newCollector(s *Store) *collector {
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.hits, c.misses, c.corrupt, c.puts, c.fails, c.evictions,
-		c.writeErr, c.readErr, c.idxErr, c.spill, c.reload, c.used, c.total, c.readOnly} {
+		c.writeErr, c.readErr, c.idxErr, c.idxFull, c.spill, c.reload, c.used, c.total, c.readOnly} {
 		ch <- d
 	}
 }
@@ -61,6 +62,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.writeErr, st.writeErrors.Load())
 	counter(c.readErr, st.readErrors.Load())
 	counter(c.idxErr, st.indexErrors.Load()+st.gcIndexErrors.Load())
+	counter(c.idxFull, st.indexFullCaps.Load())
 	counter(c.spill, st.spillBytes.Load())
 	counter(c.reload, st.reloadBytes.Load())
 	for k, f := range c.s.files {

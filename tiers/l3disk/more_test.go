@@ -19,24 +19,26 @@ import (
 )
 
 // TestIndexFull: when the LMDB map fills, puts fail with tiers.ErrFull
-// (wrapping indexes.ErrFull), their slots are freed, what was stored
-// stays readable, and deleting pages makes room again.
+// (wrapping indexes.ErrFull), their slots are freed, what was stored stays
+// readable, every delete still succeeds (the index keeps a reserve for
+// them: LMDB's copy-on-write makes a delete need free pages too), the
+// deleted pages miss, the others still hit, and puts succeed again.
 func TestIndexFull(t *testing.T) {
 	r := newRig(t, indexOpener{"lmdb-tiny", func(t testing.TB, dir string) indexes.Index {
 		cfg := lmdb.DefaultConfig()
-		cfg.Dir, cfg.MapSizeBytes, cfg.Sync = dir, 64<<10, lmdb.SyncNone
+		cfg.Dir, cfg.MapSizeBytes, cfg.Sync = dir, 1<<20, lmdb.SyncNone
 		ix, err := lmdb.Open(context.Background(), indexes.Env{Logger: testLogger(t), Dir: dir}, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return ix
-	}}, 2048)
+	}}, 16384)
 	r.geom = tiers.PayloadGeometry{PageTokens: 1, Kinds: []tiers.PayloadSpec{{Name: "tiny", PageBytes: 100}}}
 	r.slab = tiertest.NewHeapSlab(64 * 100)
 	r.open(tiers.ColdStartClear)
 	var stored []testPage
 	full := false
-	for b := 0; b < 60 && !full; b++ {
+	for b := 0; b < 400 && !full; b++ {
 		pages := makePages(uint64(100+b), 50, 0, r.geom)
 		for i, err := range r.put(pages, 0) {
 			switch {
@@ -53,42 +55,85 @@ func TestIndexFull(t *testing.T) {
 		t.Fatalf("index never filled after %d pages", len(stored))
 	}
 	r.checkConsistent()
-	for i := 0; i < len(stored); i += 50 {
-		if h := countHits(r.get(stored[i:min(i+50, len(stored))], 0)); h != min(50, len(stored)-i) {
-			t.Fatalf("stored pages lost after the index filled: %d hits", h)
+	hits := func(pages []testPage) (n int) {
+		for i := 0; i < len(pages); i += 64 {
+			n += countHits(r.get(pages[i:min(i+64, len(pages))], 0))
+		}
+		return n
+	}
+	// The refusal made GC take the pages then in use as the capacity and
+	// evict the coldest down to gc_stop of it.
+	var live []testPage
+	for i := 0; i < len(stored); i += 64 {
+		part := stored[i:min(i+64, len(stored))]
+		for j, err := range r.get(part, 0) {
+			if err == nil {
+				live = append(live, part[j])
+			}
 		}
 	}
-	keys := make([]tiers.Key, 0, len(stored))
-	for _, p := range stored[:len(stored)/2] {
-		keys = append(keys, p.key)
+	if len(live) < len(stored)*3/4 {
+		t.Fatalf("%d of %d stored pages hit after the index filled", len(live), len(stored))
 	}
-	// NB: LMDB is copy-on-write: a delete needs free pages too, so on a
-	// map filled to its last page (as here) every delete is refused with
-	// ErrFull (indexes/lmdb keeps no headroom for deletes). The store must
-	// then keep the slot (its entry still names it) and stay consistent.
-	failed := 0
-	refused := make([]bool, len(keys))
-	for i, k := range keys {
-		err := r.store.Delete(context.Background(), []tiers.Key{k})
-		if err != nil && !errors.Is(err, indexes.ErrFull) {
-			t.Fatalf("delete after full: %v, want success or indexes.ErrFull", err)
-		}
-		if err != nil {
-			failed++
-			refused[i] = true
+	for i, p := range live[:len(live)/2] {
+		if err := r.store.Delete(context.Background(), []tiers.Key{p.key}); err != nil {
+			t.Fatalf("delete %d of %d after the index filled: %v, want success", i, len(live)/2, err)
 		}
 	}
-	t.Logf("%d stored; %d of %d single-key deletes refused with ErrFull", len(stored), failed, len(keys))
 	r.checkConsistent()
-	res := r.get(stored[:len(keys)], 0)
-	for i, err := range res {
-		if refused[i] && err != nil {
-			t.Fatalf("page %d lost although its delete was refused: %v", i, err)
-		}
-		if !refused[i] && err == nil {
-			t.Fatalf("page %d still hits after its delete succeeded", i)
+	if h := hits(live[:len(live)/2]); h != 0 {
+		t.Fatalf("%d deleted pages still hit", h)
+	}
+	if h, want := hits(live[len(live)/2:]), len(live)-len(live)/2; h != want {
+		t.Fatalf("%d of the %d pages not deleted hit", h, want)
+	}
+	// NB: deleting keys spread over the tree leaves its leaves half empty
+	// (a B-tree merges a leaf only below a quarter full), so the deletes
+	// above free few pages: a put after them may still be refused, and
+	// its refusal makes GC evict the coldest. What was stored must hit.
+	again := makePages(999, 50, 0, r.geom)
+	var stored2 []testPage
+	for i, err := range r.put(again, 0) {
+		switch {
+		case err == nil:
+			stored2 = append(stored2, again[i])
+		case !errors.Is(err, tiers.ErrFull):
+			t.Fatalf("put %d after the deletes: %v, want success or ErrFull", i, err)
 		}
 	}
+	if h := hits(stored2); h != len(stored2) {
+		t.Fatalf("%d of %d pages put after the deletes hit", h, len(stored2))
+	}
+	r.checkConsistent()
+	// Keep storing far past what the map holds: each refusal makes the
+	// store evict a batch of its coldest pages, so the tier keeps
+	// serving as a cache bounded by its index.
+	var ok, refused int
+	var last []testPage
+	for b := 0; b < 300; b++ {
+		last = makePages(uint64(2000+b), 50, 0, r.geom)
+		for _, err := range r.put(last, 0) {
+			switch {
+			case err == nil:
+				ok++
+			case errors.Is(err, tiers.ErrFull):
+				refused++
+			default:
+				t.Fatalf("put past full: %v, want success or ErrFull", err)
+			}
+		}
+	}
+	r.checkConsistent()
+	if refused > ok/10 {
+		t.Fatalf("past full: %d puts stored, %d refused: the store does not free index room by itself (%+v, cap %v)", ok, refused, r.store.Stats(), r.store.indexCap)
+	}
+	if h := hits(last); h < len(last)/2 {
+		t.Fatalf("only %d of the newest %d pages hit", h, len(last))
+	}
+	if st := r.store.Stats(); st.Evictions == 0 {
+		t.Fatalf("no evictions after %d puts past a full index", ok)
+	}
+	t.Logf("past full: %d stored, %d refused", ok, refused)
 }
 
 // TestOpenFaults: an I/O error while creating the slab files fails Open

@@ -136,6 +136,7 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 		maxSlot = max(maxSlot, want.SlotBytes)
 		s.pools = append(s.pools, newSlotPool(int(slots)))
 		s.gcActive = append(s.gcActive, false)
+		s.indexCap = append(s.indexCap, 0)
 		s.verified = append(s.verified, make([]bool, slots))
 	}
 	s.direct = !refused && cfg.ODirect != ODirectOff

@@ -63,6 +63,11 @@ type Store struct {
 	inflight  map[tiers.Key]*writeJob
 	inflightN int
 	gcActive  []bool
+	// indexCap[k] is the pages of kind k that were in use when the index
+	// last refused a put of that kind as full (0: never). GC then treats
+	// it as the kind's capacity, so a map smaller than the slabs need
+	// makes a cache bounded by its index, not one that stops storing.
+	indexCap []int
 	// verified marks live slots whose payload CRC was checked since open
 	// (written in this run, rebuilt, or verified on a dedup): a put is
 	// deduplicated only against such a slot, so a durable ack is true.
@@ -94,8 +99,11 @@ type Store struct {
 
 // counters are the store's statistics.
 type counters struct {
-	hits, misses, corrupt       atomic.Int64
-	puts, putFailures, evicted  atomic.Int64
+	hits, misses, corrupt      atomic.Int64
+	puts, putFailures, evicted atomic.Int64
+	// indexFullCaps counts the times the index refusing a put as full
+	// set a new capacity for GC (indexCap).
+	indexFullCaps               atomic.Int64
 	livePages, liveBytes        atomic.Int64
 	writeErrors, readErrors     atomic.Int64
 	dedups, staleDropped        atomic.Int64

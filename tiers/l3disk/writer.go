@@ -169,6 +169,10 @@ func (s *Store) handleCommits(jobs []*writeJob) {
 		s.inflightN--
 		delete(s.inflight, job.key)
 		if job.err != nil {
+			if errors.Is(job.err, indexes.ErrFull) && s.indexCap[k] != pool.used() {
+				s.indexCap[k] = pool.used()
+				s.st.indexFullCaps.Add(1)
+			}
 			pool.abort(job.slot)
 			s.st.usedSlots[k].Add(-1)
 			s.failItems(job.items, job.err)
