@@ -29,7 +29,10 @@ func openDB(cfg Config, dir string, log *slog.Logger) (db *badgerdb.DB, err erro
 	// NB: Badger opens tables on goroutines of its own, where a damaged
 	// table can panic (a nil block dereferenced on a checksum error) and
 	// no recover of ours can reach; check every table here first.
-	if err := verifyTables(dir); err != nil {
+	if err := verifyTables(dir, cfg.BadgerOptions(dir, log)); err != nil {
+		return nil, err
+	}
+	if err := removeUnbornFiles(dir, log); err != nil {
 		return nil, err
 	}
 	db, err = badgerdb.Open(cfg.BadgerOptions(dir, log))
@@ -140,17 +143,48 @@ func (ix *Index) Reset(ctx context.Context) (err error) {
 // verifies its index and block checksums and walks its entries, turning
 // any error or panic into an error wrapping indexes.ErrCorrupt that names
 // the file.
-func verifyTables(dir string) error {
+func verifyTables(dir string, opt badgerdb.Options) error {
 	paths, err := filepath.Glob(filepath.Join(dir, "*.sst"))
 	if err != nil {
 		return fmt.Errorf("open badger index %s: %w", dir, err)
 	}
+	live := manifestTables(dir, opt)
 	for _, p := range paths {
+		if id, ok := table.ParseFileID(filepath.Base(p)); ok && live != nil {
+			if _, ok := live[id]; !ok {
+				// NB: a table the MANIFEST does not name was being
+				// written by a process killed before it was added (a
+				// flush or a compaction): it holds nothing the index
+				// needs, and Badger deletes it at open.
+				continue
+			}
+		}
 		if err := verifyTable(p); err != nil {
 			return fmt.Errorf("open badger index %s: table %s: %w: %w", dir, filepath.Base(p), err, indexes.ErrCorrupt)
 		}
 	}
 	return nil
+}
+
+// manifestTables returns the ids of the tables dir's MANIFEST names, or
+// nil when it cannot be read (then every table is checked, and Badger
+// refuses the manifest itself).
+func manifestTables(dir string, opt badgerdb.Options) (ids map[uint64]badgerdb.TableManifest) {
+	defer func() {
+		if recover() != nil {
+			ids = nil
+		}
+	}()
+	f, err := os.Open(filepath.Join(dir, badgerdb.ManifestFilename))
+	if err != nil {
+		return nil
+	}
+	defer func() { _ = f.Close() }()
+	mf, _, err := badgerdb.ReplayManifestFile(f, opt.ExternalMagicVersion, opt)
+	if err != nil {
+		return nil
+	}
+	return mf.Tables
 }
 
 func verifyTable(path string) (err error) {
@@ -175,4 +209,35 @@ func verifyTable(path string) (err error) {
 	// NB: the blocks' checksums cover the entries, so walking them
 	// (which costs as much again) adds nothing once they verify.
 	return t.VerifyChecksum()
+}
+
+// removeUnbornFiles removes memtable (*.mem) and value log (*.vlog) files
+// of zero bytes. Badger creates such a file and then sizes, maps and (for
+// a value log) heads it; a process killed in between (a SIGKILL during
+// Open, a memtable rotation or a value log roll) leaves an empty file that
+// holds no entry, and every later Open fails on it with "Create a new
+// file" (dgraph-io/badger#2207) — which would otherwise read as damage and
+// cost the whole index. A file with any byte is Badger's to replay or
+// refuse, and is left alone.
+func removeUnbornFiles(dir string, log *slog.Logger) error {
+	var files []string
+	for _, pat := range []string{"*.mem", "*.vlog"} {
+		m, err := filepath.Glob(filepath.Join(dir, pat))
+		if err != nil {
+			return fmt.Errorf("open badger index %s: list %s: %w", dir, pat, err)
+		}
+		files = append(files, m...)
+	}
+	for _, p := range files {
+		fi, err := os.Lstat(p)
+		if err != nil || !fi.Mode().IsRegular() || fi.Size() != 0 {
+			continue
+		}
+		if err := os.Remove(p); err != nil {
+			return fmt.Errorf("open badger index %s: remove the empty file %s a killed process left (dgraph-io/badger#2207; remove it by hand): %w", dir, p, err)
+		}
+		log.Warn("badger index: removed an empty file left by a process killed while creating it (dgraph-io/badger#2207); it held no entry",
+			"dir", dir, "file", filepath.Base(p))
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package badger
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -66,7 +67,7 @@ func TestVerifyTablesNamesTheFile(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "000007.sst"), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	err := verifyTables(dir)
+	err := verifyTables(dir, DefaultConfig().BadgerOptions(dir, slog.New(slog.DiscardHandler)))
 	if !errors.Is(err, indexes.ErrCorrupt) || !strings.Contains(err.Error(), "000007.sst") {
 		t.Fatalf("verifyTables: %v, want ErrCorrupt naming 000007.sst", err)
 	}
