@@ -289,13 +289,14 @@ func TestChecks(t *testing.T) {
 			},
 			want: Pass, msg: []string{"[/var/tmp/kvtier/l3]: budgets 64.00 GiB"}},
 
-		// lmdb_map_size: 64 GiB of 2.75 MiB + 4 KiB slots is 23797 entries.
+		// lmdb_map_size: 64 GiB of 2.75 MiB + 4 KiB slots is 23797 entries,
+		// 2379700 bytes, plus the map's delete reserve (an eighth of it).
 		{name: "map large enough", check: CheckLMDBMapSize, want: Pass, msg: []string{"the slots can produce 23797"}},
 		{name: "map too small", check: CheckLMDBMapSize,
 			stack: func(s *config.Stack) { lmdbOf(s).MapSizeBytes = 1 << 20 },
-			want:  Fail, msg: []string{"index full", "map_size_bytes to at least 2974625"}},
+			want:  Fail, msg: []string{"evicts to fit", "128.00 KiB delete reserve", "map_size_bytes to at least 3105697"}},
 		{name: "map without headroom", check: CheckLMDBMapSize,
-			stack: func(s *config.Stack) { lmdbOf(s).MapSizeBytes = 2500000 },
+			stack: func(s *config.Stack) { lmdbOf(s).MapSizeBytes = 2800000 },
 			want:  Warn, msg: []string{"headroom"}},
 		{name: "badger grows", check: CheckLMDBMapSize,
 			stack: func(s *config.Stack) { s.Tiers[1].Index = &config.IndexSpec{Use: "badger"} },

@@ -358,15 +358,18 @@ func checkLMDBMapSize(_ context.Context, e *env) Result {
 			parts = append(parts, failf("tier %q: %v", lt.t.Name, err).with(detail))
 			continue
 		}
-		need := entries * lmdbEntryBytes
+		// NB: puts leave the last part of the map to deletes (see
+		// indexes/lmdb's reserve), so the entries must fit the rest.
+		reserve := lmdbindex.ReserveBytes(c.MapSizeBytes)
+		need := entries*lmdbEntryBytes + reserve
 		detail["entries"], detail["need_bytes"], detail["map_size_bytes"] = entries, need, c.MapSizeBytes
-		detail["entry_bytes"] = lmdbEntryBytes
-		what := fmt.Sprintf("tier %q: the lmdb map of %s holds about %d entries; the slots can produce %d (%s at %d B each, keys %d B + records %d B + B-tree)",
-			lt.t.Name, human(c.MapSizeBytes), c.MapSizeBytes/lmdbEntryBytes, entries, human(need), lmdbEntryBytes, indexes.KeySize, indexes.RecordSize)
-		want := int64(float64(need) * lmdbHeadroom)
+		detail["entry_bytes"], detail["reserve_bytes"] = lmdbEntryBytes, reserve
+		what := fmt.Sprintf("tier %q: the lmdb map of %s holds about %d entries beside its %s delete reserve; the slots can produce %d (%s at %d B each, keys %d B + records %d B + B-tree)",
+			lt.t.Name, human(c.MapSizeBytes), max(0, c.MapSizeBytes-reserve)/lmdbEntryBytes, human(reserve), entries, human(entries*lmdbEntryBytes), lmdbEntryBytes, indexes.KeySize, indexes.RecordSize)
+		want := int64(float64(entries*lmdbEntryBytes)*lmdbHeadroom) + reserve
 		switch {
 		case c.MapSizeBytes < need:
-			parts = append(parts, failf("%s: puts will fail with index full once it fills; set index.config.map_size_bytes to at least %d", what, want).with(detail))
+			parts = append(parts, failf("%s: once the index fills, the store evicts to fit it and the rest of the disk budget is never used; set index.config.map_size_bytes to at least %d", what, want).with(detail))
 		case c.MapSizeBytes < want:
 			parts = append(parts, warnf("%s: less than %.0f%% headroom for B-tree slack; set index.config.map_size_bytes to %d", what, 100*(lmdbHeadroom-1), want).with(detail))
 		default:

@@ -27,10 +27,12 @@ type Config struct {
 	// means the Env's Dir. Every rank of a node names the same directory.
 	Dir string `yaml:"dir"`
 	// MapSizeBytes is the fixed size of the memory map, the index's
-	// capacity; it is set up front and never grown. A batch that does not
-	// fit is refused whole with indexes.ErrFull. Every process sharing the
-	// environment must configure the same size. About 100 bytes of map
-	// hold one entry (keys 33 bytes, records 32, B-tree overhead).
+	// capacity; it is set up front and never grown. A put batch that does
+	// not fit is refused whole with indexes.ErrFull, and puts leave an
+	// eighth of the map (16 to 2048 pages) to deletes (reserve.go).
+	// Every process sharing the environment must configure the same size.
+	// About 100 bytes of map hold one entry (keys 33 bytes, records 32,
+	// B-tree overhead).
 	MapSizeBytes int64 `yaml:"map_size_bytes"`
 	// MaxReaders is the size of the shared reader table: the most read
 	// transactions open at once across every process of the node (each

@@ -3,6 +3,7 @@ package lmdb
 import (
 	"encoding/binary"
 	"fmt"
+	"os"
 
 	mdb "github.com/PowerDNS/lmdb-go/lmdb"
 
@@ -137,4 +138,11 @@ func (ix *Index) freePages(lastTxn int64) (free freeCount, shape treeShape, err 
 		return freeCount{}, treeShape{}, ix.wrapErr("put: read freelist", 0, err)
 	}
 	return free, shape, nil
+}
+
+// ReserveBytes returns the bytes of a map of mapSize bytes that puts leave
+// for deletes, at the system's page size (LMDB's default page size).
+func ReserveBytes(mapSize int64) int64 {
+	ps := int64(os.Getpagesize())
+	return reservePages(mapSize/ps) * ps
 }
