@@ -33,6 +33,9 @@ type Member struct {
 	pending *consensus.Contribution
 	reply   chan result
 	stopped error
+	// published is signalled (without blocking) each time Exchange
+	// publishes a contribution.
+	published chan struct{}
 }
 
 var _ consensus.Group = (*Member)(nil)
@@ -43,8 +46,15 @@ func New(rank, size int, group, stack uint64) (*Member, error) {
 	if size < 1 || size > consensus.MaxGroupSize || rank < 0 || rank >= size {
 		return nil, fmt.Errorf("enginegroup: rank %d of a group of %d (size 1..%d)", rank, size, consensus.MaxGroupSize)
 	}
-	return &Member{rank: rank, size: size, env: consensus.Envelope{Group: group, Stack: stack, Rank: rank, Size: size}}, nil
+	return &Member{rank: rank, size: size, env: consensus.Envelope{Group: group, Stack: stack, Rank: rank, Size: size},
+		published: make(chan struct{}, 1)}, nil
 }
+
+// Published is signalled each time Exchange publishes a contribution (a
+// caller that starts a tick waits on it, then reads PendingEncoded). The
+// signal is level-triggered at most once: drain it before starting the
+// exchange it waits for.
+func (m *Member) Published() <-chan struct{} { return m.published }
 
 // Rank implements consensus.Group.
 func (m *Member) Rank() int { return m.rank }
@@ -102,6 +112,10 @@ func (m *Member) Exchange(ctx context.Context, tick uint64, c consensus.Contribu
 	reply := make(chan result, 1)
 	m.pending, m.reply = &c, reply
 	m.mu.Unlock()
+	select {
+	case m.published <- struct{}{}:
+	default:
+	}
 	select {
 	case r := <-reply:
 		return r.f, r.err
