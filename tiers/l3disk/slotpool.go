@@ -85,14 +85,6 @@ func (p *slotPool) freeCount() int { return len(p.free) }
 // used counts live and in-flight slots.
 func (p *slotPool) used() int { return len(p.state) - len(p.free) }
 
-// occupancy is used()/size().
-func (p *slotPool) occupancy() float64 {
-	if len(p.state) == 0 {
-		return 1
-	}
-	return float64(p.used()) / float64(len(p.state))
-}
-
 // lookup returns the slot holding or receiving h.
 func (p *slotPool) lookup(h pagehash.Hash) (int32, bool) {
 	s, ok := p.byHash[h]
