@@ -34,6 +34,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	mdb "github.com/PowerDNS/lmdb-go/lmdb"
 	"golang.org/x/sys/unix"
@@ -69,6 +70,8 @@ type Index struct {
 
 	// staleReaders is how many dead processes' reader slots Open cleared.
 	staleReaders int
+	// settles counts the settling commits room made (see settle).
+	settles atomic.Int64
 	// openDamage is why Open set a damaged data file aside, or nil.
 	openDamage error
 
@@ -266,6 +269,10 @@ func lockProcessSlot(dir string) (*os.File, error) {
 // StaleReadersCleared returns how many reader slots of dead processes Open
 // cleared.
 func (ix *Index) StaleReadersCleared() int { return ix.staleReaders }
+
+// Settles returns how many settling commits the index made: puts refused
+// only because the last commit's frees were not reusable yet.
+func (ix *Index) Settles() int64 { return ix.settles.Load() }
 
 // ClearStaleReaders frees the reader slots of processes that died inside a
 // read transaction (mdb_reader_check) and returns how many it freed. Open

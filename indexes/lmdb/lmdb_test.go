@@ -739,3 +739,52 @@ func TestCloseWaitsForIterate(t *testing.T) {
 		return ix
 	})
 }
+
+// TestPutAfterDeletesSettles: on a full map, one delete batch frees most
+// pages, but LMDB reuses them only after one more commit. The next put must
+// not be refused for that (a refused put commits nothing, so every later
+// put would be refused too): the index settles and stores it.
+func TestPutAfterDeletesSettles(t *testing.T) {
+	ctx := context.Background()
+	cfg := DefaultConfig()
+	cfg.MapSizeBytes = 1 << 20
+	ix := openAt(t, t.TempDir(), cfg)
+	rng := rand.New(rand.NewPCG(7, 0))
+	var all []indexes.Entry
+	for {
+		batch := entriesFor(rng, 100)
+		err := ix.Put(ctx, batch)
+		if errors.Is(err, indexes.ErrFull) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, batch...)
+		if len(all) > 100_000 {
+			t.Fatal("a 1 MiB map never filled")
+		}
+	}
+	// Keep a quarter, delete the rest in batches (as the L3 store's GC).
+	kept := len(all) / 4
+	keys := make([]indexes.Key, 0, len(all))
+	for _, e := range all[kept:] {
+		keys = append(keys, e.Key)
+	}
+	for i := 0; i < len(keys); i += 20 {
+		if err := ix.Delete(ctx, keys[i:min(i+20, len(keys))]); err != nil {
+			t.Fatalf("delete keys %d.. of a full map: %v", i, err)
+		}
+	}
+	for i := range 20 {
+		batch := entriesFor(rng, 100)
+		if err := ix.Put(ctx, batch); err != nil {
+			t.Fatalf("put batch %d after deleting %d of %d entries (settles %d): %v", i, len(keys), len(all), ix.Settles(), err)
+		}
+		all = append(all, batch...)
+	}
+	if ix.Settles() == 0 {
+		t.Fatalf("the first put after the deletes found room without settling: the test no longer pins the case")
+	}
+	expectPresent(t, ix, append(all[:kept:kept], all[len(all)-2000:]...))
+}
