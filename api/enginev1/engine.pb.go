@@ -657,9 +657,15 @@ type RegisterReply struct {
 	Limits          *Limits        `protobuf:"bytes,6,opt,name=limits,proto3" json:"limits,omitempty"`
 	// namespace_id is the 32-byte digest the server keys this namespace by
 	// (every field but the shard; key = page hash XOR namespace_id).
-	NamespaceId   []byte `protobuf:"bytes,7,opt,name=namespace_id,json=namespaceId,proto3" json:"namespace_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	NamespaceId []byte `protobuf:"bytes,7,opt,name=namespace_id,json=namespaceId,proto3" json:"namespace_id,omitempty"`
+	// group_transport is how the server's ranks agree on each tick: "solo"
+	// (one rank), "inproc" (serve exchanges between its ranks itself) or
+	// "engine" (every StepReply carries the rank's contribution; the engine
+	// all-reduces the contributions of its ranks and sends the frontier in
+	// each rank's next Step).
+	GroupTransport string `protobuf:"bytes,8,opt,name=group_transport,json=groupTransport,proto3" json:"group_transport,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RegisterReply) Reset() {
@@ -739,6 +745,13 @@ func (x *RegisterReply) GetNamespaceId() []byte {
 		return x.NamespaceId
 	}
 	return nil
+}
+
+func (x *RegisterReply) GetGroupTransport() string {
+	if x != nil {
+		return x.GroupTransport
+	}
+	return ""
 }
 
 // Completion reports a copy plan the engine ran.
@@ -1993,7 +2006,7 @@ const file_kvtier_engine_v1_engine_proto_rawDesc = "" +
 	"\bl1_pages\x18\x01 \x01(\rR\al1Pages\x121\n" +
 	"\x15max_pages_per_request\x18\x02 \x01(\rR\x12maxPagesPerRequest\x12+\n" +
 	"\x12max_items_per_step\x18\x03 \x01(\rR\x0fmaxItemsPerStep\x12$\n" +
-	"\x0esession_ttl_ms\x18\x04 \x01(\rR\fsessionTtlMs\"\xab\x02\n" +
+	"\x0esession_ttl_ms\x18\x04 \x01(\rR\fsessionTtlMs\"\xd4\x02\n" +
 	"\rRegisterReply\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12)\n" +
@@ -2001,7 +2014,8 @@ const file_kvtier_engine_v1_engine_proto_rawDesc = "" +
 	"\x04slab\x18\x04 \x01(\v2\x1e.kvtier.engine.v1.SlabGeometryR\x04slab\x123\n" +
 	"\x05kinds\x18\x05 \x03(\v2\x1d.kvtier.engine.v1.PayloadKindR\x05kinds\x120\n" +
 	"\x06limits\x18\x06 \x01(\v2\x18.kvtier.engine.v1.LimitsR\x06limits\x12!\n" +
-	"\fnamespace_id\x18\a \x01(\fR\vnamespaceId\"0\n" +
+	"\fnamespace_id\x18\a \x01(\fR\vnamespaceId\x12'\n" +
+	"\x0fgroup_transport\x18\b \x01(\tR\x0egroupTransport\"0\n" +
 	"\n" +
 	"Completion\x12\x12\n" +
 	"\x04plan\x18\x01 \x01(\x04R\x04plan\x12\x0e\n" +

@@ -15,7 +15,7 @@ import (
 	"github.com/kvtier/kvtier/tiers"
 )
 
-const serveUsage = `usage: kvtier serve [--config FILE] [--socket PATH] [--metrics ADDR] [--data-dir DIR] [--ranks N]
+const serveUsage = `usage: kvtier serve [--config FILE] [--socket PATH] [--metrics ADDR] [--data-dir DIR] [--ranks N] [--group inproc|engine]
 
 Hosts the Nodes of the ranks a stack config names (one control Machine per
 rank, each over its own slab, L3 and index) and serves the engine API
@@ -24,7 +24,11 @@ loopback TCP. Without --config it runs the embedded default stack (a demo
 geometry with small pages) with every file under --data-dir. SIGTERM or
 SIGINT drains in-flight calls and closes the tiers in order; after a crash,
 a restart with the same --data-dir finds the L3 pages again (cold start
-load). See docs/serve.md and docs/engine-api.md.
+load). With more than one rank the ranks agree on every tick: serve
+exchanges their contributions itself (--group inproc), or the engine
+all-reduces them over its own collective (--group engine: each StepReply
+carries the rank's contribution, the next StepRequest the reduced
+frontier). See docs/serve.md and docs/engine-api.md.
 
 flags:
 `
@@ -42,6 +46,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	allowRemote := fs.Bool("allow-remote", false, "allow --listen on a non-loopback address")
 	metricsAddr := fs.String("metrics", "", "serve /metrics, /healthz, /readyz on this loopback `addr` (e.g. 127.0.0.1:9400)")
 	ranks := fs.Int("ranks", 0, "number of ranks to host (0: the config's ranks.world_size; the embedded default: 1)")
+	group := fs.String("group", serve.GroupInproc, "group transport of the ranks: inproc (serve exchanges) or engine (the engine all-reduces)")
 	cold := fs.String("cold-start", "load", "what stores do with a previous run's data: load or clear")
 	ttl := fs.Duration("session-ttl", 30*time.Second, "expire a session silent this long")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
@@ -60,6 +65,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if *ranks < 0 || *ranks > 64 {
 		return fmt.Errorf("serve: --ranks %d: want 0..64: %w", *ranks, errUsage)
+	}
+	if *group != serve.GroupInproc && *group != serve.GroupEngine {
+		return fmt.Errorf("serve: --group %q: want %s or %s: %w", *group, serve.GroupInproc, serve.GroupEngine, errUsage)
 	}
 	if *ttl < time.Second || *ttl > 24*time.Hour {
 		return fmt.Errorf("serve: --session-ttl %s: want 1s..24h: %w", *ttl, errUsage)
@@ -98,7 +106,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	s, err := serve.Open(ctx, serve.Config{YAML: text, ConfigName: *cfgPath, DataDir: dir, Ranks: *ranks, Socket: sock,
-		Listen: *listen, AllowRemote: *allowRemote, Metrics: *metricsAddr, ColdStart: cs, SessionTTL: *ttl,
+		Listen: *listen, AllowRemote: *allowRemote, Metrics: *metricsAddr, ColdStart: cs, SessionTTL: *ttl, Group: *group,
 		Version: version, Logger: logger})
 	if err != nil {
 		return err

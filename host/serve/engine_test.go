@@ -36,6 +36,11 @@ type testEngine struct {
 	done  []*pb.Completion
 	// keys of the L1 pages as the engine wrote or loaded them.
 	verified, wrong int
+	// engineGroup: the engine is the group transport; frontier is what
+	// the engine all-reduced from its ranks' last contributions (stepAll
+	// reduces them), sent in the next step.
+	engineGroup bool
+	frontier    []byte
 }
 
 func dialEngine(t testing.TB, socket string, rank, world uint32) *testEngine {
@@ -56,7 +61,7 @@ func (e *testEngine) register(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	e.reg, e.step, e.done = reg, 0, nil
+	e.reg, e.step, e.done, e.frontier = reg, 0, nil, nil
 	e.l1 = nil
 	for _, k := range reg.Kinds {
 		e.l1 = append(e.l1, make([]byte, int(reg.Limits.L1Pages)*int(k.PageBytes)))
@@ -99,6 +104,9 @@ func (e *testEngine) run(ctx context.Context, q *pb.StepRequest, keys map[string
 	q.Session, q.BootId, q.Step = e.reg.Session, e.reg.BootId, e.step
 	q.Completions = append(q.Completions, e.done...)
 	e.done = nil
+	if e.engineGroup && q.Frontier == nil {
+		q.Frontier = e.frontier
+	}
 	out, err := e.cl.Step(ctx, q)
 	if err != nil {
 		return nil, err

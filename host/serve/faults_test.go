@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -265,14 +266,61 @@ func TestServeIndexFull(t *testing.T) {
 	if err := e.register(ctx); err != nil {
 		t.Fatal(err)
 	}
-	const n, revisit = 900, 40 // 10,800 pages stored; the index holds ~3,000
-	keys := make([][]pagehash.Hash, n)
-	for i := range keys {
-		keys[i] = chain(fmt.Sprintf("full-%d", i), 12, 12, "")
+	// Store until the index has refused a put (the store evicted to fit
+	// it), then 300 keys (3,600 pages) more; the index holds about 4,000
+	// entries, the slab 16,384.
+	store := s.ranks[0].st.Stores[0].Store
+	var keys [][]pagehash.Hash
+	full, putsAtFull := -1, int64(0)
+	for i := 0; i < 3000 && (full < 0 || i < full+300); i++ {
+		keys = append(keys, chain(fmt.Sprintf("full-%d", i), 12, 12, ""))
 		drive(t, ctx, e, fmt.Sprintf("full-a%d", i), keys[i])
+		if full < 0 && i%20 == 0 && store.Stats().Evictions > 0 {
+			full, putsAtFull = i, store.Stats().Puts
+		}
+	}
+	if full < 0 {
+		t.Fatalf("the index never filled after %d keys: %+v", len(keys), store.Stats())
+	}
+	// The store kept taking puts after the index filled. Let its writer
+	// finish what is queued, then find the keys the L3 index holds pages
+	// of (which ones depends on the writer's pace: under the race detector
+	// it drops more to backpressure): some stored after the index filled,
+	// and the oldest of them, which have left L1 and L2, served from L3.
+	for last, quiet := store.Stats().Puts, 0; quiet < 5; {
+		time.Sleep(20 * time.Millisecond)
+		if now := store.Stats().Puts; now != last {
+			last, quiet = now, 0
+		} else {
+			quiet++
+		}
+	}
+	n := len(keys)
+	var inL3 []int
+	ix := s.ranks[0].st.Stores[0].Index
+	kr := keyer(keyNamespace(e.ns))
+	for i := range n {
+		hs, err := kr.keys(nil, uint32(len(keys[i])), packHashes(keys[i]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ks := make([]indexes.Key, len(hs))
+		for j, h := range hs {
+			ks[j] = indexes.Key{Hash: h}
+		}
+		recs, found := make([]indexes.Record, len(ks)), make([]bool, len(ks))
+		if err := ix.Get(ctx, ks, recs, found); err != nil {
+			t.Fatalf("L3 index get of key %d: %v", i, err)
+		}
+		if slices.Contains(found, true) {
+			inL3 = append(inL3, i)
+		}
+	}
+	if len(inL3) == 0 || inL3[len(inL3)-1] <= full {
+		t.Fatalf("the L3 index holds no page of a key stored after it filled at key %d (%d keys in L3): %+v", full, len(inL3), store.Stats())
 	}
 	var l3 uint32
-	for i := n - revisit - 200; i < n-200; i++ {
+	for _, i := range inL3[:min(len(inL3), 40)] {
 		l3 += drive(t, ctx, e, fmt.Sprintf("full-b%d", i), keys[i]).L3Hit
 	}
 	st := s.ranks[0].st.Stores[0].Store.Stats()
@@ -280,16 +328,16 @@ func TestServeIndexFull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d L3 hit pages, %d verified; store: %d durable puts, %d failed, %d evictions; index: %d entries, %d of %d bytes",
-		l3, e.verified, st.Puts, st.PutFailures, st.Evictions, ist.Entries, ist.Bytes, ist.CapacityBytes)
+	t.Logf("index full after %d keys, %d stored, %d keys in L3, %d..%d; %d L3 hit pages, %d verified; store: %d durable puts (%d after full), %d failed, %d evictions; index: %d entries, %d of %d bytes",
+		full, n, len(inL3), inL3[0], inL3[len(inL3)-1], l3, e.verified, st.Puts, st.Puts-putsAtFull, st.PutFailures, st.Evictions, ist.Entries, ist.Bytes, ist.CapacityBytes)
 	if e.wrong != 0 {
 		t.Fatalf("%d wrong pages", e.wrong)
 	}
-	if st.Evictions == 0 || st.Puts <= ist.Entries {
-		t.Fatalf("the index never filled: %d durable puts, %d entries, %d evictions", st.Puts, ist.Entries, st.Evictions)
+	if st.Evictions == 0 || st.Puts <= ist.Entries || st.Puts-putsAtFull < 100 {
+		t.Fatalf("the index never filled, or the store stopped storing once it did: %d durable puts (%d after full), %d entries, %d evictions", st.Puts, st.Puts-putsAtFull, ist.Entries, st.Evictions)
 	}
 	if l3 == 0 {
-		t.Fatalf("no L3 hit on recent keys after the index filled")
+		t.Fatalf("no L3 hit on the oldest %d keys the L3 index holds", min(len(inL3), 40))
 	}
 	if st.PutFailures > st.Puts/10 {
 		t.Fatalf("%d of %d puts failed: the store does not free index room by itself", st.PutFailures, st.Puts+st.PutFailures)

@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -8,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -267,5 +269,114 @@ func TestGroupLoad(t *testing.T) {
 		if e.wrong != 0 {
 			t.Fatalf("rank %d: %d wrong pages", i, e.wrong)
 		}
+	}
+}
+
+// TestServeEngineGroup: two ranks whose group transport is the engine:
+// every step returns the rank's contribution, the engine all-reduces them
+// (consensus.ReduceEncoded) and sends the frontier in each rank's next
+// step. The ranks answer alike, hits come back verified, a step without
+// the frontier it owes is refused whole, and a frontier that does not fit
+// (damaged, or from an earlier epoch) stops the group with an error that
+// says so: the sessions end and registering again works.
+func TestServeEngineGroup(t *testing.T) {
+	ctx := context.Background()
+	s, sock, _ := startWith(t, Config{DataDir: t.TempDir(), Ranks: 2, Group: GroupEngine})
+	es := []*testEngine{dialEngine(t, sock, 0, 2), dialEngine(t, sock, 1, 2)}
+	register := func() {
+		t.Helper()
+		for _, e := range es {
+			if err := e.register(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if e.reg.GroupTransport != GroupEngine {
+				t.Fatalf("group transport %q, want %q", e.reg.GroupTransport, GroupEngine)
+			}
+			e.engineGroup = true
+		}
+	}
+	register()
+	keys := make([][]pagehash.Hash, 20)
+	for i := range keys {
+		keys[i] = chain(fmt.Sprintf("eg-%d", i%10), 6, 10, fmt.Sprintf("t%d", i))
+		driveGroup(t, ctx, es, fmt.Sprintf("eg-a%d", i), keys[i])
+	}
+	var hit uint32
+	for i := range keys {
+		hit += driveGroup(t, ctx, es, fmt.Sprintf("eg-b%d", i), keys[i])[0].HitPages
+	}
+	if hit == 0 || es[0].wrong+es[1].wrong != 0 {
+		t.Fatalf("%d hit pages, %d+%d wrong", hit, es[0].wrong, es[1].wrong)
+	}
+	t.Logf("%d hit pages on the second pass, %d+%d verified", hit, es[0].verified, es[1].verified)
+
+	// A step without the frontier it owes: refused whole, the session
+	// stays, and the same step with the frontier goes on.
+	e := es[0]
+	e.step++
+	out, err := e.cl.Step(ctx, &pb.StepRequest{Session: e.reg.Session, BootId: e.reg.BootId, Step: e.step})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Errors) != 1 || out.Errors[0].Item != "frontier" || out.Errors[0].Code != pb.ErrorCode_ERROR_CODE_STATE || len(out.Contribution) == 0 {
+		t.Fatalf("step without its frontier: %v (contribution %d bytes)", out.Errors, len(out.Contribution))
+	}
+	e.step--
+	driveGroup(t, ctx, es, "eg-after-missing", keys[0])
+
+	// A damaged frontier stops the group.
+	stale := bytes.Clone(e.frontier)
+	bad := bytes.Clone(e.frontier)
+	bad[len(bad)-1] ^= 0xff
+	bad[60] ^= 0x01
+	outs := make([]*pb.StepReply, 2)
+	for i, e := range es {
+		f := e.frontier
+		if i == 0 {
+			f = bad
+		}
+		if outs[i], err = e.run(ctx, &pb.StepRequest{Frontier: f}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(outs[0].Errors) == 0 || outs[0].Errors[0].Code != pb.ErrorCode_ERROR_CODE_UNAVAILABLE {
+		t.Fatalf("damaged frontier: %v, want UNAVAILABLE", outs[0].Errors)
+	}
+	t.Logf("damaged frontier: %s", outs[0].Errors[0].Message)
+	// Rank 1's session ended with the group (asynchronously).
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		out, err := es[1].run(ctx, &pb.StepRequest{Frontier: es[1].frontier}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out.Errors) > 0 && out.Errors[0].Code == pb.ErrorCode_ERROR_CODE_UNKNOWN {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rank 1 still in session after the group stopped: %v", out.Errors)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	register()
+	hit = 0
+	for i := range 5 {
+		hit += driveGroup(t, ctx, es, fmt.Sprintf("eg-c%d", i), keys[i])[0].HitPages
+	}
+	if es[0].wrong+es[1].wrong != 0 {
+		t.Fatalf("%d+%d wrong pages after the new epoch", es[0].wrong, es[1].wrong)
+	}
+	t.Logf("after the new epoch: %d hit pages", hit)
+	// A frontier reduced in the earlier epoch is foreign to this one.
+	out, err = es[0].run(ctx, &pb.StepRequest{Frontier: stale}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Errors) == 0 || out.Errors[0].Code != pb.ErrorCode_ERROR_CODE_UNAVAILABLE || !strings.Contains(out.Errors[0].Message, "group") {
+		t.Fatalf("frontier of an earlier epoch: %v, want UNAVAILABLE naming the group", out.Errors)
+	}
+	t.Logf("stale frontier: %s", out.Errors[0].Message)
+	if st := s.ranks[0].stats.steps.Load(); st == 0 {
+		t.Fatal("no step counted")
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	pb "github.com/kvtier/kvtier/api/enginev1"
 	"github.com/kvtier/kvtier/host"
+	"github.com/kvtier/kvtier/host/consensus/enginegroup"
 	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/host/stack"
 	"github.com/kvtier/kvtier/pagehash"
@@ -56,6 +57,17 @@ type rank struct {
 
 	snap  atomic.Pointer[snapshot]
 	stats rankStats
+
+	// tickDone is set while a tick waits for the engine's frontier
+	// (group transport engine): its goroutine sits in the exchange, and
+	// nothing else touches the Node until finishTick or abortTick.
+	tickDone   chan tickResult
+	tickCancel context.CancelFunc
+}
+
+type tickResult struct {
+	rd  control.Ready
+	err error
 }
 
 // rankStats are the counters the metrics read (atomics: the rank writes,
@@ -175,9 +187,15 @@ func (r *rank) loop(ctx context.Context) {
 			r.publish()
 			c.reply <- out // buffered: never blocks
 		case <-storeReady:
-			r.node.Drain()
+			// NB: while a tick waits for the engine's frontier its
+			// goroutine owns the Node; it drains when it resumes.
+			if r.tickDone == nil {
+				r.node.Drain()
+			}
 		case <-r.pool.AckReady():
-			r.node.Drain()
+			if r.tickDone == nil {
+				r.node.Drain()
+			}
 		case now := <-expire.C:
 			if s := r.sess; s != nil && now.Sub(s.seen) > r.srv.cfg.SessionTTL {
 				r.log.Warn("kvtier serve: session expired", "rank", r.idx, "session", s.id, "engine", s.engineID, "silent", now.Sub(s.seen).Round(time.Millisecond))
@@ -240,6 +258,7 @@ func (r *rank) endSession(ctx context.Context, why string) {
 
 // dropSession forgets the session and fails the plans it owed.
 func (r *rank) dropSession() {
+	r.abortTick()
 	if s := r.sess; s != nil {
 		r.srv.unbind(s.id)
 		r.sess = nil
@@ -257,6 +276,7 @@ func (r *rank) reset(ctx context.Context, e *epoch, why string) {
 	if r.epoch == e {
 		return
 	}
+	r.abortTick()
 	if err := r.node.Settle(ctx); err != nil {
 		r.log.Error("kvtier serve: settle before a new epoch", "rank", r.idx, "err", err)
 	}
@@ -331,11 +351,29 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 		errs.add(ref{"step", -1}, "", pb.ErrorCode_ERROR_CODE_LIMIT, "%d items, at most %d a step", items, limit)
 		return out
 	}
+	eg := r.engineMember()
+	if eg != nil && r.tickDone != nil && len(q.GetFrontier()) == 0 {
+		errs.add(ref{"frontier", -1}, "", pb.ErrorCode_ERROR_CODE_STATE,
+			"tick %d waits for the engine's frontier: all-reduce the contributions the ranks' last steps returned and send it; nothing of this step was applied", r.m.Ticks())
+		out.Contribution, _, _ = eg.PendingEncoded()
+		return out
+	}
 	s.lastStep = q.GetStep()
 	s.seen = time.Now()
 	r.stats.steps.Add(1)
-	if len(q.GetFrontier()) > 0 {
-		errs.add(ref{"frontier", -1}, "", pb.ErrorCode_ERROR_CODE_INVALID, "this serve's group transport is in-process, not the engine: send no frontier")
+	switch {
+	case eg == nil && len(q.GetFrontier()) > 0:
+		errs.add(ref{"frontier", -1}, "", pb.ErrorCode_ERROR_CODE_INVALID, "this serve's group transport is %s, not the engine: send no frontier", r.srv.transport())
+	case eg != nil && r.tickDone == nil && len(q.GetFrontier()) > 0:
+		errs.add(ref{"frontier", -1}, "", pb.ErrorCode_ERROR_CODE_INVALID, "no tick waits for a frontier (the session's first step): send none")
+	case eg != nil && r.tickDone != nil:
+		// 0. The engine's frontier completes the tick the last step
+		// started, before anything of this step applies.
+		if err := r.finishTick(ctx, eg, q.GetFrontier()); err != nil {
+			errs.add(ref{"frontier", -1}, "", pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "tick: %v; the session ended, register again", err)
+			r.endSession(ctx, "group stopped")
+			return out
+		}
 	}
 
 	// 1. Completions.
@@ -417,6 +455,10 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 		r.end(ctx, errs, ref{"aborted", i}, s, names, a.GetReqId(), false)
 	}
 
+	if eg != nil {
+		return r.stepEngine(ctx, eg, s, out, errs)
+	}
+
 	// 5. Tick: the frontier commits what finished; more ticks while
 	// requests wait for a reload, so an L3 hit takes one step where the
 	// tiers answer at once.
@@ -433,7 +475,15 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 		return out
 	}
 
-	// Lookups that finished.
+	r.finishStep(s, out)
+	out.Contribution = []byte(control.Frontier(r.m.Contribution()).String())
+	return out
+}
+
+// finishStep adds what the step's tick(s) made ready: the lookups that
+// finished, the copy plans, the tick and, every DigestEvery ticks, the
+// digest.
+func (r *rank) finishStep(s *session, out *pb.StepReply) {
 	for _, name := range r.pendingNames(s) {
 		rq := s.reqs[name]
 		if r.ready(rq) {
@@ -443,13 +493,107 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 	r.plans = r.pool.TakePlans(r.plans[:0])
 	out.Plans = planMsgs(out.Plans, r.plans)
 	out.Tick = r.m.Ticks()
-	out.Contribution = []byte(control.Frontier(r.m.Contribution()).String())
 	if r.m.Options().DigestEvery > 0 && r.m.Ticks()%uint64(r.m.Options().DigestEvery) == 0 {
 		d := r.m.Digest()
 		out.Digest = d[:]
 		r.stats.digests.Add(1)
 	}
+}
+
+// stepEngine ends a step when the engine is the group transport: what the
+// last tick (completed by this step's frontier) and this step's inputs
+// made ready goes out, then the next tick starts and waits for the
+// engine's frontier; the reply carries its contribution in the wire
+// encoding (consensus.AppendContribution), which the engine all-reduces
+// with its ranks' (consensus.ReduceEncoded computes the same).
+func (r *rank) stepEngine(ctx context.Context, eg *enginegroup.Member, s *session, out *pb.StepReply, errs stepErrs) *pb.StepReply {
+	r.finishStep(s, out)
+	enc, err := r.startTick(ctx, eg)
+	if err != nil {
+		errs.add(ref{"step", -1}, "", pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "tick: %v; the session ended, register again", err)
+		r.endSession(ctx, "group stopped")
+		return out
+	}
+	out.Contribution = enc
 	return out
+}
+
+// engineMember returns the rank's member of the engine group, or nil when
+// serve exchanges in process.
+func (r *rank) engineMember() *enginegroup.Member {
+	if r.epoch == nil || r.epoch.engine == nil {
+		return nil
+	}
+	return r.epoch.engine[r.idx]
+}
+
+// startTick runs the Node's next tick on a goroutine until its exchange
+// has published the contribution, and returns it encoded. The goroutine
+// then waits in the exchange (owning the Node) until finishTick delivers
+// the engine's frontier or abortTick ends it.
+func (r *rank) startTick(ctx context.Context, eg *enginegroup.Member) ([]byte, error) {
+	select {
+	case <-eg.Published(): // a stale signal from an aborted tick
+	default:
+	}
+	tctx, cancel := context.WithCancel(ctx)
+	done := make(chan tickResult, 1)
+	node := r.node
+	go func() {
+		rd, err := node.Tick(tctx)
+		done <- tickResult{rd, err}
+	}()
+	select {
+	case <-eg.Published():
+		enc, ok, err := eg.PendingEncoded()
+		if err == nil && !ok {
+			err = fmt.Errorf("rank %d: the exchange published nothing", r.idx)
+		}
+		r.tickDone, r.tickCancel = done, cancel
+		if err != nil {
+			r.abortTick()
+			return nil, err
+		}
+		return enc, nil
+	case res := <-done:
+		cancel()
+		if res.err == nil {
+			res.err = fmt.Errorf("rank %d: the tick ended without an exchange", r.idx)
+		}
+		return nil, res.err
+	}
+}
+
+// finishTick delivers the engine's frontier to the waiting tick and waits
+// for it to finish. A frontier that does not fit the rank's contribution
+// (another tick, group or shape, a counter above the rank's, digests that
+// differ) stops the group.
+func (r *rank) finishTick(ctx context.Context, eg *enginegroup.Member, frontier []byte) error {
+	done, cancel := r.tickDone, r.tickCancel
+	r.tickDone, r.tickCancel = nil, nil
+	derr := eg.DeliverEncoded(frontier)
+	res := <-done
+	cancel()
+	if res.err != nil {
+		r.log.Error("kvtier serve: tick", "rank", r.idx, "epoch", r.epoch.n, "err", res.err)
+		return res.err
+	}
+	if derr != nil {
+		return derr
+	}
+	r.unholds(ctx, res.rd.Unholds)
+	return nil
+}
+
+// abortTick ends a tick waiting for the engine's frontier (its Machine is
+// about to be replaced).
+func (r *rank) abortTick() {
+	if r.tickDone == nil {
+		return
+	}
+	r.tickCancel()
+	<-r.tickDone
+	r.tickDone, r.tickCancel = nil, nil
 }
 
 // pendingNames lists the session's requests whose lookup is not yet sent

@@ -19,6 +19,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -38,6 +40,7 @@ import (
 	"github.com/kvtier/kvtier/host/builtin"
 	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/host/consensus"
+	"github.com/kvtier/kvtier/host/consensus/enginegroup"
 	"github.com/kvtier/kvtier/host/consensus/inproc"
 	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/host/stack"
@@ -91,6 +94,12 @@ type Config struct {
 	// rank): a rank whose engine does not step within it stops the group,
 	// every session ends and a new epoch starts (default 30 s).
 	GroupTimeout time.Duration
+	// Group is how the ranks agree on each tick: GroupInproc (default:
+	// serve exchanges between the ranks it hosts) or GroupEngine (the
+	// engine all-reduces the contributions its ranks' steps return and
+	// sends the frontier in their next steps, as SGLang all-reduces its
+	// counters; a rank waits between steps, bounded by SessionTTL).
+	Group string
 	// Version is reported by Health.
 	Version string
 	// Logger receives serve's and the tiers' lines (nil: discarded).
@@ -100,6 +109,12 @@ type Config struct {
 	// the returned function closes what it opened, before the stack.
 	Stores func(ctx context.Context, rank int, s *stack.Stack) (func() error, error)
 }
+
+// Group transports of Config.Group.
+const (
+	GroupInproc = "inproc"
+	GroupEngine = "engine"
+)
 
 // Server is a running kvtier serve.
 type Server struct {
@@ -150,6 +165,13 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	if cfg.GroupTimeout <= 0 {
 		cfg.GroupTimeout = 30 * time.Second
+	}
+	switch cfg.Group {
+	case "":
+		cfg.Group = GroupInproc
+	case GroupInproc, GroupEngine:
+	default:
+		return nil, fmt.Errorf("serve: group transport %q: want %q or %q", cfg.Group, GroupInproc, GroupEngine)
 	}
 	if cfg.Listen != "" && !cfg.AllowRemote {
 		if err := checkLoopback(cfg.Listen); err != nil {
@@ -355,15 +377,35 @@ func (s *Server) build(r *rank, e *epoch) (*control.Machine, *host.Node, error) 
 // starts, releasing a rank still waiting in the old group's exchange.
 type epoch struct {
 	n       uint64
-	members []consensus.Group // nil: one rank
-	ctx     context.Context
-	cancel  context.CancelFunc
+	members []consensus.Group // nil: one rank, in process
+	// engine holds the same members when the engine is the transport.
+	engine []*enginegroup.Member
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 // newEpoch returns epoch n for the server's ranks.
 func (s *Server) newEpoch(n uint64) (*epoch, error) {
 	e := &epoch{n: n}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
+	if s.cfg.Group == GroupEngine {
+		// NB: the epoch is in the group id, so a frontier the engine
+		// reduced in an earlier epoch is refused as foreign.
+		h := fnv.New64a()
+		_, _ = io.WriteString(h, s.boot)
+		group := h.Sum64() ^ n
+		_, _ = io.WriteString(h, s.cfg.DataDir)
+		for r := range s.cfg.Ranks {
+			m, err := enginegroup.New(r, s.cfg.Ranks, group, h.Sum64())
+			if err != nil {
+				e.cancel()
+				return nil, fmt.Errorf("rank group: %w", err)
+			}
+			e.engine = append(e.engine, m)
+			e.members = append(e.members, m)
+		}
+		return e, nil
+	}
 	if s.cfg.Ranks > 1 {
 		ms, err := inproc.New(s.cfg.Ranks, inproc.Options{Timeout: s.cfg.GroupTimeout})
 		if err != nil {
@@ -647,11 +689,19 @@ func (s *Server) registerReply(r *rank, ses *session) *pb.RegisterReply {
 	out := &pb.RegisterReply{Session: ses.id, BootId: s.boot, ProtocolVersion: 1, Slab: sg,
 		Limits: &pb.Limits{L1Pages: uint32(r.pool.Geometry().Pages), MaxPagesPerRequest: uint32(s.cfg.MaxPagesPerRequest),
 			MaxItemsPerStep: uint32(s.cfg.MaxItemsPerStep), SessionTtlMs: uint32(s.cfg.SessionTTL / time.Millisecond)},
-		NamespaceId: append([]byte(nil), ses.keyer[:]...)}
+		NamespaceId: append([]byte(nil), ses.keyer[:]...), GroupTransport: s.transport()}
 	for _, k := range r.st.Config.Payload.Kinds {
 		out.Kinds = append(out.Kinds, &pb.PayloadKind{Name: k.Name, PageBytes: uint64(k.PageBytes)})
 	}
 	return out
+}
+
+// transport names the group transport for RegisterReply.
+func (s *Server) transport() string {
+	if s.cfg.Group == GroupInproc && s.cfg.Ranks == 1 {
+		return "solo"
+	}
+	return s.cfg.Group
 }
 
 // call hands c to rank r's goroutine and waits for its answer.

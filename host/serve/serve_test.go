@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/kvtier/kvtier/api/enginev1"
+	"github.com/kvtier/kvtier/host/consensus"
 	"github.com/kvtier/kvtier/pagehash"
 )
 
@@ -88,6 +89,20 @@ func stepAll(t testing.TB, ctx context.Context, es []*testEngine, q func() *pb.S
 	for i, err := range errs {
 		if err != nil {
 			t.Fatalf("rank %d: %v", i, err)
+		}
+	}
+	if es[0].engineGroup {
+		// The engine's all-reduce of the ranks' contributions.
+		cs := make([][]byte, len(outs))
+		for i, out := range outs {
+			cs[i] = out.Contribution
+		}
+		f, err := consensus.ReduceEncoded(cs)
+		if err != nil {
+			t.Fatalf("engine all-reduce: %v", err)
+		}
+		for _, e := range es {
+			e.frontier = f
 		}
 	}
 	return outs
