@@ -659,10 +659,11 @@ type RegisterReply struct {
 	// (every field but the shard; key = page hash XOR namespace_id).
 	NamespaceId []byte `protobuf:"bytes,7,opt,name=namespace_id,json=namespaceId,proto3" json:"namespace_id,omitempty"`
 	// group_transport is how the server's ranks agree on each tick: "solo"
-	// (one rank), "inproc" (serve exchanges between its ranks itself) or
+	// (one rank), "inproc" (serve exchanges between its ranks itself),
 	// "engine" (every StepReply carries the rank's contribution; the engine
 	// all-reduces the contributions of its ranks and sends the frontier in
-	// each rank's next Step).
+	// each rank's next Step) or "tcp" (one serve process per rank; they
+	// exchange over TCP, and a session's end ends every rank's process).
 	GroupTransport string `protobuf:"bytes,8,opt,name=group_transport,json=groupTransport,proto3" json:"group_transport,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache

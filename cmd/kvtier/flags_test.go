@@ -62,6 +62,12 @@ func TestFlagLimits(t *testing.T) {
 		{"replay sweep-points not whole", []string{"replay", trace, "--sweep", "--sweep-points", "2.5"}, []string{`"2.5" is not a whole number`, "sweep-points"}},
 		{"replay capacity empty", []string{"replay", trace, "--capacity", ""}, []string{`--capacity "": empty`}},
 		{"replay capacity blank", []string{"replay", trace, "--capacity", "  "}, []string{`--capacity "": empty`}},
+		// serve: the rank group
+		{"serve group unknown", []string{"serve", "--data-dir", dir, "--group", "mpi"}, []string{`--group "mpi"`, "inproc, engine or tcp"}},
+		{"serve group tcp without size", []string{"serve", "--data-dir", dir, "--group", "tcp", "--group-hub", "127.0.0.1:1"}, []string{"--group tcp needs --group-size N"}},
+		{"serve group tcp rank outside", []string{"serve", "--data-dir", dir, "--group", "tcp", "--group-size", "2", "--group-rank", "2", "--group-hub", "127.0.0.1:1"}, []string{"--group-rank in 0..N-1"}},
+		{"serve group-hub without tcp", []string{"serve", "--data-dir", dir, "--group-hub", "127.0.0.1:1"}, []string{"go with --group tcp"}},
+		{"serve group-timeout 0", []string{"serve", "--data-dir", dir, "--group-timeout", "0s"}, []string{"--group-timeout 0s: want 100ms..1h"}},
 		// bench planner
 		{"planner candidates 2e9", []string{"bench", "planner", "--candidates", "2e9"}, []string{"--candidates 2000000000: at most 1048576", "2.0 KiB of memory per candidate"}},
 		{"planner candidates 0", []string{"bench", "planner", "--candidates", "0"}, []string{"--candidates 0: must be at least 1"}},

@@ -15,7 +15,8 @@ import (
 	"github.com/kvtier/kvtier/tiers"
 )
 
-const serveUsage = `usage: kvtier serve [--config FILE] [--socket PATH] [--metrics ADDR] [--data-dir DIR] [--ranks N] [--group inproc|engine]
+const serveUsage = `usage: kvtier serve [--config FILE] [--socket PATH] [--metrics ADDR] [--data-dir DIR] [--ranks N]
+             [--group inproc|engine|tcp [--group-rank R --group-size N --group-hub ADDR]]
 
 Hosts the Nodes of the ranks a stack config names (one control Machine per
 rank, each over its own slab, L3 and index) and serves the engine API
@@ -28,7 +29,10 @@ load). With more than one rank the ranks agree on every tick: serve
 exchanges their contributions itself (--group inproc), or the engine
 all-reduces them over its own collective (--group engine: each StepReply
 carries the rank's contribution, the next StepRequest the reduced
-frontier). See docs/serve.md and docs/engine-api.md.
+frontier), or one serve process per rank exchanges over TCP (--group tcp:
+rank 0 listens at --group-hub, the others dial it; a stopped group or a
+session's end ends the process, exit status 1 with the reason, and a
+restart of every rank's serve finds the L3 pages again). See docs/serve.md and docs/engine-api.md.
 
 flags:
 `
@@ -46,7 +50,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	allowRemote := fs.Bool("allow-remote", false, "allow --listen on a non-loopback address")
 	metricsAddr := fs.String("metrics", "", "serve /metrics, /healthz, /readyz on this loopback `addr` (e.g. 127.0.0.1:9400)")
 	ranks := fs.Int("ranks", 0, "number of ranks to host (0: the config's ranks.world_size; the embedded default: 1)")
-	group := fs.String("group", serve.GroupInproc, "group transport of the ranks: inproc (serve exchanges) or engine (the engine all-reduces)")
+	group := fs.String("group", serve.GroupInproc, "group transport of the ranks: inproc (serve exchanges), engine (the engine all-reduces) or tcp (one serve process per rank)")
+	groupRank := fs.Int("group-rank", 0, "with --group tcp: the rank this process hosts")
+	groupSize := fs.Int("group-size", 0, "with --group tcp: the number of ranks (processes) in the group")
+	groupHub := fs.String("group-hub", "", "with --group tcp: the hub's `addr` (rank 0 listens, the others dial; loopback unless --allow-remote)")
+	groupName := fs.String("group-name", "kvtier", "with --group tcp: the group's name (peers of another name are refused)")
+	groupTimeout := fs.Duration("group-timeout", 30*time.Second, "a rank that does not step within this stops the group")
 	cold := fs.String("cold-start", "load", "what stores do with a previous run's data: load or clear")
 	ttl := fs.Duration("session-ttl", 30*time.Second, "expire a session silent this long")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
@@ -66,8 +75,20 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *ranks < 0 || *ranks > 64 {
 		return fmt.Errorf("serve: --ranks %d: want 0..64: %w", *ranks, errUsage)
 	}
-	if *group != serve.GroupInproc && *group != serve.GroupEngine {
-		return fmt.Errorf("serve: --group %q: want %s or %s: %w", *group, serve.GroupInproc, serve.GroupEngine, errUsage)
+	switch *group {
+	case serve.GroupInproc, serve.GroupEngine:
+		if *groupHub != "" || *groupSize != 0 || *groupRank != 0 {
+			return fmt.Errorf("serve: --group-rank, --group-size and --group-hub go with --group tcp: %w", errUsage)
+		}
+	case serve.GroupTCP:
+		if *groupSize < 1 || *groupRank < 0 || *groupRank >= *groupSize || *groupHub == "" {
+			return fmt.Errorf("serve: --group tcp needs --group-size N, --group-rank in 0..N-1 and --group-hub ADDR: %w", errUsage)
+		}
+	default:
+		return fmt.Errorf("serve: --group %q: want %s, %s or %s: %w", *group, serve.GroupInproc, serve.GroupEngine, serve.GroupTCP, errUsage)
+	}
+	if *groupTimeout < 100*time.Millisecond || *groupTimeout > time.Hour {
+		return fmt.Errorf("serve: --group-timeout %s: want 100ms..1h: %w", *groupTimeout, errUsage)
 	}
 	if *ttl < time.Second || *ttl > 24*time.Hour {
 		return fmt.Errorf("serve: --session-ttl %s: want 1s..24h: %w", *ttl, errUsage)
@@ -107,11 +128,16 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	s, err := serve.Open(ctx, serve.Config{YAML: text, ConfigName: *cfgPath, DataDir: dir, Ranks: *ranks, Socket: sock,
 		Listen: *listen, AllowRemote: *allowRemote, Metrics: *metricsAddr, ColdStart: cs, SessionTTL: *ttl, Group: *group,
+		GroupRank: *groupRank, GroupSize: *groupSize, GroupHub: *groupHub, GroupName: *groupName, GroupTimeout: *groupTimeout,
 		Version: version, Logger: logger})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "kvtier serve: %d rank(s), socket %s, data %s, boot_id %s\n", s.Ranks(), sock, dir, s.BootID())
+	if *group == serve.GroupTCP {
+		fmt.Fprintf(stdout, "kvtier serve: rank %d of a tcp group of %d (hub %s), socket %s, data %s, boot_id %s\n", *groupRank, *groupSize, *groupHub, sock, dir, s.BootID())
+	} else {
+		fmt.Fprintf(stdout, "kvtier serve: %d rank(s), socket %s, data %s, boot_id %s\n", s.Ranks(), sock, dir, s.BootID())
+	}
 	return s.Serve(ctx)
 }
 

@@ -247,6 +247,19 @@ func (r *rank) closeSession(ctx context.Context, q *pb.CloseRequest) error {
 // the new epoch: the engine's ranks are one unit.
 func (r *rank) endSession(ctx context.Context, why string) {
 	s := r.sess
+	if r.srv.cfg.Group == GroupTCP {
+		// The group's Machines start over together only by a restart of
+		// every rank's process (Config.GroupRank): refuse sessions and
+		// end Serve, saying why.
+		r.dropSession()
+		err := fmt.Errorf("rank %d: %s: %w", r.srv.groupRank(r.idx), why, errTCPRestart)
+		if r.broken == nil {
+			r.broken = fmt.Errorf("%w: %w", err, errBroken)
+			r.log.Error("kvtier serve: the tcp rank group ended", "group_rank", r.srv.groupRank(r.idx), "why", why)
+		}
+		r.srv.stop(err)
+		return
+	}
 	r.dropSession()
 	e := r.srv.advance(r.epoch.n)
 	r.reset(ctx, e, why)
@@ -371,7 +384,7 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 		// started, before anything of this step applies.
 		if err := r.finishTick(ctx, eg, q.GetFrontier()); err != nil {
 			errs.add(ref{"frontier", -1}, "", pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "tick: %v; the session ended, register again", err)
-			r.endSession(ctx, "group stopped")
+			r.endSession(ctx, "group stopped: "+err.Error())
 			return out
 		}
 	}
@@ -471,7 +484,7 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 		// the ranks diverged): every session ends, a new epoch starts;
 		// the engine registers again and recomputes what was pending.
 		errs.add(ref{"step", -1}, "", pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "tick: %v; the session ended, register again", err)
-		r.endSession(ctx, "group stopped")
+		r.endSession(ctx, "group stopped: "+err.Error())
 		return out
 	}
 
@@ -511,7 +524,7 @@ func (r *rank) stepEngine(ctx context.Context, eg *enginegroup.Member, s *sessio
 	enc, err := r.startTick(ctx, eg)
 	if err != nil {
 		errs.add(ref{"step", -1}, "", pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "tick: %v; the session ended, register again", err)
-		r.endSession(ctx, "group stopped")
+		r.endSession(ctx, "group stopped: "+err.Error())
 		return out
 	}
 	out.Contribution = enc

@@ -42,6 +42,7 @@ import (
 	"github.com/kvtier/kvtier/host/consensus"
 	"github.com/kvtier/kvtier/host/consensus/enginegroup"
 	"github.com/kvtier/kvtier/host/consensus/inproc"
+	"github.com/kvtier/kvtier/host/consensus/tcpgroup"
 	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/host/stack"
 	"github.com/kvtier/kvtier/policy"
@@ -100,6 +101,22 @@ type Config struct {
 	// sends the frontier in their next steps, as SGLang all-reduces its
 	// counters; a rank waits between steps, bounded by SessionTTL).
 	Group string
+	// GroupRank, GroupSize, GroupHub and GroupName configure GroupTCP:
+	// this process hosts rank GroupRank of GroupSize ranks, one serve
+	// process per rank, exchanging over TCP (host/consensus/tcpgroup)
+	// through the hub at GroupHub (rank 0 listens there, the others dial
+	// it; loopback unless AllowRemote). GroupName names the group (a peer
+	// of another name is refused; default "kvtier").
+	//
+	// The TCP group does not restart inside the process: a session's end
+	// or a stopped group (a peer that died or timed out, a digest
+	// mismatch) ends Serve with an error that says why, and the operator's
+	// supervisor restarts every rank's serve, which find their L3 pages
+	// again (cold start load). The ranks' Machines must start over
+	// together, and a restart of all of them is the one way that needs no
+	// agreement on epochs between processes.
+	GroupRank, GroupSize int
+	GroupHub, GroupName  string
 	// Version is reported by Health.
 	Version string
 	// Logger receives serve's and the tiers' lines (nil: discarded).
@@ -114,6 +131,7 @@ type Config struct {
 const (
 	GroupInproc = "inproc"
 	GroupEngine = "engine"
+	GroupTCP    = "tcp"
 )
 
 // Server is a running kvtier serve.
@@ -134,6 +152,9 @@ type Server struct {
 
 	ready     bool
 	listening chan struct{} // closed once the socket accepts connections
+	// fatal receives the error that ends Serve from inside (GroupTCP: the
+	// group stopped or a session ended).
+	fatal chan error
 	pb.UnimplementedEngineServer
 }
 
@@ -170,8 +191,12 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 	case "":
 		cfg.Group = GroupInproc
 	case GroupInproc, GroupEngine:
+	case GroupTCP:
+		if err := checkTCPGroup(&cfg); err != nil {
+			return nil, err
+		}
 	default:
-		return nil, fmt.Errorf("serve: group transport %q: want %q or %q", cfg.Group, GroupInproc, GroupEngine)
+		return nil, fmt.Errorf("serve: group transport %q: want %q, %q or %q", cfg.Group, GroupInproc, GroupEngine, GroupTCP)
 	}
 	if cfg.Listen != "" && !cfg.AllowRemote {
 		if err := checkLoopback(cfg.Listen); err != nil {
@@ -204,15 +229,17 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if cfg.Ranks <= 0 {
 		// Read the world size from the config itself (rank 0's view).
 		st, _, err := loadStack(expand(text, cfg, 0, 1), name)
+		// NB: GroupTCP set Ranks to 1 (one rank per process).
 		if err != nil {
 			return nil, fmt.Errorf("serve: %w", err)
 		}
 		cfg.Ranks = max(1, st.Ranks.WorldSize)
 	}
-	if cfg.Ranks > 1 && !strings.Contains(text, "{{RANK}}") {
+	if (cfg.Ranks > 1 || cfg.Group == GroupTCP && cfg.GroupSize > 1) && !strings.Contains(text, "{{RANK}}") {
 		return nil, fmt.Errorf("serve: %s: %d ranks share one config, so its paths must contain {{RANK}} (each rank needs its own slab, L3 and index)", name, cfg.Ranks)
 	}
-	s := &Server{cfg: cfg, boot: newBootID(), log: cfg.Logger, sessions: map[string]*rank{}, conns: map[string]uint64{}, listening: make(chan struct{})}
+	s := &Server{cfg: cfg, boot: newBootID(), log: cfg.Logger, sessions: map[string]*rank{}, conns: map[string]uint64{}, listening: make(chan struct{}),
+		fatal: make(chan error, 1)}
 	s.metrics = newMetrics(s)
 	if s.epoch, err = s.newEpoch(1); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
@@ -285,21 +312,21 @@ func loadStack(text, name string) (*config.Stack, stack.Registries, error) {
 
 // openRank opens one rank's stack and builds its Machine and Node.
 func (s *Server) openRank(ctx context.Context, text, name string, i int) (_ *rank, err error) {
-	st, regs, err := loadStack(expand(text, s.cfg, i, s.cfg.Ranks), name)
+	st, regs, err := loadStack(expand(text, s.cfg, s.groupRank(i), s.world()), name)
 	if err != nil {
 		return nil, err
 	}
-	if st.Ranks.WorldSize > 1 && st.Ranks.WorldSize != s.cfg.Ranks {
-		return nil, fmt.Errorf("%s: ranks.world_size is %d but serve hosts %d ranks", name, st.Ranks.WorldSize, s.cfg.Ranks)
+	if st.Ranks.WorldSize > 1 && st.Ranks.WorldSize != s.world() {
+		return nil, fmt.Errorf("%s: ranks.world_size is %d but serve's group has %d ranks", name, st.Ranks.WorldSize, s.world())
 	}
-	dir := filepath.Join(s.cfg.DataDir, fmt.Sprintf("rank%d", i))
+	dir := filepath.Join(s.cfg.DataDir, fmt.Sprintf("rank%d", s.groupRank(i)))
 	for _, d := range []string{dir, filepath.Join(dir, "index"), filepath.Join(dir, "shm"), filepath.Join(dir, "l3")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
 	}
 	log := s.log.With("rank", i)
-	stk, err := stack.Open(ctx, st, regs, stack.Options{Logger: log, StackID: fmt.Sprintf("serve-r%d", i), ColdStart: s.cfg.ColdStart, IndexDir: filepath.Join(dir, "index")})
+	stk, err := stack.Open(ctx, st, regs, stack.Options{Logger: log, StackID: fmt.Sprintf("serve-r%d", s.groupRank(i)), ColdStart: s.cfg.ColdStart, IndexDir: filepath.Join(dir, "index")})
 	if err != nil {
 		return nil, err
 	}
@@ -380,6 +407,9 @@ type epoch struct {
 	members []consensus.Group // nil: one rank, in process
 	// engine holds the same members when the engine is the transport.
 	engine []*enginegroup.Member
+	// close releases what the epoch's members hold (GroupTCP: the hub's
+	// listener, the connection to it), or is nil.
+	close  func() error
 	ctx    context.Context
 	cancel context.CancelFunc
 }
@@ -404,6 +434,19 @@ func (s *Server) newEpoch(n uint64) (*epoch, error) {
 			e.engine = append(e.engine, m)
 			e.members = append(e.members, m)
 		}
+		return e, nil
+	}
+	if s.cfg.Group == GroupTCP {
+		if n > 1 {
+			e.cancel()
+			return nil, errTCPRestart
+		}
+		m, err := s.tcpMember()
+		if err != nil {
+			e.cancel()
+			return nil, fmt.Errorf("rank group: %w", err)
+		}
+		e.members, e.close = []consensus.Group{m}, m.Close
 		return e, nil
 	}
 	if s.cfg.Ranks > 1 {
@@ -596,6 +639,8 @@ func (s *Server) Serve(ctx context.Context) (err error) {
 	case <-ctx.Done():
 	case err = <-errc:
 		s.log.Error("kvtier serve: listener failed", "err", err)
+	case err = <-s.fatal:
+		s.log.Error("kvtier serve: stopping", "err", err)
 	}
 	s.mu.Lock()
 	s.ready = false
@@ -630,6 +675,11 @@ func (s *Server) closeRanks(ctx context.Context) error {
 	var errs []error
 	s.emu.Lock()
 	s.epoch.cancel()
+	if s.epoch.close != nil {
+		if err := s.epoch.close(); err != nil {
+			errs = append(errs, fmt.Errorf("rank group: close: %w", err))
+		}
+	}
 	s.emu.Unlock()
 	for _, r := range s.ranks {
 		r.dropSession()
@@ -724,11 +774,12 @@ func (s *Server) call(ctx context.Context, r *rank, c call) (callReply, error) {
 
 // Register opens a session on the rank the request names.
 func (s *Server) Register(ctx context.Context, q *pb.RegisterRequest) (*pb.RegisterReply, error) {
-	if ws := int(q.GetWorldSize()); ws != len(s.ranks) {
-		return nil, status.Errorf(codes.InvalidArgument, "world_size: %d, this serve hosts %d ranks", q.GetWorldSize(), len(s.ranks))
+	if ws := int(q.GetWorldSize()); ws != s.world() {
+		return nil, status.Errorf(codes.InvalidArgument, "world_size: %d, this serve's group has %d ranks", q.GetWorldSize(), s.world())
 	}
-	if int(q.GetRank()) >= len(s.ranks) {
-		return nil, status.Errorf(codes.InvalidArgument, "rank: %d, this serve hosts ranks 0..%d", q.GetRank(), len(s.ranks)-1)
+	first := s.groupRank(0)
+	if int(q.GetRank()) < first || int(q.GetRank()) >= first+len(s.ranks) {
+		return nil, status.Errorf(codes.InvalidArgument, "rank: %d, this serve hosts ranks %d..%d", q.GetRank(), first, first+len(s.ranks)-1)
 	}
 	if vs := q.GetProtocolVersions(); len(vs) > 0 && !containsV1(vs) {
 		return nil, status.Errorf(codes.FailedPrecondition, "protocol_versions: %v, this serve speaks 1", vs)
@@ -736,7 +787,7 @@ func (s *Server) Register(ctx context.Context, q *pb.RegisterRequest) (*pb.Regis
 	if len(q.GetEngineId()) > maxNamespaceString {
 		return nil, status.Errorf(codes.InvalidArgument, "engine_id: %d bytes, at most %d", len(q.GetEngineId()), maxNamespaceString)
 	}
-	out, err := s.call(ctx, s.ranks[q.GetRank()], call{kind: callRegister, reg: q})
+	out, err := s.call(ctx, s.ranks[int(q.GetRank())-first], call{kind: callRegister, reg: q})
 	if err != nil {
 		return nil, err
 	}
@@ -814,4 +865,90 @@ func (s *Server) Close(ctx context.Context, q *pb.CloseRequest) (*pb.CloseReply,
 // Ping does nothing.
 func (s *Server) Ping(context.Context, *pb.PingRequest) (*pb.PingReply, error) {
 	return &pb.PingReply{}, nil
+}
+
+// errTCPRestart ends Serve when the TCP group would need a new epoch.
+var errTCPRestart = errors.New("the tcp rank group does not restart inside a process: restart every rank's serve")
+
+// checkTCPGroup validates and completes the GroupTCP fields of cfg.
+func checkTCPGroup(cfg *Config) error {
+	switch {
+	case cfg.Ranks > 1:
+		return fmt.Errorf("serve: group tcp: one rank per process (ranks %d)", cfg.Ranks)
+	case cfg.GroupSize < 1 || cfg.GroupSize > consensus.MaxGroupSize:
+		return fmt.Errorf("serve: group tcp: group size %d, want 1..%d", cfg.GroupSize, consensus.MaxGroupSize)
+	case cfg.GroupRank < 0 || cfg.GroupRank >= cfg.GroupSize:
+		return fmt.Errorf("serve: group tcp: rank %d outside a group of %d", cfg.GroupRank, cfg.GroupSize)
+	case cfg.GroupHub == "":
+		return fmt.Errorf("serve: group tcp: no hub address (rank 0 listens there, the others dial it)")
+	}
+	if !cfg.AllowRemote {
+		if err := checkLoopback(cfg.GroupHub); err != nil {
+			return fmt.Errorf("group hub: %w", err)
+		}
+	}
+	if cfg.GroupName == "" {
+		cfg.GroupName = "kvtier"
+	}
+	cfg.Ranks = 1
+	return nil
+}
+
+// world is the size of the ranks' group; groupRank the group rank of the
+// i-th rank this process hosts.
+func (s *Server) world() int {
+	if s.cfg.Group == GroupTCP {
+		return s.cfg.GroupSize
+	}
+	return s.cfg.Ranks
+}
+
+func (s *Server) groupRank(i int) int {
+	if s.cfg.Group == GroupTCP {
+		return s.cfg.GroupRank + i
+	}
+	return i
+}
+
+// tcpMember opens this process's member of the TCP group: rank 0 listens
+// at the hub address. The group id is the group's name; the stack id a
+// digest of the name and the page geometry, so peers configured with
+// another geometry are refused.
+func (s *Server) tcpMember() (*tcpgroup.Member, error) {
+	h := fnv.New64a()
+	_, _ = io.WriteString(h, "kvtier.group.v1\x00"+s.cfg.GroupName)
+	group := h.Sum64()
+	st, _, err := loadStack(expand(s.cfg.YAML, s.cfg, s.cfg.GroupRank, s.cfg.GroupSize), "serve config")
+	if s.cfg.YAML == "" {
+		st, _, err = loadStack(expand(defaultYAML, s.cfg, s.cfg.GroupRank, s.cfg.GroupSize), "embedded default stack")
+	}
+	if err != nil {
+		return nil, err
+	}
+	_, _ = fmt.Fprintf(h, "\x00%d", st.Payload.PageTokens)
+	for _, k := range st.Payload.Kinds {
+		_, _ = fmt.Fprintf(h, "\x00%s=%d", k.Name, k.PageBytes)
+	}
+	opts := tcpgroup.Options{Group: group, Stack: h.Sum64(), Rank: s.cfg.GroupRank, Size: s.cfg.GroupSize,
+		HubAddr: s.cfg.GroupHub, Timeout: s.cfg.GroupTimeout, Logger: s.log}
+	if s.cfg.GroupRank == 0 {
+		lis, err := net.Listen("tcp", s.cfg.GroupHub)
+		if err != nil {
+			return nil, fmt.Errorf("hub listen %s: %w", s.cfg.GroupHub, err)
+		}
+		opts.Listener = lis
+	}
+	m, err := tcpgroup.New(opts)
+	if err != nil && opts.Listener != nil {
+		_ = opts.Listener.Close()
+	}
+	return m, err
+}
+
+// stop ends Serve with err (the first one wins).
+func (s *Server) stop(err error) {
+	select {
+	case s.fatal <- err:
+	default:
+	}
 }

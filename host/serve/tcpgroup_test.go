@@ -1,0 +1,274 @@
+package serve
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	pb "github.com/kvtier/kvtier/api/enginev1"
+	"github.com/kvtier/kvtier/pagehash"
+)
+
+// syncBuffer is a bytes.Buffer a process writes to while the test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	os.Stderr.Write(p)
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// tcpRank is one `kvtier serve --group tcp` process of a test.
+type tcpRank struct {
+	cmd  *exec.Cmd
+	sock string
+	out  *syncBuffer
+	done chan error
+}
+
+// startTCPGroup starts size serve processes, one rank each, over one data
+// dir, with rank 0 the hub at hub; it waits for every socket.
+func startTCPGroup(t *testing.T, bin, dir, sd, hub string, size int) []*tcpRank {
+	t.Helper()
+	rs := make([]*tcpRank, size)
+	for i := range rs {
+		r := &tcpRank{sock: filepath.Join(sd, fmt.Sprintf("r%d.sock", i)), out: &syncBuffer{}, done: make(chan error, 1)}
+		os.Remove(r.sock)
+		r.cmd = exec.Command(bin, "serve", "--data-dir", dir, "--socket", r.sock, "--log-level", "warn",
+			"--group", "tcp", "--group-rank", fmt.Sprint(i), "--group-size", fmt.Sprint(size), "--group-hub", hub, "--group-timeout", "2s")
+		r.cmd.Stdout, r.cmd.Stderr = r.out, r.out
+		if err := r.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() { r.done <- r.cmd.Wait() }()
+		t.Cleanup(func() { _ = r.cmd.Process.Kill(); <-r.done; r.done <- nil })
+		rs[i] = r
+	}
+	for i, r := range rs {
+		for n := 0; ; n++ {
+			if c, err := net.Dial("unix", r.sock); err == nil {
+				c.Close()
+				break
+			}
+			if n > 1000 {
+				t.Fatalf("rank %d did not listen within 10 s:\n%s", i, r.out.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return rs
+}
+
+// TestServeTCPGroup: four `kvtier serve` processes, one rank each, form
+// the rank group over TCP on loopback. An engine of four ranks caches and
+// hits with every byte right and equal digests on every rank. SIGKILL one
+// rank's process: within the group's deadline the others refuse the step
+// naming the rank that went away, and exit with status 1 saying why. A
+// restart of all four (cold start load) finds the L3 pages again.
+func TestServeTCPGroup(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs four kvtier serve processes (-short)")
+	}
+	const size = 4
+	ctx := context.Background()
+	bin := buildKvtier(t)
+	dir := t.TempDir()
+	sd, err := os.MkdirTemp("", "kvt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(sd)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hub := l.Addr().String()
+	l.Close()
+
+	rs := startTCPGroup(t, bin, dir, sd, hub, size)
+	dial := func() []*testEngine {
+		es := make([]*testEngine, size)
+		for i, r := range rs {
+			es[i] = dialEngine(t, r.sock, uint32(i), size)
+			if err := es[i].register(ctx); err != nil {
+				t.Fatalf("rank %d: %v", i, err)
+			}
+			if es[i].reg.GroupTransport != GroupTCP {
+				t.Fatalf("rank %d: group transport %q, want %q", i, es[i].reg.GroupTransport, GroupTCP)
+			}
+		}
+		return es
+	}
+	es := dial()
+	keys := make([][]pagehash.Hash, 24)
+	for i := range keys {
+		keys[i] = chain(fmt.Sprintf("tcp-%d", i%8), 8, 12, fmt.Sprintf("t%d", i))
+		driveGroup(t, ctx, es, fmt.Sprintf("tcp-a%d", i), keys[i])
+	}
+	var hit uint32
+	for i := range keys {
+		hit += driveGroup(t, ctx, es, fmt.Sprintf("tcp-b%d", i), keys[i])[0].HitPages
+	}
+	// Idle steps up to a digest tick: every rank reports the same digest.
+	digests := 0
+	for range 70 {
+		outs := stepAll(t, ctx, es, func() *pb.StepRequest { return &pb.StepRequest{} }, nil)
+		if len(outs[0].Digest) == 0 {
+			continue
+		}
+		for i, out := range outs[1:] {
+			if !bytes.Equal(out.Digest, outs[0].Digest) || out.Tick != outs[0].Tick {
+				t.Fatalf("tick %d: rank %d digest %x, rank 0 %x (tick %d)", outs[0].Tick, i+1, out.Digest, outs[0].Digest, out.Tick)
+			}
+		}
+		digests++
+	}
+	wrong, verified := 0, 0
+	for _, e := range es {
+		wrong, verified = wrong+e.wrong, verified+e.verified
+	}
+	t.Logf("%d hit pages on the second pass, %d verified, %d digest ticks equal on %d ranks", hit, verified, digests, size)
+	if hit == 0 || wrong != 0 || digests == 0 {
+		t.Fatalf("%d hit pages, %d wrong, %d digest ticks", hit, wrong, digests)
+	}
+	// Let the L3 writes land, then kill rank 2.
+	for range 20 {
+		stepAll(t, ctx, es, func() *pb.StepRequest { return &pb.StepRequest{} }, nil)
+		time.Sleep(10 * time.Millisecond)
+	}
+	const victim = 2
+	if err := rs[victim].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-rs[victim].done
+	rs[victim].done <- nil
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	for i, e := range es {
+		if i == victim {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := e.run(ctx, &pb.StepRequest{}, nil)
+			if err != nil {
+				return // the process already exited: also a refusal
+			}
+			if len(out.Errors) == 0 || out.Errors[0].Code != pb.ErrorCode_ERROR_CODE_UNAVAILABLE {
+				t.Errorf("rank %d: a step with rank %d dead: errors %v, want UNAVAILABLE", i, victim, out.Errors)
+			}
+		}()
+	}
+	wg.Wait()
+	for i, r := range rs {
+		if i == victim {
+			continue
+		}
+		select {
+		case err := <-r.done:
+			r.done <- err
+			var ee *exec.ExitError
+			if err == nil || !errors.As(err, &ee) || ee.ExitCode() != 1 {
+				t.Fatalf("rank %d exited with %v, want status 1", i, err)
+			}
+			if out := r.out.String(); !strings.Contains(out, "rank group") && !strings.Contains(out, fmt.Sprintf("rank %d", victim)) {
+				t.Fatalf("rank %d's exit does not say the group stopped:\n%s", i, out)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatalf("rank %d still runs 15 s after rank %d died:\n%s", i, victim, r.out.String())
+		}
+	}
+	t.Logf("the surviving ranks stopped %v after rank %d was killed", time.Since(t0).Round(time.Millisecond), victim)
+	for _, e := range es {
+		e.close()
+	}
+
+	// Restart all four: the L3 pages are found again, every byte right.
+	rs = startTCPGroup(t, bin, dir, sd, hub, size)
+	es = dial()
+	var l3 uint32
+	for i := range keys {
+		l3 += driveGroup(t, ctx, es, fmt.Sprintf("tcp-c%d", i), keys[i])[0].L3Hit
+	}
+	wrong = 0
+	for _, e := range es {
+		wrong += e.wrong
+	}
+	if l3 == 0 || wrong != 0 {
+		t.Fatalf("after the restart: %d L3 hit pages, %d wrong", l3, wrong)
+	}
+	t.Logf("after restarting all %d ranks: %d L3 hit pages on rank 0", size, l3)
+	// SIGTERM drains every rank to a clean exit (an engine's disconnect
+	// first would end them with status 1: a session's end stops the group).
+	for _, r := range rs {
+		if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, r := range rs {
+		select {
+		case err := <-r.done:
+			r.done <- err
+			if err != nil {
+				t.Fatalf("rank %d after SIGTERM: %v", i, err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("rank %d did not exit within 20 s of SIGTERM", i)
+		}
+	}
+	for _, e := range es {
+		e.close()
+	}
+}
+
+// TestTCPGroupConfigRefused: a tcp group configuration that cannot work is
+// refused at Open with an error naming the field, before any tier opens.
+func TestTCPGroupConfigRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"two ranks in one process", Config{Ranks: 2, GroupSize: 2, GroupHub: "127.0.0.1:1"}, "one rank per process"},
+		{"no size", Config{GroupHub: "127.0.0.1:1"}, "group size 0"},
+		{"rank outside", Config{GroupRank: 4, GroupSize: 4, GroupHub: "127.0.0.1:1"}, "rank 4 outside a group of 4"},
+		{"negative rank", Config{GroupRank: -1, GroupSize: 4, GroupHub: "127.0.0.1:1"}, "rank -1 outside"},
+		{"no hub", Config{GroupSize: 2}, "no hub address"},
+		{"remote hub", Config{GroupSize: 2, GroupHub: "10.1.2.3:7000"}, "not loopback"},
+		{"bad hub", Config{GroupSize: 2, GroupHub: "nowhere"}, "nowhere"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tc.cfg
+			cfg.Group, cfg.DataDir, cfg.Socket = GroupTCP, t.TempDir(), "/nonexistent/s.sock"
+			s, err := Open(context.Background(), cfg)
+			if err == nil {
+				s.closeRanks(context.Background())
+				t.Fatalf("Open accepted %+v", tc.cfg)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q, want it to say %q", err, tc.want)
+			}
+		})
+	}
+}
