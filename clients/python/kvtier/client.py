@@ -117,16 +117,20 @@ class Client:
     def boot_id(self):
         return self.info.boot_id if self.info else ""
 
-    def step(self, completions=(), lookups=(), stores=(), finished=(), aborted=()):
+    def step(self, completions=(), lookups=(), stores=(), finished=(), aborted=(), frontier=b""):
         """Sends one scheduler step. lookups and stores are (req_id,
         [hashes]) pairs, finished and aborted request ids, completions
-        (plan, ok) pairs. Returns a StepResult."""
+        (plan, ok) pairs. With the engine as the group transport
+        (``info.group_transport == "engine"``), frontier is the reduction
+        of the contributions the ranks' last replies carried
+        (kvtier.group.reduce_contributions; none on a session's first
+        step). Returns a StepResult."""
         if self._lost:
             if self.register():
                 return StepResult(restarted=True)
             return StepResult(unavailable=True)
         self._step += 1
-        q = pb.StepRequest(session=self.info.session, boot_id=self.info.boot_id, step=self._step)
+        q = pb.StepRequest(session=self.info.session, boot_id=self.info.boot_id, step=self._step, frontier=frontier)
         for plan, ok in completions:
             q.completions.add(plan=plan, ok=bool(ok))
         for rid, hs in lookups:

@@ -20,21 +20,6 @@ from kvtier.connector import KvtierConnector, Request, SchedulerOutput
 from kvtier.payload import payload
 from kvtier.slab import Slab
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-
-
-@pytest.fixture(scope="module")
-def kvtier_bin():
-    go = shutil.which("go")
-    if go is None:
-        pytest.skip("go is not on PATH: cannot build kvtier serve for the connector tests")
-    d = tempfile.mkdtemp(prefix="kvtier-py-")
-    out = os.path.join(d, "kvtier")
-    subprocess.run([go, "build", "-o", out, "./cmd/kvtier"], cwd=REPO, check=True)
-    yield out
-    shutil.rmtree(d, ignore_errors=True)
-
-
 class Serve:
     def __init__(self, binary, data):
         self.binary, self.data = binary, data
