@@ -1,12 +1,16 @@
 package serve
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/kvtier/kvtier/api/enginev1"
+	"github.com/kvtier/kvtier/host/consensus"
 )
 
 // FuzzStep feeds arbitrary Step messages (decoded from the fuzzer's bytes)
@@ -96,6 +100,96 @@ func FuzzKeys(f *testing.F) {
 		}
 		if err == nil && len(hs) != int(pages) {
 			t.Fatalf("%d keys for %d pages", len(hs), pages)
+		}
+	})
+}
+
+// FuzzEngineFrontier: with the engine as the group transport, a Step's
+// frontier is whatever bytes the engine sends. Any of them is refused with
+// an item error naming the frontier (and the session ends) unless it is
+// the reduction of the rank's contribution; never a crash, never a step
+// applied over a wrong frontier. After each input a well-formed step with
+// the right frontier runs.
+func FuzzEngineFrontier(f *testing.F) {
+	ctx := context.Background()
+	s, sock, _ := startWith(f, Config{DataDir: f.TempDir(), Ranks: 1, Group: GroupEngine, SessionTTL: time.Minute})
+	e := dialEngine(f, sock, 0, 1)
+	e.engineGroup = true
+	// ready registers when needed and steps once, so a frontier is owed;
+	// it returns the contribution awaiting it.
+	var owed []byte
+	ready := func(t testing.TB) {
+		t.Helper()
+		if owed != nil {
+			return
+		}
+		if err := e.register(ctx); err != nil {
+			t.Fatal(err)
+		}
+		out, err := e.run(ctx, &pb.StepRequest{}, nil)
+		if err != nil || len(out.Errors) > 0 || len(out.Contribution) == 0 {
+			t.Fatalf("first step: %v %v", err, out.GetErrors())
+		}
+		owed = out.Contribution
+	}
+	ready(f)
+	good, err := consensus.ReduceEncoded([][]byte{owed})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(good)
+	f.Add(owed)
+	f.Add([]byte{})
+	f.Add(good[:len(good)-1])
+	f.Fuzz(func(t *testing.T, frontier []byte) {
+		ready(t)
+		want, err := consensus.ReduceEncoded([][]byte{owed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.step++
+		out, err := s.Step(ctx, &pb.StepRequest{Session: e.reg.Session, BootId: e.reg.BootId, Step: e.step, Frontier: frontier})
+		if err != nil {
+			t.Fatalf("Step returned a call error: %v", err)
+		}
+		for _, ie := range out.Errors {
+			if ie.Item == "" || ie.Message == "" {
+				t.Fatalf("an item error that names nothing: %v", ie)
+			}
+		}
+		switch {
+		case bytes.Equal(frontier, want):
+			if len(out.Errors) > 0 || len(out.Contribution) == 0 {
+				t.Fatalf("the right frontier was refused: %v", out.Errors)
+			}
+			owed = out.Contribution
+		case len(frontier) == 0:
+			if len(out.Errors) != 1 || out.Errors[0].Code != pb.ErrorCode_ERROR_CODE_STATE || !bytes.Equal(out.Contribution, owed) {
+				t.Fatalf("a step without its frontier: %v", out.Errors)
+			}
+		case len(out.Errors) == 0:
+			// Accepted: then it is a frontier of this group and tick with
+			// nothing above the contribution (a MIN with ranks that did
+			// less is a valid frontier; it commits less).
+			_, fr, err := consensus.DecodeFrontier(frontier, consensus.Expect{
+				Group: binary.LittleEndian.Uint64(want[8:]), Stack: binary.LittleEndian.Uint64(want[16:]), Size: 1})
+			if err != nil {
+				t.Fatalf("frontier %x accepted, but it does not decode: %v", frontier, err)
+			}
+			_, c, err := consensus.DecodeContribution(owed, consensus.Expect{
+				Group: binary.LittleEndian.Uint64(want[8:]), Stack: binary.LittleEndian.Uint64(want[16:]), Size: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := consensus.CheckFrontier(0, c, fr); err != nil {
+				t.Fatalf("frontier %x accepted against contribution %x: %v", frontier, owed, err)
+			}
+			owed = out.Contribution
+		default:
+			if out.Errors[0].Item != "frontier" {
+				t.Fatalf("frontier %x refused naming %q", frontier, out.Errors[0].Item)
+			}
+			owed = nil // the session ended
 		}
 	})
 }
