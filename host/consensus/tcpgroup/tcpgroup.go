@@ -312,6 +312,9 @@ func fromStatus(rank int, tick uint64, err error, parent, stream context.Context
 	}
 	for _, e := range codeOf {
 		if st.Code() == e.code {
+			// NB: the hub's message ends with the same sentinel's text;
+			// say it once.
+			msg = strings.TrimSuffix(msg, ": "+e.err.Error())
 			return fmt.Errorf("tcpgroup: rank %d at tick %d: hub says: %s: %w", rank, tick, msg, e.err)
 		}
 	}
