@@ -18,6 +18,13 @@ pages per payload kind in numpy arrays (:attr:`KvtierConnector.l1`);
 copies between it and the slab are numpy copies. While serve is away (a
 restart, a crash) every lookup is a miss and the engine recomputes; the
 connector registers again on the new ``boot_id`` by itself.
+
+With ``kvtier serve --group engine`` the engine carries the ranks' group
+exchange: pass ``all_reduce``, a function from this rank's contribution
+(bytes) to the frontier (bytes) that every rank of the engine calls once
+per step, e.g. an ``all_gather_object`` over the engine's process group
+followed by :func:`kvtier.group.reduce_contributions`. A single rank needs
+none (its own contribution reduces to the frontier).
 """
 
 from dataclasses import dataclass, field
@@ -27,6 +34,7 @@ import numpy as np
 from kvtier import pagehash
 from kvtier.client import Client, health
 from kvtier.engine.v1 import engine_pb2 as pb
+from kvtier.group import reduce_contributions
 from kvtier.slab import Slab
 
 
@@ -53,13 +61,23 @@ class ConnectorMeta:
 
 
 class KvtierConnector:
-    def __init__(self, socket_path, model, rank=0, world_size=1, engine_id="python-engine", salt=""):
+    def __init__(self, socket_path, model, rank=0, world_size=1, engine_id="python-engine", salt="", all_reduce=None):
         h = health(socket_path)
         self.page_tokens = h.page_tokens
         self.kinds = [(k.name, k.page_bytes) for k in h.kinds]
         ns = {"model": model, "kv_layout": "layer_first", "dtype": "uint8", "page_tokens": h.page_tokens,
               "page_bytes": [b for _, b in self.kinds], "shard": rank, "salt": salt}
         self.client = Client(socket_path, engine_id, rank, world_size, ns)
+        if self.client.info.group_transport == "engine" and all_reduce is None:
+            if world_size > 1:
+                self.client.close()
+                raise ValueError("kvtier serve's group transport is the engine and world_size is %d: "
+                                 "pass all_reduce (this rank's contribution -> the frontier)" % world_size)
+            all_reduce = lambda c: reduce_contributions([c])  # noqa: E731
+        # Only the engine transport takes a frontier (other transports'
+        # replies carry the contribution as text, for logs).
+        self._all_reduce = all_reduce if self.client.info.group_transport == "engine" else None
+        self._frontier = b""
         self._attach()
         self.restarts = 0
         self.unavailable_steps = 0
@@ -91,6 +109,7 @@ class KvtierConnector:
         self._to_abort.clear()
         self._sent.clear()
         self._owed.clear()
+        self._frontier = b""
         if restarted:
             self.restarts += 1
             self.slab.close()
@@ -135,7 +154,8 @@ class KvtierConnector:
             if hs and self._results.get(req.request_id) is not None:
                 self._to_store[req.request_id] = hs
         res = self.client.step(completions=self._owed, lookups=list(self._to_lookup.items()),
-                               stores=list(self._to_store.items()), finished=self._to_finish, aborted=self._to_abort)
+                               stores=list(self._to_store.items()), finished=self._to_finish, aborted=self._to_abort,
+                               frontier=self._frontier)
         self._meta = ConnectorMeta()
         if not res.ok:
             if res.unavailable:
@@ -146,6 +166,8 @@ class KvtierConnector:
         self._sent.update(self._to_lookup)
         self._owed, self._to_lookup, self._to_store, self._to_finish, self._to_abort = [], {}, {}, [], []
         rep = res.reply
+        if self._all_reduce is not None and rep.contribution:
+            self._frontier = self._all_reduce(rep.contribution)
         for e in rep.errors:
             self.errors.append("%s %s: %s" % (e.item, e.req_id, e.message))
         for lr in rep.lookups:

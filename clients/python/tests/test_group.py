@@ -146,3 +146,45 @@ def test_reduce_rules():
     ]:
         with pytest.raises(GroupError, match=msg):
             reduce_contributions(msgs)
+
+
+def test_connector_engine_transport_single_rank(kvtier_bin, tmp_path):
+    """The vLLM-shaped connector against ``--ranks 1 --group engine``: it
+    reduces its own contribution each step; hits verified byte for byte."""
+    from kvtier.connector import KvtierConnector
+    from test_connector import Engine
+
+    sockdir = tempfile.mkdtemp(prefix="kvg-")
+    sock = os.path.join(sockdir, "s.sock")
+    proc = subprocess.Popen([kvtier_bin, "serve", "--data-dir", str(tmp_path / "data"), "--socket", sock,
+                             "--group", "engine", "--log-level", "error"], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 15
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect(sock)
+                break
+            except OSError:
+                assert time.time() < deadline, "kvtier serve did not listen within 15 s"
+                time.sleep(0.02)
+            finally:
+                s.close()
+        conn = KvtierConnector(sock, "test-model")
+        assert conn.client.info.group_transport == "engine"
+        eng = Engine(conn, seed=3)
+        eng.run(60)
+        conn.close()
+        assert conn.errors == [], conn.errors[:3]
+        assert eng.wrong == 0 and eng.verified > 50, (eng.wrong, eng.verified)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        shutil.rmtree(sockdir, ignore_errors=True)
+
+
+def test_connector_needs_all_reduce_for_ranks(group_serve):
+    from kvtier.connector import KvtierConnector
+
+    with pytest.raises(ValueError, match="pass all_reduce"):
+        KvtierConnector(group_serve, "test-model", rank=0, world_size=2)
