@@ -32,7 +32,8 @@ carries the rank's contribution, the next StepRequest the reduced
 frontier), or one serve process per rank exchanges over TCP (--group tcp:
 rank 0 listens at --group-hub, the others dial it; a stopped group or a
 session's end ends the process, exit status 1 with the reason, and a
-restart of every rank's serve finds the L3 pages again). See docs/serve.md and docs/engine-api.md.
+restart of every rank's serve finds the L3 pages again).
+See docs/serve.md and docs/engine-api.md.
 
 flags:
 `
@@ -47,7 +48,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	dataDir := fs.String("data-dir", "", "`dir` for every rank's slab, L3 and index (default: $XDG_STATE_HOME/kvtier or ~/.local/state/kvtier)")
 	socket := fs.String("socket", "", "unix socket `path` (default: DIR/kvtier.sock)")
 	listen := fs.String("listen", "", "also serve on this loopback TCP `addr`")
-	allowRemote := fs.Bool("allow-remote", false, "allow --listen on a non-loopback address")
+	allowRemote := fs.Bool("allow-remote", false, "allow --listen and --group-hub on a non-loopback address")
 	metricsAddr := fs.String("metrics", "", "serve /metrics, /healthz, /readyz on this loopback `addr` (e.g. 127.0.0.1:9400)")
 	ranks := fs.Int("ranks", 0, "number of ranks to host (0: the config's ranks.world_size; the embedded default: 1)")
 	group := fs.String("group", serve.GroupInproc, "group transport of the ranks: inproc (serve exchanges), engine (the engine all-reduces) or tcp (one serve process per rank)")
