@@ -226,21 +226,31 @@ func (m *Member) exchangeRemote(ctx context.Context, tick uint64, c consensus.Co
 	if err != nil {
 		return consensus.Frontier{}, m.setStopped(err)
 	}
+	// NB: the hub's own deadline fires first and names the rank that is
+	// missing; ours is a backstop for a hub that is gone (or never came
+	// up: the stream waits for the connection, so the backstop is armed
+	// before it opens). Either ends the stream, which is right: a rank
+	// that missed a frontier is stopped.
+	backstop := m.opts.Timeout + m.opts.Timeout/2 + 50*time.Millisecond
 	if m.stream == nil {
 		sctx, cancel := context.WithCancelCause(context.Background())
+		m.mu.Lock()
+		m.streamCancel = cancel
+		m.mu.Unlock()
+		timer := time.AfterFunc(backstop, func() { cancel(errExchangeDeadline) })
+		stopWatch := context.AfterFunc(ctx, func() { cancel(ctx.Err()) })
 		st, err := m.conn.NewStream(sctx, &serviceDesc.Streams[0], methodName, m.call...)
+		timer.Stop()
+		stopWatch()
 		if err != nil {
 			cancel(err)
-			return consensus.Frontier{}, m.setStopped(fromStatus(m.opts.Rank, tick, err, ctx, nil))
+			return consensus.Frontier{}, m.setStopped(fromStatus(m.opts.Rank, tick, err, ctx, sctx))
 		}
 		m.mu.Lock()
-		m.stream, m.streamCancel = st, cancel
+		m.stream = st
 		m.mu.Unlock()
 	}
-	// NB: the hub's own deadline fires first and names the rank that is
-	// missing; ours is a backstop for a hub that is gone. Either ends the
-	// stream, which is right: a rank that missed a frontier is stopped.
-	timer := time.AfterFunc(m.opts.Timeout+m.opts.Timeout/2+50*time.Millisecond, func() { m.streamCancel(errExchangeDeadline) })
+	timer := time.AfterFunc(backstop, func() { m.streamCancel(errExchangeDeadline) })
 	defer timer.Stop()
 	stopWatch := context.AfterFunc(ctx, func() { m.streamCancel(ctx.Err()) })
 	defer stopWatch()

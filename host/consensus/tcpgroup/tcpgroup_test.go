@@ -264,3 +264,36 @@ func BenchmarkExchange8(b *testing.B) {
 	}
 	wg.Wait()
 }
+
+// TestHubNeverThere: a rank whose hub never comes up (nothing listens at
+// its address) does not wait for it forever: its first exchange fails
+// within the deadline's backstop, naming the hub and the tick.
+func TestHubNeverThere(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	m, err := New(Options{Group: testGroup, Stack: testStack, Rank: 1, Size: 2, HubAddr: addr, Timeout: 200 * time.Millisecond, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	c := consensus.NewContribution(1, consensus.Shape{Classes: 1})
+	done := make(chan error, 1)
+	t0 := time.Now()
+	go func() {
+		_, err := m.Exchange(context.Background(), 1, c)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, consensus.ErrTimeout) || !strings.Contains(err.Error(), "hub") {
+			t.Fatalf("exchange without a hub: %v, want a timeout naming the hub", err)
+		}
+		t.Logf("failed after %v: %v", time.Since(t0).Round(time.Millisecond), err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("an exchange waited 5 s for a hub that is not there (deadline 200 ms)")
+	}
+}
