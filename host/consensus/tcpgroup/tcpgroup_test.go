@@ -1,6 +1,8 @@
 package tcpgroup
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -10,9 +12,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvtier/kvtier/host/consensus"
 	"github.com/kvtier/kvtier/host/consensus/grouptest"
@@ -119,28 +118,36 @@ func TestRankThatDoesNotAnswer(t *testing.T) {
 	}
 }
 
-// rawCall sends bytes to the hub as a peer would.
+// rawCall sends bytes to the hub as a peer would, in one contribution
+// frame, and returns the hub's refusal (nil for a frontier).
 func rawCall(t *testing.T, addr string, req []byte) error {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	return rawFrame(t, addr, frameContribution, req)
+}
+
+func rawFrame(t *testing.T, addr string, typ byte, body []byte) error {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	st, err := conn.NewStream(ctx, &serviceDesc.Streams[0], methodName, grpc.ForceCodecV2(rawCodec{}))
-	if err != nil {
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := writeFrame(conn, typ, body); err != nil {
 		t.Fatal(err)
 	}
-	var resp []byte
-	if err = st.SendMsg(&req); err == nil {
-		err = st.RecvMsg(&resp)
+	got, resp, _, err := readFrame(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer from the hub: %v", err)
 	}
-	if err == nil {
+	switch got {
+	case frameFrontier:
 		return nil
+	case frameError:
+		return hubError(9, 0, resp)
 	}
-	return fromStatus(9, 0, err, context.Background(), nil)
+	t.Fatalf("the hub answered a frame of type %d", got)
+	return nil
 }
 
 func TestRefusedPeers(t *testing.T) {
@@ -296,4 +303,69 @@ func TestHubNeverThere(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("an exchange waited 5 s for a hub that is not there (deadline 200 ms)")
 	}
+}
+
+// TestBadFrames: bytes that are not a frame, or a frame that is not a
+// contribution, are refused with an error naming the peer; the group goes
+// on undisturbed.
+func TestBadFrames(t *testing.T) {
+	ms := start(t, 2, 5*time.Second)
+	addr := ms[0].opts.Listener.Addr().String()
+	if errs, _ := tick(ms, 1, nil, nil); errors.Join(errs...) != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	send := func(raw []byte) error {
+		conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := conn.Write(raw); err != nil {
+			t.Fatal(err)
+		}
+		typ, body, _, err := readFrame(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("no answer to %x: %v", raw, err)
+		}
+		if typ != frameError {
+			t.Fatalf("answer of type %d to %x", typ, raw)
+		}
+		return hubError(9, 0, body)
+	}
+	huge := []byte{0xff, 0xff, 0xff, 0x7f, frameContribution}
+	for _, tc := range []struct {
+		name string
+		raw  []byte
+		want string
+	}{
+		{"length beyond the largest message", huge, "length 2147483647"},
+		{"empty frame", []byte{0, 0, 0, 0, frameContribution}, "length 0"},
+		{"a frontier sent to the hub", append([]byte{2, 0, 0, 0, frameFrontier}, 'x'), "type 2, want a contribution"},
+	} {
+		err := send(tc.raw)
+		if !errors.Is(err, consensus.ErrMalformed) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "127.0.0.1:") {
+			t.Errorf("%s: %v, want a malformed-frame refusal naming the peer and %q", tc.name, err, tc.want)
+		}
+	}
+	if errs, _ := tick(ms, 2, nil, nil); errors.Join(errs...) != nil {
+		t.Fatalf("the group after bad frames: %v", errors.Join(errs...))
+	}
+}
+
+// FuzzReadFrame: any bytes are a frame within the bounds or an error;
+// never a panic, never a read past the length.
+func FuzzReadFrame(f *testing.F) {
+	f.Add([]byte{3, 0, 0, 0, frameContribution, 1, 2})
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 1})
+	f.Add([]byte{1, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		typ, body, _, err := readFrame(bufio.NewReader(bytes.NewReader(b)), nil)
+		if err != nil {
+			return
+		}
+		if len(body)+frameHeader > len(b) || len(body) > maxFrame {
+			t.Fatalf("frame of type %d with %d body bytes from %d input bytes", typ, len(body), len(b))
+		}
+	})
 }
