@@ -188,3 +188,57 @@ def test_connector_needs_all_reduce_for_ranks(group_serve):
 
     with pytest.raises(ValueError, match="pass all_reduce"):
         KvtierConnector(group_serve, "test-model", rank=0, world_size=2)
+
+
+def test_connectors_of_two_ranks(group_serve):
+    """Two ranks of one context-parallel engine, each with its own
+    connector in its own thread, their all_reduce an all-gather over a
+    barrier (what torch.distributed.all_gather_object does across
+    processes) and reduce_contributions: both ranks get the same answers,
+    every loaded byte verified."""
+    import threading
+
+    from kvtier.connector import KvtierConnector
+    from test_connector import Engine
+
+    gathered = [None, None]
+    barrier = threading.Barrier(2, timeout=30)
+
+    def all_reduce_for(rank):
+        def all_reduce(contribution):
+            gathered[rank] = contribution
+            barrier.wait()
+            frontier = reduce_contributions(list(gathered))
+            barrier.wait()  # nobody overwrites gathered before both reduced
+            return frontier
+        return all_reduce
+
+    conns, engines, errors = [], [], []
+    # NB: a connector's registration must not end the other's session, so
+    # both register before either steps.
+    for r in range(2):
+        conns.append(KvtierConnector(group_serve, "cp-model", rank=r, world_size=2, all_reduce=all_reduce_for(r)))
+    for r in range(2):
+        engines.append(Engine(conns[r], seed=5))
+
+    def run(r):
+        try:
+            engines[r].run(40)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append((r, e))
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    for c in conns:
+        assert c.errors == [], c.errors[:3]
+        assert c.restarts == 0
+    assert engines[0].hit_tokens == engines[1].hit_tokens > 0
+    assert engines[0].wrong == engines[1].wrong == 0
+    assert engines[0].verified > 0 and engines[1].verified > 0
+    for c in conns:
+        c.close()
