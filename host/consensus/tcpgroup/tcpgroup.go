@@ -197,8 +197,6 @@ func (m *Member) Exchange(ctx context.Context, tick uint64, c consensus.Contribu
 	return m.exchangeRemote(ctx, tick, c)
 }
 
-var errExchangeDeadline = errors.New("exchange deadline")
-
 func (m *Member) exchangeRemote(ctx context.Context, tick uint64, c consensus.Contribution) (consensus.Frontier, error) {
 	var err error
 	m.buf, err = consensus.AppendContribution(m.buf[:0], m.env, c)
