@@ -19,27 +19,39 @@ from kvtier.group import GroupError, reduce_contributions
 from kvtier.pagehash import chain
 
 
-@pytest.fixture
-def group_serve(kvtier_bin, tmp_path):
+def start_serve(kvtier_bin, data, *args):
+    """Starts ``kvtier serve`` with args and waits for its socket; returns
+    the process, the socket and a function that stops it."""
     sockdir = tempfile.mkdtemp(prefix="kvg-")
     sock = os.path.join(sockdir, "s.sock")
-    proc = subprocess.Popen([kvtier_bin, "serve", "--data-dir", str(tmp_path / "data"), "--socket", sock,
-                             "--ranks", "2", "--group", "engine", "--log-level", "error"], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen([kvtier_bin, "serve", "--data-dir", data, "--socket", sock, "--log-level", "error", *args],
+                            stdout=subprocess.DEVNULL)
+
+    def stop():
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        shutil.rmtree(sockdir, ignore_errors=True)
+
     deadline = time.time() + 15
     while True:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             s.connect(sock)
-            break
+            return sock, stop
         except OSError:
-            assert time.time() < deadline, "kvtier serve did not listen within 15 s"
+            if time.time() > deadline:
+                stop()
+                raise RuntimeError("kvtier serve did not listen within 15 s")
             time.sleep(0.02)
         finally:
             s.close()
+
+
+@pytest.fixture
+def group_serve(kvtier_bin, tmp_path):
+    sock, stop = start_serve(kvtier_bin, str(tmp_path / "data"), "--ranks", "2", "--group", "engine")
     yield sock
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=30)
-    shutil.rmtree(sockdir, ignore_errors=True)
+    stop()
 
 
 class Ranks:
@@ -154,22 +166,8 @@ def test_connector_engine_transport_single_rank(kvtier_bin, tmp_path):
     from kvtier.connector import KvtierConnector
     from test_connector import Engine
 
-    sockdir = tempfile.mkdtemp(prefix="kvg-")
-    sock = os.path.join(sockdir, "s.sock")
-    proc = subprocess.Popen([kvtier_bin, "serve", "--data-dir", str(tmp_path / "data"), "--socket", sock,
-                             "--group", "engine", "--log-level", "error"], stdout=subprocess.DEVNULL)
+    sock, stop = start_serve(kvtier_bin, str(tmp_path / "data"), "--group", "engine")
     try:
-        deadline = time.time() + 15
-        while True:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                s.connect(sock)
-                break
-            except OSError:
-                assert time.time() < deadline, "kvtier serve did not listen within 15 s"
-                time.sleep(0.02)
-            finally:
-                s.close()
         conn = KvtierConnector(sock, "test-model")
         assert conn.client.info.group_transport == "engine"
         eng = Engine(conn, seed=3)
@@ -178,9 +176,7 @@ def test_connector_engine_transport_single_rank(kvtier_bin, tmp_path):
         assert conn.errors == [], conn.errors[:3]
         assert eng.wrong == 0 and eng.verified > 50, (eng.wrong, eng.verified)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-        shutil.rmtree(sockdir, ignore_errors=True)
+        stop()
 
 
 def test_connector_needs_all_reduce_for_ranks(group_serve):
