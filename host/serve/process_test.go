@@ -254,12 +254,9 @@ func TestGroupLoad(t *testing.T) {
 	keys := make([][]pagehash.Hash, 110)
 	for i := range keys {
 		keys[i] = chain(fmt.Sprintf("g-%d", i), 12, 12, "")
-		driveGroup(t, ctx, es, fmt.Sprintf("a%d", i), keys[i])
 	}
-	var l3 uint32
-	for i := range 20 {
-		l3 += driveGroup(t, ctx, es, fmt.Sprintf("b%d", i), keys[i])[0].L3Hit
-	}
+	driveKeys(t, ctx, es, "a", keys)
+	_, l3 := driveKeys(t, ctx, es, "b", keys[:20])
 	ticks := s.ranks[0].m.Ticks()
 	t.Logf("%d ticks, %d L3 hit pages per rank, verified %d/%d/%d", ticks, l3, es[0].verified, es[1].verified, es[2].verified)
 	if l3 == 0 || ticks < 64 {
@@ -299,12 +296,9 @@ func TestServeEngineGroup(t *testing.T) {
 	keys := make([][]pagehash.Hash, 20)
 	for i := range keys {
 		keys[i] = chain(fmt.Sprintf("eg-%d", i%10), 6, 10, fmt.Sprintf("t%d", i))
-		driveGroup(t, ctx, es, fmt.Sprintf("eg-a%d", i), keys[i])
 	}
-	var hit uint32
-	for i := range keys {
-		hit += driveGroup(t, ctx, es, fmt.Sprintf("eg-b%d", i), keys[i])[0].HitPages
-	}
+	driveKeys(t, ctx, es, "eg-a", keys)
+	hit, _ := driveKeys(t, ctx, es, "eg-b", keys)
 	if hit == 0 || es[0].wrong+es[1].wrong != 0 {
 		t.Fatalf("%d hit pages, %d+%d wrong", hit, es[0].wrong, es[1].wrong)
 	}
@@ -359,10 +353,7 @@ func TestServeEngineGroup(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	register()
-	hit = 0
-	for i := range 5 {
-		hit += driveGroup(t, ctx, es, fmt.Sprintf("eg-c%d", i), keys[i])[0].HitPages
-	}
+	hit, _ = driveKeys(t, ctx, es, "eg-c", keys[:5])
 	if es[0].wrong+es[1].wrong != 0 {
 		t.Fatalf("%d+%d wrong pages after the new epoch", es[0].wrong, es[1].wrong)
 	}

@@ -136,11 +136,14 @@ const (
 
 // Server is a running kvtier serve.
 type Server struct {
-	cfg     Config
-	boot    string
-	ranks   []*rank
-	log     *slog.Logger
-	metrics *metrics
+	cfg Config
+	// text is the stack config every rank expands ({{RANK}}, {{DIR}}):
+	// cfg.YAML or the embedded default; name names it in errors.
+	text, name string
+	boot       string
+	ranks      []*rank
+	log        *slog.Logger
+	metrics    *metrics
 
 	emu   sync.Mutex // guards epoch
 	epoch *epoch
@@ -228,18 +231,19 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	if cfg.Ranks <= 0 {
 		// Read the world size from the config itself (rank 0's view).
+		// NB: not with GroupTCP, which set Ranks to 1 (one rank per
+		// process).
 		st, _, err := loadStack(expand(text, cfg, 0, 1), name)
-		// NB: GroupTCP set Ranks to 1 (one rank per process).
 		if err != nil {
 			return nil, fmt.Errorf("serve: %w", err)
 		}
 		cfg.Ranks = max(1, st.Ranks.WorldSize)
 	}
-	if (cfg.Ranks > 1 || cfg.Group == GroupTCP && cfg.GroupSize > 1) && !strings.Contains(text, "{{RANK}}") {
-		return nil, fmt.Errorf("serve: %s: %d ranks share one config, so its paths must contain {{RANK}} (each rank needs its own slab, L3 and index)", name, cfg.Ranks)
-	}
-	s := &Server{cfg: cfg, boot: newBootID(), log: cfg.Logger, sessions: map[string]*rank{}, conns: map[string]uint64{}, listening: make(chan struct{}),
+	s := &Server{cfg: cfg, text: text, name: name, boot: newBootID(), log: cfg.Logger, sessions: map[string]*rank{}, conns: map[string]uint64{}, listening: make(chan struct{}),
 		fatal: make(chan error, 1)}
+	if s.world() > 1 && !strings.Contains(text, "{{RANK}}") {
+		return nil, fmt.Errorf("serve: %s: %d ranks share one config, so its paths must contain {{RANK}} (each rank needs its own slab, L3 and index)", name, s.world())
+	}
 	s.metrics = newMetrics(s)
 	if s.epoch, err = s.newEpoch(1); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
@@ -255,7 +259,7 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 		}
 	}()
 	for i := range cfg.Ranks {
-		r, err := s.openRank(ctx, text, name, i)
+		r, err := s.openRank(ctx, i)
 		if err != nil {
 			return nil, fmt.Errorf("serve: rank %d: %w", i, err)
 		}
@@ -311,8 +315,9 @@ func loadStack(text, name string) (*config.Stack, stack.Registries, error) {
 }
 
 // openRank opens one rank's stack and builds its Machine and Node.
-func (s *Server) openRank(ctx context.Context, text, name string, i int) (_ *rank, err error) {
-	st, regs, err := loadStack(expand(text, s.cfg, s.groupRank(i), s.world()), name)
+func (s *Server) openRank(ctx context.Context, i int) (_ *rank, err error) {
+	name := s.name
+	st, regs, err := loadStack(expand(s.text, s.cfg, s.groupRank(i), s.world()), name)
 	if err != nil {
 		return nil, err
 	}
@@ -918,10 +923,7 @@ func (s *Server) tcpMember() (*tcpgroup.Member, error) {
 	h := fnv.New64a()
 	_, _ = io.WriteString(h, "kvtier.group.v1\x00"+s.cfg.GroupName)
 	group := h.Sum64()
-	st, _, err := loadStack(expand(s.cfg.YAML, s.cfg, s.cfg.GroupRank, s.cfg.GroupSize), "serve config")
-	if s.cfg.YAML == "" {
-		st, _, err = loadStack(expand(defaultYAML, s.cfg, s.cfg.GroupRank, s.cfg.GroupSize), "embedded default stack")
-	}
+	st, _, err := loadStack(expand(s.text, s.cfg, s.cfg.GroupRank, s.cfg.GroupSize), s.name)
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -110,6 +111,17 @@ func stepAll(t testing.TB, ctx context.Context, es []*testEngine, q func() *pb.S
 
 // driveGroup is drive on every rank of a group in lockstep; every rank
 // must give the same answer in the same step.
+// driveKeys drives keys[i] through the group as request prefix+i, one
+// after another, and sums rank 0's hit and L3-hit pages.
+func driveKeys(t testing.TB, ctx context.Context, es []*testEngine, prefix string, keys [][]pagehash.Hash) (hit, l3 uint32) {
+	t.Helper()
+	for i, k := range keys {
+		r := driveGroup(t, ctx, es, fmt.Sprintf("%s%d", prefix, i), k)[0]
+		hit, l3 = hit+r.HitPages, l3+r.L3Hit
+	}
+	return hit, l3
+}
+
 func driveGroup(t testing.TB, ctx context.Context, es []*testEngine, name string, key []pagehash.Hash) []*pb.LookupResult {
 	t.Helper()
 	keys := map[string][]pagehash.Hash{name: key}

@@ -123,12 +123,9 @@ func TestServeTCPGroup(t *testing.T) {
 	keys := make([][]pagehash.Hash, 24)
 	for i := range keys {
 		keys[i] = chain(fmt.Sprintf("tcp-%d", i%8), 8, 12, fmt.Sprintf("t%d", i))
-		driveGroup(t, ctx, es, fmt.Sprintf("tcp-a%d", i), keys[i])
 	}
-	var hit uint32
-	for i := range keys {
-		hit += driveGroup(t, ctx, es, fmt.Sprintf("tcp-b%d", i), keys[i])[0].HitPages
-	}
+	driveKeys(t, ctx, es, "tcp-a", keys)
+	hit, _ := driveKeys(t, ctx, es, "tcp-b", keys)
 	// Idle steps up to a digest tick: every rank reports the same digest.
 	digests := 0
 	for range 70 {
@@ -207,10 +204,7 @@ func TestServeTCPGroup(t *testing.T) {
 	// Restart all four: the L3 pages are found again, every byte right.
 	rs = startTCPGroup(t, bin, dir, sd, hub, size)
 	es = dial()
-	var l3 uint32
-	for i := range keys {
-		l3 += driveGroup(t, ctx, es, fmt.Sprintf("tcp-c%d", i), keys[i])[0].L3Hit
-	}
+	_, l3 := driveKeys(t, ctx, es, "tcp-c", keys)
 	wrong = 0
 	for _, e := range es {
 		wrong += e.wrong

@@ -170,6 +170,7 @@ func ReserveBytes(mapSize int64) int64 {
 // become reusable. An empty index has nothing to settle (and no frees
 // worth having).
 func (ix *Index) settle() error {
+	wrote := false
 	err := ix.env.Update(func(txn *mdb.Txn) error {
 		cur, err := txn.OpenCursor(ix.dbi)
 		if err != nil {
@@ -183,11 +184,14 @@ func (ix *Index) settle() error {
 		if err != nil {
 			return err
 		}
+		wrote = true
 		return txn.Put(ix.dbi, k, v, 0)
 	})
 	if err != nil {
 		return ix.wrapErr("put (settle)", 1, err)
 	}
-	ix.settles.Add(1)
+	if wrote {
+		ix.settles.Add(1)
+	}
 	return nil
 }

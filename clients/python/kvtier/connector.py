@@ -68,15 +68,16 @@ class KvtierConnector:
         ns = {"model": model, "kv_layout": "layer_first", "dtype": "uint8", "page_tokens": h.page_tokens,
               "page_bytes": [b for _, b in self.kinds], "shard": rank, "salt": salt}
         self.client = Client(socket_path, engine_id, rank, world_size, ns)
-        if self.client.info.group_transport == "engine" and all_reduce is None:
+        # Only the engine transport takes a frontier (other transports'
+        # replies carry the contribution as text, for logs).
+        engine = self.client.info.group_transport == "engine"
+        if engine and all_reduce is None:
             if world_size > 1:
                 self.client.close()
                 raise ValueError("kvtier serve's group transport is the engine and world_size is %d: "
                                  "pass all_reduce (this rank's contribution -> the frontier)" % world_size)
             all_reduce = lambda c: reduce_contributions([c])  # noqa: E731
-        # Only the engine transport takes a frontier (other transports'
-        # replies carry the contribution as text, for logs).
-        self._all_reduce = all_reduce if self.client.info.group_transport == "engine" else None
+        self._all_reduce = all_reduce if engine else None
         self._frontier = b""
         self._attach()
         self.restarts = 0

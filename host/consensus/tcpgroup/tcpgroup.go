@@ -31,6 +31,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -334,9 +335,7 @@ func hubError(rank int, tick uint64, body []byte) error {
 		e := codeOf[c]
 		// NB: the hub's message ends with the same sentinel's text; say
 		// it once.
-		if len(msg) > len(e.Error())+2 && msg[len(msg)-len(e.Error())-2:] == ": "+e.Error() {
-			msg = msg[:len(msg)-len(e.Error())-2]
-		}
+		msg = strings.TrimSuffix(msg, ": "+e.Error())
 		return fmt.Errorf("tcpgroup: rank %d at tick %d: hub says: %s: %w", rank, tick, msg, e)
 	}
 	return fmt.Errorf("tcpgroup: rank %d at tick %d: hub says: %s", rank, tick, msg)
