@@ -193,6 +193,19 @@ type Resetter interface {
 	Reset(ctx context.Context) error
 }
 
+// DeferredPutter is implemented by an index that can commit a batch without
+// flushing it to stable storage: a bulk load (the L3 index rebuild) commits
+// its batches while it reads and makes them all durable with one Sync at
+// the end, instead of one flush per batch competing with its reads. A
+// batch put this way is visible at once and durable only once a later Sync
+// returns; until then a power loss may drop it (a process crash does not).
+type DeferredPutter interface {
+	// PutDeferred is Put without the flush.
+	PutDeferred(ctx context.Context, entries []Entry) error
+	// Sync makes every committed batch durable.
+	Sync(ctx context.Context) error
+}
+
 // Recoverer is implemented by an index that can find, at open, that its
 // files were damaged, set them aside and start empty instead of refusing
 // to open (or crashing the process on a damaged page).

@@ -297,6 +297,9 @@ func writeCheckReport(w io.Writer, rep l3disk.CheckReport, repair bool) {
 	if rep.IndexCorrupt != "" {
 		fmt.Fprintf(w, "index: DAMAGED: %s\n", rep.IndexCorrupt)
 	}
+	for _, m := range rep.Unfinished {
+		fmt.Fprintf(w, "index: INCOMPLETE: a rebuild of the index did not finish (%s exists); --repair or a cold start load rebuilds it\n", m)
+	}
 	if rep.AllOrphans {
 		fmt.Fprintf(w, "index: names none of the %d valid pages in the slabs (missing, replaced or the wrong index)\n", rep.Orphan)
 	}

@@ -77,6 +77,8 @@ type Index struct {
 
 	// gate admits calls until Close, which waits for those in flight.
 	gate indexes.CloseGate
+	// flushes is whether a commit flushes (Config.Sync is not "none").
+	flushes bool
 	// writeMu serializes this process's write transactions before they
 	// queue on LMDB's cross-process writer mutex, so at most one OS thread
 	// per process is parked on it.
@@ -87,6 +89,8 @@ var (
 	_ indexes.Index     = (*Index)(nil)
 	_ indexes.Resetter  = (*Index)(nil)
 	_ indexes.Recoverer = (*Index)(nil)
+
+	_ indexes.DeferredPutter = (*Index)(nil)
 )
 
 // Register adds the LMDB index to r under indexes.IndexV1 and Name.
@@ -214,7 +218,7 @@ func openEnv(dir string, cfg Config, log *slog.Logger) (*Index, error) {
 	if err != nil {
 		return fail("env stat", err)
 	}
-	ix := &Index{env: e, log: log, dir: dir, mapSize: info.MapSize, psize: int64(est.PSize), staleReaders: stale}
+	ix := &Index{env: e, log: log, dir: dir, mapSize: info.MapSize, psize: int64(est.PSize), staleReaders: stale, flushes: cfg.Sync != SyncNone}
 	err = e.Update(func(txn *mdb.Txn) error {
 		ix.dbi, err = txn.OpenDBI(dbName, mdb.Create)
 		return err
@@ -315,12 +319,31 @@ func (ix *Index) enter(ctx context.Context, op string) (release func(), err erro
 // since Go 1.10 those calls nest, so a caller that locked its own thread
 // stays locked. fn never starts goroutines and never lets txn escape.
 func (ix *Index) update(op string, n int, fn func(txn *mdb.Txn) error) error {
+	return ix.updateFlush(op, n, true, fn)
+}
+
+// updateFlush is update; with flush false and a sync mode that flushes,
+// the commit runs with MDB_NOSYNC (an environment flag, set and cleared
+// under writeMu, so no other commit of this process runs without it).
+func (ix *Index) updateFlush(op string, n int, flush bool, fn func(txn *mdb.Txn) error) (err error) {
 	ix.writeMu.Lock()
 	defer ix.writeMu.Unlock()
 	if op == "put" {
 		if err := ix.room(n); err != nil {
 			return err
 		}
+	}
+	if !flush && ix.flushes {
+		if err := ix.env.SetFlags(mdb.NoSync); err != nil {
+			return ix.wrapErr(op, n, fmt.Errorf("set MDB_NOSYNC: %w", err))
+		}
+		defer func() {
+			if uerr := ix.env.UnsetFlags(mdb.NoSync); uerr != nil {
+				// NB: mdb_env_set_flags fails only for a flag it cannot
+				// change, and MDB_NOSYNC is changeable: broken invariant.
+				panic(fmt.Sprintf("lmdb index %s: clear MDB_NOSYNC: %v", ix.dir, uerr))
+			}
+		}()
 	}
 	if err := ix.env.Update(fn); err != nil {
 		return ix.wrapErr(op, n, err)
@@ -382,6 +405,30 @@ func isErrno(err error, e mdb.Errno) bool {
 
 // Put inserts or replaces the entries in one write transaction.
 func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) (err error) {
+	return ix.put(ctx, entries, true)
+}
+
+// PutDeferred is Put committed without a flush (MDB_NOSYNC for this commit
+// only): visible at once, durable once Sync (or a later flushing commit)
+// returns.
+func (ix *Index) PutDeferred(ctx context.Context, entries []indexes.Entry) (err error) {
+	return ix.put(ctx, entries, false)
+}
+
+// Sync flushes every committed transaction to stable storage.
+func (ix *Index) Sync(ctx context.Context) error {
+	release, err := ix.enter(ctx, "sync")
+	if err != nil {
+		return err
+	}
+	defer release()
+	if err := ix.env.Sync(true); err != nil {
+		return fmt.Errorf("lmdb index %s: sync: %w", ix.dir, err)
+	}
+	return nil
+}
+
+func (ix *Index) put(ctx context.Context, entries []indexes.Entry, flush bool) (err error) {
 	defer ix.m.Done(indexes.OpPut, len(entries), &err)
 	release, err := ix.enter(ctx, "put")
 	if err != nil {
@@ -391,7 +438,7 @@ func (ix *Index) Put(ctx context.Context, entries []indexes.Entry) (err error) {
 	if len(entries) == 0 {
 		return nil
 	}
-	return ix.update("put", len(entries), func(txn *mdb.Txn) error {
+	return ix.updateFlush("put", len(entries), flush, func(txn *mdb.Txn) error {
 		var kb [indexes.KeySize]byte
 		var vb [indexes.RecordSize]byte
 		for i := range entries {

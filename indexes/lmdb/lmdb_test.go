@@ -788,3 +788,72 @@ func TestPutAfterDeletesSettles(t *testing.T) {
 	}
 	expectPresent(t, ix, append(all[:kept:kept], all[len(all)-2000:]...))
 }
+
+// TestPutDeferred checks that a deferred batch is visible at once, that
+// the MDB_NOSYNC it commits under is cleared again (the next Put flushes
+// as configured), that Sync flushes, and that both refuse after Close.
+func TestPutDeferred(t *testing.T) {
+	for _, tc := range []struct {
+		sync      string
+		wantFlags uint // sync flags the environment keeps between calls
+	}{
+		{SyncFull, 0},
+		{SyncNoMeta, mdb.NoMetaSync},
+		{SyncNone, mdb.NoSync},
+	} {
+		t.Run(tc.sync, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Sync = tc.sync
+			dir := t.TempDir()
+			ix := openAt(t, dir, cfg)
+			ctx := context.Background()
+			rng := rand.New(rand.NewPCG(7, 7))
+			deferred, flushed := entriesFor(rng, 300), entriesFor(rng, 10)
+			if err := ix.PutDeferred(ctx, deferred); err != nil {
+				t.Fatal(err)
+			}
+			flags, err := ix.env.Flags()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := flags & (mdb.NoSync | mdb.NoMetaSync); got != tc.wantFlags {
+				t.Fatalf("sync flags after PutDeferred %#x, want %#x", got, tc.wantFlags)
+			}
+			if err := ix.Put(ctx, flushed); err != nil {
+				t.Fatal(err)
+			}
+			if err := ix.Sync(ctx); err != nil {
+				t.Fatal(err)
+			}
+			all := append(deferred, flushed...)
+			recs, found := make([]indexes.Record, len(all)), make([]bool, len(all))
+			if err := ix.Get(ctx, keysOf(all), recs, found); err != nil {
+				t.Fatal(err)
+			}
+			for i := range all {
+				if !found[i] || recs[i] != all[i].Record {
+					t.Fatalf("entry %d: found %v record %+v, want %+v", i, found[i], recs[i], all[i].Record)
+				}
+			}
+			if err := ix.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := ix.PutDeferred(ctx, flushed); !errors.Is(err, indexes.ErrClosed) {
+				t.Fatalf("PutDeferred after Close: %v, want ErrClosed", err)
+			}
+			if err := ix.Sync(ctx); !errors.Is(err, indexes.ErrClosed) {
+				t.Fatalf("Sync after Close: %v, want ErrClosed", err)
+			}
+			ix = openAt(t, dir, cfg)
+			defer ix.Close()
+			if err := ix.Get(ctx, keysOf(all), recs, found); err != nil {
+				t.Fatal(err)
+			}
+			for i := range all {
+				if !found[i] {
+					t.Fatalf("entry %d lost across a reopen", i)
+				}
+			}
+		})
+	}
+}

@@ -92,6 +92,10 @@ type CheckReport struct {
 	// AllOrphans: the slabs hold valid pages and the index names none of
 	// them (a missing, replaced or wrong index).
 	AllOrphans bool
+	// Unfinished names the rebuild marks found (RebuildMarkName): an index
+	// rebuild that stopped before its entries were all durable, so the
+	// index lacks pages the slabs hold. Repair rebuilds and removes them.
+	Unfinished []string
 	// Repaired counts index entries deleted by Repair.
 	Repaired int64
 	// Rebuilt is what rebuilding the index from the slot headers did
@@ -109,13 +113,16 @@ func (r CheckReport) Damaged() bool {
 			return true
 		}
 	}
-	return r.Corrupt > 0 || r.Lost > 0 || r.Dangling > 0 || r.Newer > 0 || r.Missing > 0 || r.IndexCorrupt != "" || r.AllOrphans
+	return r.Corrupt > 0 || r.Lost > 0 || r.Dangling > 0 || r.Newer > 0 || r.Missing > 0 || r.IndexCorrupt != "" || r.AllOrphans || len(r.Unfinished) > 0
 }
 
 type fileKey struct {
 	disk, rank int
 	kind       uint8
 }
+
+// rebuildMarkPattern parses RebuildMarkName.
+var rebuildMarkPattern = regexp.MustCompile(`^kvtier-l3-(.+)-r(\d+)\.rebuilding$`)
 
 // slabNamePattern parses SlabFileName.
 var slabNamePattern = regexp.MustCompile(`^kvtier-l3-(.+)-r(\d+)-k(\d+)\.slab$`)
@@ -173,6 +180,10 @@ func Check(ctx context.Context, opts CheckOptions) (CheckReport, error) {
 			return rep, fmt.Errorf("l3 check: list %s: %w", dir, err)
 		}
 		for _, e := range ents {
+			if m := rebuildMarkPattern.FindStringSubmatch(e.Name()); m != nil && (opts.StackID == "" || m[1] == opts.StackID) {
+				rep.Unfinished = append(rep.Unfinished, filepath.Join(dir, e.Name()))
+				continue
+			}
 			m := slabNamePattern.FindStringSubmatch(e.Name())
 			if m == nil {
 				continue

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"time"
 
 	"github.com/kvtier/kvtier/indexes"
@@ -14,7 +15,7 @@ import (
 // trusted (corrupt, set aside at open, or naming none of the pages), and
 // otherwise deletes the entries that name no valid slot.
 func repair(ctx context.Context, opts CheckOptions, rep *CheckReport, files map[fileKey]*checkedFile, bad []indexes.Entry, log *slog.Logger) error {
-	if !opts.RebuildIndex && rep.IndexCorrupt == "" && !rep.AllOrphans {
+	if !opts.RebuildIndex && rep.IndexCorrupt == "" && !rep.AllOrphans && len(rep.Unfinished) == 0 {
 		n, err := deleteEntries(ctx, opts.Index, bad)
 		rep.Repaired += n
 		if err != nil {
@@ -51,6 +52,22 @@ func repair(ctx context.Context, opts CheckOptions, rep *CheckReport, files map[
 	for k, c := range files {
 		if _, err := indexVerified(ctx, opts.Index, c.f, k.disk, &c.scan, rc); err != nil {
 			return fmt.Errorf("l3 check: rebuild: %w", err)
+		}
+	}
+	if len(rep.Unfinished) > 0 {
+		// NB: the marks go only once what the rebuild wrote is durable.
+		if d, ok := opts.Index.(indexes.DeferredPutter); ok {
+			if err := d.Sync(ctx); err != nil {
+				return fmt.Errorf("l3 check: rebuild: %w", err)
+			}
+		}
+		for _, m := range rep.Unfinished {
+			if err := opts.FS.Remove(m); err != nil {
+				return fmt.Errorf("l3 check: rebuild: remove the mark of the unfinished rebuild: %w", err)
+			}
+			if err := opts.FS.SyncDir(filepath.Dir(m)); err != nil {
+				return fmt.Errorf("l3 check: rebuild: %w", err)
+			}
 		}
 	}
 	rc.Elapsed = time.Since(start)

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -138,6 +140,15 @@ func (s *Store) load(ctx context.Context) error {
 	if r, ok := s.index.(indexes.Recoverer); ok {
 		if err := r.OpenDamage(); err != nil {
 			reason = fmt.Errorf("the index was damaged and set aside at open (it started empty): %v", err)
+		}
+	}
+	if reason == nil {
+		marked, err := s.rebuildMarked()
+		if err != nil {
+			return err
+		}
+		if marked {
+			reason = fmt.Errorf("an earlier rebuild of the index did not finish (%s exists)", s.rebuildMark)
 		}
 	}
 	var scans []headerScan
@@ -348,16 +359,33 @@ func (s *Store) rebuild(ctx context.Context, reason error) error {
 	} else if err := s.dropOwnEntries(ctx); err != nil {
 		return fmt.Errorf("rebuild (%w): the index cannot be reset and its entries cannot be dropped: %w", reason, err)
 	}
+	if err := s.markRebuild(); err != nil {
+		return err
+	}
 	var (
 		rc   RebuildCounts
 		live []liveSlot
 	)
+	put := putFunc(s.index.Put)
+	if d, ok := s.index.(indexes.DeferredPutter); ok {
+		// NB: safe only because of the mark: a power loss before the Sync
+		// below leaves the mark, so the next load rebuilds again.
+		put = d.PutDeferred
+	}
 	for _, f := range s.files {
-		l, err := rebuildFile(ctx, s.index, f, s.disk, s.cfg.Depth, &rc)
+		l, err := rebuildFile(ctx, put, f, s.disk, s.cfg.Depth, &rc)
 		if err != nil {
 			return fmt.Errorf("rebuild: %w", err)
 		}
 		live = append(live, l...)
+	}
+	if d, ok := s.index.(indexes.DeferredPutter); ok {
+		if err := d.Sync(ctx); err != nil {
+			return fmt.Errorf("rebuild: make the index durable: %w", err)
+		}
+	}
+	if err := s.unmarkRebuild(); err != nil {
+		return err
 	}
 	rc.Elapsed = time.Since(start)
 	s.adopt(live)
@@ -365,6 +393,51 @@ func (s *Store) rebuild(ctx context.Context, reason error) error {
 	s.st.loadLive.Store(rc.Kept)
 	s.log.Warn("l3 index rebuilt from the slot headers", "pages_kept", rc.Kept, "corrupt_slots", rc.Corrupt,
 		"duplicate_slots", rc.Duplicates, "unreadable_slots", rc.Unreadable, "bytes_read", rc.Bytes, "elapsed", rc.Elapsed)
+	return nil
+}
+
+// rebuildMarked reports whether the rebuild mark of this store exists.
+func (s *Store) rebuildMarked() (bool, error) {
+	f, err := s.fs.OpenFile(s.rebuildMark, diskfs.OpenOptions{})
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return false, nil
+	case err != nil:
+		// NB: a symlink, FIFO or directory planted under the mark's
+		// name is refused by the open: say so rather than guess.
+		return false, fmt.Errorf("l3 cold start load: rebuild mark: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return false, fmt.Errorf("l3 cold start load: rebuild mark: %w", err)
+	}
+	return true, nil
+}
+
+// markRebuild creates the rebuild mark, durably, before the rebuild writes
+// its first index entry.
+func (s *Store) markRebuild() error {
+	f, err := s.fs.OpenFile(s.rebuildMark, diskfs.OpenOptions{Create: true})
+	if err != nil {
+		return fmt.Errorf("rebuild: create mark: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("rebuild: create mark: %w", err)
+	}
+	if err := s.fs.SyncDir(filepath.Dir(s.rebuildMark)); err != nil {
+		return fmt.Errorf("rebuild: create mark: %w", err)
+	}
+	return nil
+}
+
+// unmarkRebuild removes the rebuild mark, durably, once every entry of the
+// rebuild is.
+func (s *Store) unmarkRebuild() error {
+	if err := s.fs.Remove(s.rebuildMark); err != nil {
+		return fmt.Errorf("rebuild: remove mark: %w", err)
+	}
+	if err := s.fs.SyncDir(filepath.Dir(s.rebuildMark)); err != nil {
+		return fmt.Errorf("rebuild: remove mark: %w", err)
+	}
 	return nil
 }
 

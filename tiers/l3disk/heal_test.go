@@ -329,3 +329,106 @@ func TestSuperblockErrorWording(t *testing.T) {
 		t.Fatalf("decode of a zeroed superblock: %v", err)
 	}
 }
+
+// TestUnfinishedRebuildRedone leaves an index as a rebuild stopped halfway
+// leaves it (half the entries, the rebuild mark still there) and checks
+// that load rebuilds instead of freeing the slots the index does not name,
+// and removes the mark once the rebuilt entries are durable. Without the
+// mark the same index is trusted: the case that shows why the mark exists.
+// A mark that is not a regular file is refused by name.
+func TestUnfinishedRebuildRedone(t *testing.T) {
+	for _, ixo := range testIndexes() {
+		for _, tc := range []struct {
+			name   string
+			mark   func(t *testing.T, path string)
+			want   string // error text; "" to open
+			all    bool   // every page is back
+			repair bool   // inspect --repair first
+		}{
+			{name: "mark", all: true, mark: func(t *testing.T, path string) {
+				if err := os.WriteFile(path, nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}},
+			{name: "mark-repaired", all: true, repair: true, mark: func(t *testing.T, path string) {
+				if err := os.WriteFile(path, nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}},
+			{name: "no-mark", mark: func(*testing.T, string) {}},
+			{name: "mark-is-dir", want: "rebuild mark", mark: func(t *testing.T, path string) {
+				if err := os.Mkdir(path, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}},
+		} {
+			t.Run(ixo.name+"/"+tc.name, func(t *testing.T) {
+				r := newRig(t, ixo, 128)
+				r.open(tiers.ColdStartClear)
+				pages := makePages(21, 80, 0, r.geom)
+				if errs := r.put(pages, 0); countHits(errs) != len(pages) {
+					t.Fatalf("put: %v", errs)
+				}
+				r.close()
+				ix := r.ixOpen.open(t, r.ixDir)
+				var drop []indexes.Key
+				n := 0
+				if err := ix.Iterate(context.Background(), func(e indexes.Entry) error {
+					if n++; n%2 == 0 {
+						drop = append(drop, e.Key)
+					}
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+				if err := ix.Delete(context.Background(), drop); err != nil {
+					t.Fatal(err)
+				}
+				if err := ix.Close(); err != nil {
+					t.Fatal(err)
+				}
+				mark := filepath.Join(r.dir, RebuildMarkName("test", 0))
+				tc.mark(t, mark)
+				if tc.want != "" {
+					r.index = r.ixOpen.open(t, r.ixDir)
+					_, err := OpenFS(context.Background(), r.env(tiers.ColdStartLoad), r.cfg, r.fs)
+					if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), mark) {
+						t.Fatalf("open with %s: %v, want an error naming %q and %s", tc.name, err, tc.want, mark)
+					}
+					return
+				}
+				if tc.all {
+					r.index = r.ixOpen.open(t, r.ixDir)
+					rep, err := Check(context.Background(), CheckOptions{Dirs: []string{r.dir}, Index: r.index, Repair: tc.repair})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !rep.Damaged() || len(rep.Unfinished) != 1 || rep.Unfinished[0] != mark {
+						t.Fatalf("check: damaged %v, unfinished %q, want the mark %s", rep.Damaged(), rep.Unfinished, mark)
+					}
+					if tc.repair && rep.Rebuilt.Kept != int64(len(pages)) {
+						t.Fatalf("repair kept %d pages, want %d", rep.Rebuilt.Kept, len(pages))
+					}
+				}
+				st := r.open(tiers.ColdStartLoad)
+				hits := countHits(r.get(pages, 0))
+				if tc.all && !tc.repair {
+					if got := st.Rebuilt().Kept; got != int64(len(pages)) {
+						t.Fatalf("rebuild kept %d pages, want %d", got, len(pages))
+					}
+				}
+				if tc.all {
+					if hits != len(pages) {
+						t.Fatalf("%d of %d pages back after the redone rebuild", hits, len(pages))
+					}
+					if _, err := os.Lstat(mark); !errors.Is(err, os.ErrNotExist) {
+						t.Fatalf("mark after the rebuild: %v, want it removed", err)
+					}
+				} else if hits != len(pages)-len(drop) {
+					t.Fatalf("without the mark: %d hits, want the %d indexed pages", hits, len(pages)-len(drop))
+				}
+				r.checkConsistent()
+			})
+		}
+	}
+}

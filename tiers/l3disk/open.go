@@ -76,11 +76,12 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 	s := &Store{
 		env: env, cfg: cfg, log: env.Logger.With("tier", "l3disk", "rank", env.Rank, "disk", disk),
 		fs: fs, index: env.Index, slab: env.Slab, disk: disk, rank: env.Rank, coldStart: mode,
-		gatherSig: make(chan struct{}, 1),
-		ctlSig:    make(chan struct{}, 1),
-		ackReady:  make(chan struct{}, 1),
-		stop:      make(chan struct{}),
-		inflight:  make(map[tiers.Key]*writeJob),
+		rebuildMark: filepath.Join(dir, RebuildMarkName(stackID, env.Rank)),
+		gatherSig:   make(chan struct{}, 1),
+		ctlSig:      make(chan struct{}, 1),
+		ackReady:    make(chan struct{}, 1),
+		stop:        make(chan struct{}),
+		inflight:    make(map[tiers.Key]*writeJob),
 	}
 	s.limiter = ratelog.New(s.log, logInterval)
 	s.st.usedSlots = make([]atomic.Int64, len(env.Payload.Kinds))

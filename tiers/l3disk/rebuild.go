@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
 
@@ -36,6 +37,13 @@ type fileScan struct {
 // that the device streams, small enough that depth of them stay cheap.
 const scanChunk = 8 << 20
 
+// scanReaders caps the reads a verified scan keeps in flight: 32 MiB
+// saturates this machine's disk at one stream and an NVMe drive at a few;
+// every further buffer only costs the kernel zeroing its pages (measured:
+// 4 readers and 2 verifiers beat 8 readers, 0.84-0.89x against 0.66-0.86x
+// of the raw read).
+const scanReaders = 4
+
 // verifyFile reads every slot of f in large sequential chunks, depth chunks
 // in flight, and verifies each slot's header and payload CRC against the
 // file's kind, epoch and page size. A chunk that fails to read is read
@@ -51,65 +59,118 @@ func newFileScan(f *slabFile) fileScan {
 }
 
 // verifyRange fills sc for slots [from, to) of f, reading chunks of
-// scanChunk bytes; onChunk, if set, is called (on a reader goroutine) with
-// the first slot of each chunk once its verdicts are in.
+// scanChunk bytes; onChunk, if set, is called (on a verifier goroutine)
+// with the first slot of each chunk once its verdicts are in.
+//
+// Reading and verifying are separate goroutines: depth readers only issue
+// reads, so the device queue stays full while the chunks already read are
+// verified (the CRC runs on bytes the read just put in memory, at memory
+// speed, and would otherwise hold a reader back from its next read). The
+// buffers circulate: depth in the readers' hands, spare more queued for
+// or held by the verifiers.
 func verifyRange(ctx context.Context, f *slabFile, depth int, sc *fileScan, from, to int64, onChunk func(first int64)) error {
 	perChunk := max(1, scanChunk/f.sb.SlotBytes)
-	depth = max(depth, 1)
+	depth = max(1, min(depth, scanReaders))
+	verifiers := max(1, min(runtime.GOMAXPROCS(0), depth))
+	spare := verifiers
+	type chunk struct {
+		first, cnt int64
+		buf        *diskfs.AlignedBuffer
+		readErr    error
+	}
 	var (
-		next  = from
-		mu    sync.Mutex
-		wg    sync.WaitGroup
-		errs  = make([]error, depth)
-		bytes = make([]int64, depth)
+		next    = from
+		mu      sync.Mutex
+		rwg     sync.WaitGroup
+		vwg     sync.WaitGroup
+		errs    = make([]error, depth)
+		bytes   = make([]int64, verifiers)
+		free    = make(chan *diskfs.AlignedBuffer, depth+spare)
+		work    = make(chan chunk, depth+spare)
+		all     []*diskfs.AlignedBuffer
+		bufSize = int(perChunk * f.sb.SlotBytes)
 	)
-	for w := range depth {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf, err := diskfs.NewAlignedBuffer(int(perChunk * f.sb.SlotBytes))
-			if err != nil {
-				errs[w] = err
-				return
+	for range depth + spare {
+		b, err := diskfs.NewAlignedBuffer(bufSize)
+		if err != nil {
+			for _, b := range all {
+				_ = b.Free()
 			}
-			defer func() { _ = buf.Free() }()
+			return fmt.Errorf("scan %s: %w", f.path, err)
+		}
+		all = append(all, b)
+		free <- b
+	}
+	defer func() {
+		for _, b := range all {
+			_ = b.Free()
+		}
+	}()
+	for v := range verifiers {
+		vwg.Add(1)
+		go func() {
+			defer vwg.Done()
+			for c := range work {
+				b := c.buf.Bytes()[:c.cnt*f.sb.SlotBytes]
+				if c.readErr != nil {
+					for i := range c.cnt {
+						sb := b[i*f.sb.SlotBytes : (i+1)*f.sb.SlotBytes]
+						if err := f.readSlot(c.first+i, sb); err != nil {
+							sc.verdict[c.first+i] = verdictUnreadable
+							continue
+						}
+						bytes[v] += f.sb.SlotBytes
+						sc.judge(f, c.first+i, sb)
+					}
+				} else {
+					bytes[v] += int64(len(b))
+					for i := range c.cnt {
+						sc.judge(f, c.first+i, b[i*f.sb.SlotBytes:(i+1)*f.sb.SlotBytes])
+					}
+				}
+				free <- c.buf
+				if onChunk != nil {
+					onChunk(c.first)
+				}
+			}
+		}()
+	}
+	for w := range depth {
+		rwg.Add(1)
+		go func() {
+			defer rwg.Done()
 			for {
+				var buf *diskfs.AlignedBuffer
+				select {
+				case buf = <-free:
+				case <-ctx.Done():
+					errs[w] = fmt.Errorf("scan %s: %w", f.path, ctx.Err())
+					return
+				}
 				mu.Lock()
 				first := next
 				next += perChunk
 				mu.Unlock()
 				if first >= to {
+					free <- buf
 					return
 				}
 				if err := ctx.Err(); err != nil {
 					errs[w] = fmt.Errorf("scan %s: %w", f.path, err)
+					free <- buf
 					return
 				}
 				cnt := min(perChunk, to-first)
-				b := buf.Bytes()[:cnt*f.sb.SlotBytes]
-				if _, err := f.f.ReadAt(b, f.offset(first)); err != nil {
-					for i := range cnt {
-						sb := b[i*f.sb.SlotBytes : (i+1)*f.sb.SlotBytes]
-						if err := f.readSlot(first+i, sb); err != nil {
-							sc.verdict[first+i] = verdictUnreadable
-							continue
-						}
-						bytes[w] += f.sb.SlotBytes
-						sc.judge(f, first+i, sb)
-					}
-				} else {
-					bytes[w] += int64(len(b))
-					for i := range cnt {
-						sc.judge(f, first+i, b[i*f.sb.SlotBytes:(i+1)*f.sb.SlotBytes])
-					}
-				}
-				if onChunk != nil {
-					onChunk(first)
-				}
+				_, err := f.f.ReadAt(buf.Bytes()[:cnt*f.sb.SlotBytes], f.offset(first))
+				// NB: a chunk that failed to read is read again slot by
+				// slot by its verifier, so one bad sector costs one slot.
+				work <- chunk{first: first, cnt: cnt, buf: buf, readErr: err}
 			}
 		}()
 	}
-	wg.Wait()
+	rwg.Wait()
+	close(work)
+	vwg.Wait()
 	for _, b := range bytes {
 		sc.bytes += b
 	}
@@ -162,7 +223,7 @@ const rebuildFlush = 2048
 // Reads, verification and index commits overlap: readers verify chunks as
 // they arrive, a collector turns them into entries in slot order, and a
 // putter commits them.
-func rebuildFile(ctx context.Context, ix indexes.Index, f *slabFile, disk int, depth int, rc *RebuildCounts) ([]liveSlot, error) {
+func rebuildFile(ctx context.Context, put putFunc, f *slabFile, disk int, depth int, rc *RebuildCounts) ([]liveSlot, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	sc := newFileScan(f)
@@ -201,7 +262,7 @@ func rebuildFile(ctx context.Context, ix indexes.Index, f *slabFile, disk int, d
 				}
 			}
 			if err == nil {
-				if err = putEntries(ctx, ix, f.path, batch); err != nil {
+				if err = putBatches(ctx, put, f.path, batch); err != nil {
 					cancel()
 				}
 			}
@@ -291,11 +352,14 @@ func collectVerified(f *slabFile, disk int, sc *fileScan, from, to int64, seen m
 // rebuildBatch is the most entries one index commit of a rebuild holds.
 const rebuildBatch = 16384
 
-func putEntries(ctx context.Context, ix indexes.Index, path string, entries []indexes.Entry) error {
+// putFunc puts one batch of entries into an index.
+type putFunc func(ctx context.Context, entries []indexes.Entry) error
+
+func putBatches(ctx context.Context, put putFunc, path string, entries []indexes.Entry) error {
 	for len(entries) > 0 {
 		part := entries[:min(len(entries), rebuildBatch)]
 		entries = entries[len(part):]
-		if err := ix.Put(ctx, part); err != nil {
+		if err := put(ctx, part); err != nil {
 			return fmt.Errorf("rebuild index from %s: put %d entries: %w", path, len(part), err)
 		}
 	}
@@ -307,7 +371,7 @@ func putEntries(ctx context.Context, ix indexes.Index, path string, entries []in
 func indexVerified(ctx context.Context, ix indexes.Index, f *slabFile, disk int, sc *fileScan, rc *RebuildCounts) ([]liveSlot, error) {
 	rc.Bytes += sc.bytes
 	live, entries := collectVerified(f, disk, sc, 0, f.sb.Slots, make(map[pagehash.Hash]bool), rc)
-	if err := putEntries(ctx, ix, f.path, entries); err != nil {
+	if err := putBatches(ctx, ix.Put, f.path, entries); err != nil {
 		return nil, err
 	}
 	return live, nil

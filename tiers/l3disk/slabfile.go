@@ -29,6 +29,15 @@ func SlabFileName(stackID string, rank int, kind uint8) string {
 	return fmt.Sprintf("kvtier-l3-%s-r%d-k%d.slab", stackID, rank, kind)
 }
 
+// RebuildMarkName is the file a rebuild of the index entries of (stack,
+// rank) creates before its first index write and removes once they are all
+// durable. While it exists the index is incomplete: the next cold start
+// "load" rebuilds again instead of trusting it (and freeing the slots it
+// does not name).
+func RebuildMarkName(stackID string, rank int) string {
+	return fmt.Sprintf("kvtier-l3-%s-r%d.rebuilding", stackID, rank)
+}
+
 // slabGlob matches every slab file name in a directory.
 const slabGlob = "kvtier-l3-*-r*-k*.slab"
 

@@ -35,8 +35,11 @@ type Store struct {
 	files     []*slabFile
 	pageBytes []int64
 	coldStart tiers.ColdStart
-	plp       PLPResult
-	direct    bool
+	// rebuildMark names the file that says an index rebuild of this store
+	// has not finished (see RebuildMarkName).
+	rebuildMark string
+	plp         PLPResult
+	direct      bool
 
 	staging  chan *diskfs.AlignedBuffer
 	readBufs chan *diskfs.AlignedBuffer

@@ -265,11 +265,13 @@ func NewAlignedBuffer(size int) (*AlignedBuffer, error) {
 		return nil, fmt.Errorf("aligned buffer of %d bytes: size must be positive", size)
 	}
 	n := int(RoundUp(int64(size)))
-	slack := 0
+	slack, whole := 0, n
 	if n >= hugePage {
-		slack = hugePage
+		// Whole huge pages: a tail of 4 KiB pages would be pinned page by
+		// page on every transfer.
+		slack, whole = hugePage, (n+hugePage-1)/hugePage*hugePage
 	}
-	m, err := unix.Mmap(-1, 0, n+slack, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	m, err := unix.Mmap(-1, 0, whole+slack, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	if err != nil {
 		return nil, fmt.Errorf("map aligned buffer of %d bytes: %w", n, err)
 	}
@@ -286,7 +288,7 @@ func NewAlignedBuffer(size int) (*AlignedBuffer, error) {
 	}
 	if slack > 0 {
 		// Advice only: without THP the buffer works the same, slower.
-		_ = unix.Madvise(b, unix.MADV_HUGEPAGE)
+		_ = unix.Madvise(m[start:start+whole], unix.MADV_HUGEPAGE)
 	}
 	return &AlignedBuffer{mapping: m, b: b}, nil
 }
