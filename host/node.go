@@ -66,6 +66,16 @@ type Options struct {
 	// the ops still outstanding (0: 30 s). A tier that never answers is a
 	// failed op, never a hang.
 	SettleTimeout time.Duration
+	// Lanes is the number of owner lanes (the context-parallel size) and
+	// Rank this Node's lane. Page i of a key belongs to lane i mod Lanes
+	// (control.OwnerOf): the Node copies only its own pages between L1 and
+	// L2, puts, gets, deletes and touches only its own pages in the store,
+	// and answers a lookup from its own pages (the group's MIN makes the
+	// agreed count). An op with none of its pages finishes at once, ok, and
+	// the frontier keeps the ranks in lockstep. Lanes above 1 need the
+	// Machine's OwnerLanes equal, so that the L1 planner splits deficits by
+	// the same rule. 0 or 1: one lane, every page.
+	Lanes, Rank int
 }
 
 // Stats counts what a Node moved and decided.
@@ -192,6 +202,14 @@ func New(s *stack.Stack, m *control.Machine, opts Options) (*Node, error) {
 	if opts.SettleTimeout <= 0 {
 		opts.SettleTimeout = 30 * time.Second
 	}
+	opts.Lanes = max(opts.Lanes, 1)
+	if opts.Rank < 0 || opts.Rank >= opts.Lanes {
+		return nil, fmt.Errorf("host: rank %d outside the %d owner lanes", opts.Rank, opts.Lanes)
+	}
+	if opts.Lanes > 1 && m.Options().OwnerLanes != opts.Lanes {
+		return nil, fmt.Errorf("host: %d owner lanes, but the machine's L1 planner splits deficits over %d (set control.Options.OwnerLanes to %d)",
+			opts.Lanes, m.Options().OwnerLanes, opts.Lanes)
+	}
 	lay := m.Options().L2
 	if len(lay.Kinds) != len(s.Config.Payload.Kinds) {
 		return nil, fmt.Errorf("host: the machine's L2 layout has %d kinds, the stack's payload %d", len(lay.Kinds), len(s.Config.Payload.Kinds))
@@ -277,15 +295,15 @@ func (n *Node) run(ctx context.Context, e control.Event) (control.Ready, error) 
 		n.get(ctx, g)
 	}
 	for _, d := range rd.Deletes {
-		if n.store != nil {
-			if err := n.store.Delete(ctx, n.keys(d.Hashes)); err != nil {
+		if ks := n.keys(d.Hashes, d.Depth); n.store != nil && len(ks) > 0 {
+			if err := n.store.Delete(ctx, ks); err != nil {
 				n.log.Warn("kvtier host: delete after a failed spill", "op", uint64(d.Op), "err", err)
 			}
 		}
 	}
 	for _, t := range rd.Touches {
-		if n.store != nil {
-			if err := n.store.Touch(ctx, n.keys(t.Hashes)); err != nil {
+		if ks := n.keys(t.Hashes, t.Depth); n.store != nil && len(ks) > 0 {
+			if err := n.store.Touch(ctx, ks); err != nil {
 				n.log.Debug("kvtier host: touch", "err", err)
 			}
 		}
@@ -294,11 +312,18 @@ func (n *Node) run(ctx context.Context, e control.Event) (control.Ready, error) 
 	return rd, nil
 }
 
-func (n *Node) keys(hs []pagehash.Hash) []tiers.Key {
+// owns reports whether the page at position i of its key is this Node's.
+func (n *Node) owns(i int) bool { return control.OwnerOf(i, n.opts.Lanes) == n.opts.Rank }
+
+// keys returns the store keys, every kind, of the pages of hs this Node
+// owns (hs[0] is at position depth of its key).
+func (n *Node) keys(hs []pagehash.Hash, depth int) []tiers.Key {
 	ks := make([]tiers.Key, 0, len(hs)*n.kinds)
 	for k := range n.kinds {
-		for _, h := range hs {
-			ks = append(ks, tiers.Key{Hash: h, Kind: tiers.PayloadKind(k)})
+		for j, h := range hs {
+			if n.owns(depth + j) {
+				ks = append(ks, tiers.Key{Hash: h, Kind: tiers.PayloadKind(k)})
+			}
 		}
 	}
 	return ks
@@ -310,13 +335,14 @@ func (n *Node) copies(ctx context.Context, cs []control.Copy) error {
 		j := i
 		var items []tiers.PoolCopy
 		var sizes []int64
+		bad := false
 		for ; j < len(cs) && cs[j].Op == cs[i].Op; j++ {
 			var err error
 			if items, sizes, err = n.copyItems(cs[j], items, sizes); err != nil {
 				// A Copy the layout cannot express is a bug upstream:
 				// fail the op rather than hang on it.
 				n.log.Error("kvtier host: bad copy", "op", uint64(cs[j].Op), "err", err)
-				items = nil
+				bad = true
 				break
 			}
 		}
@@ -324,8 +350,13 @@ func (n *Node) copies(ctx context.Context, cs []control.Copy) error {
 		for ; j < len(cs) && cs[j].Op == op; j++ {
 		}
 		i = j
-		if items == nil {
+		if bad {
 			n.fail(op, "copy", control.StageCopied)
+			continue
+		}
+		if len(items) == 0 {
+			// None of the op's pages is this lane's: done, in lockstep.
+			n.done(op, control.StageCopied, true)
 			continue
 		}
 		var id tiers.BatchID
@@ -348,7 +379,8 @@ func (n *Node) copies(ctx context.Context, cs []control.Copy) error {
 }
 
 // copyItems turns one Copy into pool items: page i of the node's L1
-// ranges moves to or from page i of each kind's L2 ranges.
+// ranges moves to or from page i of each kind's L2 ranges, for the pages
+// this Node owns.
 func (n *Node) copyItems(c control.Copy, items []tiers.PoolCopy, sizes []int64) ([]tiers.PoolCopy, []int64, error) {
 	var l1 []int64
 	for _, r := range c.L1 {
@@ -371,8 +403,10 @@ func (n *Node) copyItems(c control.Copy, items []tiers.PoolCopy, sizes []int64) 
 				if i >= len(l1) {
 					return nil, nil, fmt.Errorf("node %d kind %d: more L2 pages than the %d L1 pages", c.Node, k, len(l1))
 				}
-				items = append(items, tiers.PoolCopy{Page: int(l1[i]), Kind: tiers.PayloadKind(k), Span: tiers.Span{Slab: sp.Slab, Offset: sp.Offset + off, Length: pb}})
-				sizes = append(sizes, pb)
+				if n.owns(c.Depth + i) {
+					items = append(items, tiers.PoolCopy{Page: int(l1[i]), Kind: tiers.PayloadKind(k), Span: tiers.Span{Slab: sp.Slab, Offset: sp.Offset + off, Length: pb}})
+					sizes = append(sizes, pb)
+				}
 				i++
 			}
 		}
@@ -388,11 +422,20 @@ func (n *Node) put(ctx context.Context, p control.Put) {
 		n.fail(p.Op, "put", control.StageGathered, control.StageDurable)
 		return
 	}
-	reqs := make([]tiers.PutRequest, len(p.Spans))
-	sizes := make([]int64, len(p.Spans))
+	reqs := make([]tiers.PutRequest, 0, len(p.Spans))
+	sizes := make([]int64, 0, len(p.Spans))
 	for i, sp := range p.Spans {
-		reqs[i] = tiers.PutRequest{Key: tiers.Key{Hash: p.Hashes[i%len(p.Hashes)], Kind: tiers.PayloadKind(i / len(p.Hashes))}, Src: sp}
-		sizes[i] = sp.Length
+		if pg := i % len(p.Hashes); n.owns(p.Depth + pg) {
+			reqs = append(reqs, tiers.PutRequest{Key: tiers.Key{Hash: p.Hashes[pg], Kind: tiers.PayloadKind(i / len(p.Hashes))}, Src: sp})
+			sizes = append(sizes, sp.Length)
+		}
+	}
+	if len(reqs) == 0 {
+		// None of the spill's pages is this lane's: gathered and durable
+		// here at once; the frontier waits for the owners.
+		n.done(p.Op, control.StageGathered, true)
+		n.done(p.Op, control.StageDurable, true)
+		return
 	}
 	id, err := n.store.Put(ctx, reqs)
 	if err != nil || id == 0 {
@@ -403,18 +446,41 @@ func (n *Node) put(ctx context.Context, p control.Put) {
 	n.puts[id] = &batch{op: p.Op, kind: "put", bytes: sizes, state: make([]uint8, len(reqs))}
 }
 
+// lookup answers a Lookup from this Node's own pages: with pos the
+// positions in l.Hashes of the pages it owns, the store's longest prefix
+// of those pages, k, leaves the pages before pos[k] (the first of its own
+// that is missing) covered as far as this lane can tell; the group's MIN
+// over the lanes is then the longest prefix durable on every owner.
 func (n *Node) lookup(ctx context.Context, l control.Lookup) {
 	c := 0
 	if n.store != nil && len(l.Hashes) > 0 {
 		c = len(l.Hashes)
+		hs, pos := l.Hashes, []int(nil)
+		if n.opts.Lanes > 1 {
+			hs = nil
+			for j, h := range l.Hashes {
+				if n.owns(l.Depth + j) {
+					hs, pos = append(hs, h), append(pos, j)
+				}
+			}
+		}
 		for k := range n.kinds {
-			got, err := n.store.LongestPrefix(ctx, tiers.PayloadKind(k), l.Hashes)
+			if len(hs) == 0 {
+				break
+			}
+			got, err := n.store.LongestPrefix(ctx, tiers.PayloadKind(k), hs)
 			if err != nil {
 				n.stats.FailedOps["lookup"]++
 				n.log.Warn("kvtier host: lookup", "op", uint64(l.Op), "err", err)
 				got = 0
 			}
-			c = min(c, max(0, got))
+			got = max(0, min(got, len(hs)))
+			if pos != nil && got < len(hs) {
+				got = pos[got]
+			} else if pos != nil {
+				got = len(l.Hashes)
+			}
+			c = min(c, got)
 		}
 	}
 	if err := n.m.Longest(l.Op, c); err != nil {
@@ -425,22 +491,25 @@ func (n *Node) lookup(ctx context.Context, l control.Lookup) {
 func (n *Node) get(ctx context.Context, g control.Get) {
 	ok := n.store != nil && len(g.Spans) == len(g.Hashes)*n.kinds
 	if ok {
-		reqs := make([]tiers.GetRequest, len(g.Spans))
+		reqs := make([]tiers.GetRequest, 0, len(g.Spans))
 		for i, sp := range g.Spans {
-			reqs[i] = tiers.GetRequest{Key: tiers.Key{Hash: g.Hashes[i%len(g.Hashes)], Kind: tiers.PayloadKind(i / len(g.Hashes))}, Dst: sp}
+			if pg := i % len(g.Hashes); n.owns(g.Depth + pg) {
+				reqs = append(reqs, tiers.GetRequest{Key: tiers.Key{Hash: g.Hashes[pg], Kind: tiers.PayloadKind(i / len(g.Hashes))}, Dst: sp})
+			}
 		}
 		res := make([]error, len(reqs))
-		err := n.store.Get(ctx, reqs, res)
-		if err != nil {
-			ok = false
-			n.log.Warn("kvtier host: get", "op", uint64(g.Op), "err", err)
+		if len(reqs) > 0 {
+			if err := n.store.Get(ctx, reqs, res); err != nil {
+				ok = false
+				n.log.Warn("kvtier host: get", "op", uint64(g.Op), "err", err)
+			}
 		}
 		var b int64
 		for i, e := range res {
 			if e != nil {
 				ok = false
 			} else {
-				b += g.Spans[i].Length
+				b += reqs[i].Dst.Length
 			}
 		}
 		if ok {

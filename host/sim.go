@@ -44,10 +44,31 @@ type SimEngine struct {
 	want  []byte
 	got   []byte
 
+	// lanes and rank: with more than one lane the engine is one rank of a
+	// context-parallel group and holds only the pages it owns (OwnLane).
+	lanes, rank int
+
 	// VerifiedPages counts pages read and compared (every kind); WrongBytes
 	// the bytes that differed; WrongPages the pages with any difference.
 	VerifiedPages, WrongBytes, WrongPages int64
 }
+
+// OwnLane makes the engine rank rank of lanes owner lanes, as a
+// context-parallel rank is: Place writes the payload of the pages it owns
+// (page i of a key: lane i mod lanes) and poison (the payload with every
+// byte inverted) in the L1 pages of the others, since this rank never
+// computes them; Verify checks only its own pages. A page that reached
+// this rank's L1 by any other way than its owner's copies shows as wrong
+// bytes on the rank that owns it.
+func (e *SimEngine) OwnLane(rank, lanes int) error {
+	if lanes < 1 || rank < 0 || rank >= lanes {
+		return fmt.Errorf("host: simulated engine: rank %d of %d lanes", rank, lanes)
+	}
+	e.rank, e.lanes = rank, lanes
+	return nil
+}
+
+func (e *SimEngine) owns(i int) bool { return control.OwnerOf(i, e.lanes) == e.rank }
 
 // NewSimEngine returns an engine over pool with the given payload
 // geometry.
@@ -77,6 +98,11 @@ func (e *SimEngine) Place(p control.Placement, hashes []pagehash.Hash) error {
 			for k, pb := range e.kinds {
 				b := e.want[:pb]
 				Payload(b, hashes[i], tiers.PayloadKind(k))
+				if !e.owns(p.Depth + i) {
+					for j := range b {
+						b[j] = ^b[j]
+					}
+				}
 				if err := e.pool.WritePage(int(pg), tiers.PayloadKind(k), b); err != nil {
 					return err
 				}
@@ -93,6 +119,9 @@ func (e *SimEngine) Place(p control.Placement, hashes []pagehash.Hash) error {
 func (e *SimEngine) Verify(pages []control.PageRef) (int, error) {
 	good := -1
 	for i, p := range pages {
+		if !e.owns(i) {
+			continue
+		}
 		bad := false
 		for k, pb := range e.kinds {
 			w, g := e.want[:pb], e.got[:pb]

@@ -15,11 +15,14 @@ import (
 	"github.com/kvtier/kvtier/host/simrun"
 )
 
-const simUsage = `usage: kvtier sim [--ranks N] [--ticks T] [--seed S] [--faults SPEC] [--inject-divergence TICK] [--json]
+const simUsage = `usage: kvtier sim [--ranks N] [--ticks T] [--seed S] [--faults SPEC] [--inject-divergence TICK] [--replicate] [--json]
 
 Runs N ranks, each a control Machine and a host.Node over real in-process
 tiers (host L1 pool, shm slab, memstore L3), over the simulated rank group
-with a generated workload: random per-rank arrival delays, tier acks held
+with a generated workload, as a context-parallel group (page i of a key
+is rank i mod N's: only it writes, moves and verifies the page's bytes;
+the others hold poison in its L1 pages; --replicate gives every rank every
+page instead): random per-rank arrival delays, tier acks held
 back up to --max-ack-skew ticks per rank, ok bits cleared at --fail-rate,
 and the faults of SPEC. Prints ranks, ticks, digest_checks, divergences,
 hangs, failed_ops, max_ack_skew_ticks, wrong_bytes (and with
@@ -42,6 +45,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	inject := fs.Uint64("inject-divergence", 0, "rank 0 applies an extra event at this tick (0: never)")
 	digestEvery := fs.Uint64("digest-every", 16, "digest interval in ticks")
 	timeout := fs.Duration("timeout", 5*time.Second, "exchange deadline")
+	replicate := fs.Bool("replicate", false, "every rank moves every page (data-parallel replicas) instead of its owner lane's (page i: rank i mod N)")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, simUsage)
@@ -75,7 +79,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("sim: --faults: %w: %w", err, errUsage)
 	}
 	res, err := simrun.Run(ctx, simrun.Config{Ranks: *ranks, Ticks: *ticks, Seed: *seed, MaxAckSkew: *skew, OpFailRate: *failRate,
-		Faults: fl, InjectDivergence: *inject, DigestEvery: *digestEvery, Timeout: *timeout})
+		Faults: fl, InjectDivergence: *inject, DigestEvery: *digestEvery, Timeout: *timeout, Replicate: *replicate})
 	if err != nil {
 		return err
 	}
@@ -87,6 +91,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fmt.Fprintf(stdout, "digest checks %d, divergences %d, hangs %d, failed ops %d, max ack skew %d ticks\n",
 		res.DigestChecks, res.Divergences, res.Hangs, res.FailedOps, res.MaxAckSkewTicks)
 	fmt.Fprintf(stdout, "verified pages %d, wrong bytes %d\n", res.VerifiedPages, res.WrongBytes)
+	fmt.Fprintf(stdout, "owner lanes %v (pages in a rank's store that another lane owns: %d); bytes over all ranks: l1->l2 %d, l2->l3 %d, l3->l2 %d, l2->l1 %d\n",
+		res.OwnerLanes, res.ForeignPages, res.L1ToL2, res.L2ToL3, res.L3ToL2, res.L2ToL1)
 	if res.InjectedAtTick > 0 {
 		fmt.Fprintf(stdout, "divergence injected at tick %d, caught at tick %d\n", res.InjectedAtTick, res.CaughtAtTick)
 	}

@@ -280,7 +280,7 @@ func (m *Machine) insert(e Event) error {
 	}
 	m.setL1(last.ID(), k, m.reserveL1(last.ID(), int64(added)))
 	info, _ := m.l1.Object(k.l1)
-	m.out.placements = append(m.out.placements, Placement{Req: e.Req, Node: last.ID(), L1: info.Ranges})
+	m.out.placements = append(m.out.placements, Placement{Req: e.Req, Node: last.ID(), L1: info.Ranges, Depth: last.Depth()})
 	if m.opts.WritePolicy == WriteThrough {
 		m.backup(last, false, e.Req)
 	}

@@ -167,7 +167,7 @@ func (m *Machine) loadBack(req ReqID, path []*radix.Node) int {
 		m.setL1(n.ID(), k, m.reserveL1(n.ID(), int64(n.Pages())))
 		k.loadOp = o.id
 		o.nodes = append(o.nodes, n.ID())
-		m.out.copies = append(m.out.copies, Copy{Op: o.id, Dir: ToL1, Node: n.ID(), L1: m.ranges(m.l1, k.l1), L2: m.ranges(m.l2, k.l2)})
+		m.out.copies = append(m.out.copies, Copy{Op: o.id, Dir: ToL1, Node: n.ID(), L1: m.ranges(m.l1, k.l1), L2: m.ranges(m.l2, k.l2), Depth: n.Depth()})
 	}
 	m.count("load-back")
 	return int(need)

@@ -34,7 +34,7 @@ func (m *Machine) backup(n *radix.Node, dropL1 bool, req ReqID) bool {
 	o.nodes = []policy.NodeID{n.ID()}
 	m.setL2(n.ID(), k, obj)
 	k.l2Pending, k.backupOp, k.dropL1 = true, o.id, dropL1
-	m.out.copies = append(m.out.copies, Copy{Op: o.id, Dir: ToL2, Node: n.ID(), L1: m.ranges(m.l1, k.l1), L2: m.ranges(m.l2, obj)})
+	m.out.copies = append(m.out.copies, Copy{Op: o.id, Dir: ToL2, Node: n.ID(), L1: m.ranges(m.l1, k.l1), L2: m.ranges(m.l2, obj), Depth: n.Depth()})
 	m.count("backup")
 	return true
 }
@@ -260,10 +260,10 @@ func (m *Machine) issueSpills() {
 		n, k := m.tree.Node(id), m.marks[id]
 		o := m.issue(opSpill, LaneGather, LaneDurable)
 		o.nodes = []policy.NodeID{id}
-		o.hashes = slices.Clone(n.Hashes())
+		o.hashes, o.depth = slices.Clone(n.Hashes()), n.Depth()
 		k.spill, k.spillOp = spillPinned, o.id
 		m.inflight++
-		m.out.puts = append(m.out.puts, Put{Op: o.id, Node: id, Hashes: o.hashes, Spans: m.pageSpans(k.l2)})
+		m.out.puts = append(m.out.puts, Put{Op: o.id, Node: id, Hashes: o.hashes, Spans: m.pageSpans(k.l2), Depth: o.depth})
 		m.count("spill")
 	}
 }
@@ -308,7 +308,7 @@ func (m *Machine) applyDurable(o *op, ok bool) {
 		}
 	}
 	if !ok {
-		m.out.deletes = append(m.out.deletes, Delete{Op: o.id, Hashes: o.hashes})
+		m.out.deletes = append(m.out.deletes, Delete{Op: o.id, Hashes: o.hashes, Depth: o.depth})
 		m.skip(Skip{Reason: SkipFailed, Where: "spill", Op: o.id, Node: o.nodes[0]})
 	} else {
 		m.count("spill durable")

@@ -105,8 +105,10 @@ type op struct {
 	// obj is the L2 object of a backup (the one reserved) or a reload.
 	obj      placement.ObjectID
 	deferred []deferredSplit
-	// hashes are a spill's or a lookup's pages.
+	// hashes are a spill's or a lookup's pages; depth is the position
+	// of hashes[0] in its key.
 	hashes []pagehash.Hash
+	depth  int
 	// reload is the reload key of a lookup or reload op.
 	reload pagehash.Hash
 	// gatherFailed: the gathered frontier reported a failure.
@@ -471,6 +473,7 @@ func (m *Machine) digestParts() digestParts {
 		for _, h := range o.hashes {
 			b = append(b, h[:]...)
 		}
+		u(uint64(o.depth))
 		b = append(b, o.reload[:]...)
 	}
 	u(uint64(m.nextOp))

@@ -85,6 +85,9 @@ type Placement struct {
 	Node policy.NodeID
 	// L1 lists the node's L1 page ranges in page order.
 	L1 []placement.Range
+	// Depth is the position in the key of the node's first page (see
+	// Copy.Depth).
+	Depth int
 }
 
 // MatchResult is the answer to a match: how much of the request's key the
@@ -117,6 +120,10 @@ type Copy struct {
 	L1 []placement.Range
 	// L2 lists the node's slab ranges (every kind), see placement.Range.
 	L2 []placement.Range
+	// Depth is the position in the key of the node's first page: page i
+	// of a key belongs to owner lane i mod the lanes (OwnerOf), the rank
+	// that holds its bytes in L1 and moves them between rank-local tiers.
+	Depth int
 }
 
 // Put asks the Store to write a node's pages from the slab (a spill).
@@ -129,6 +136,8 @@ type Put struct {
 	Hashes []pagehash.Hash
 	// Spans are one slab span per page per kind: kind 0's pages first.
 	Spans []tiers.Span
+	// Depth is the position in the key of Hashes[0] (see Copy.Depth).
+	Depth int
 }
 
 // Lookup asks for the longest prefix of Hashes durable in the Store; the
@@ -138,6 +147,8 @@ type Lookup struct {
 	Op OpID
 	// Hashes is the missed suffix of a request's key.
 	Hashes []pagehash.Hash
+	// Depth is the position in the key of Hashes[0] (see Copy.Depth).
+	Depth int
 }
 
 // Get asks the Store to read pages into the slab (a reload).
@@ -148,6 +159,8 @@ type Get struct {
 	Hashes []pagehash.Hash
 	// Spans are the slab spans to read into, as in Put.
 	Spans []tiers.Span
+	// Depth is the position in the key of Hashes[0] (see Copy.Depth).
+	Depth int
 }
 
 // Delete asks every rank to delete pages from the Store: a spill that
@@ -157,12 +170,25 @@ type Delete struct {
 	Op OpID
 	// Hashes are the pages.
 	Hashes []pagehash.Hash
+	// Depth is the position in the key of Hashes[0] (see Copy.Depth).
+	Depth int
 }
 
 // Touch asks the Store to refresh the last access of pages (a reload).
 type Touch struct {
 	// Hashes are the pages.
 	Hashes []pagehash.Hash
+	// Depth is the position in the key of Hashes[0] (see Copy.Depth).
+	Depth int
+}
+
+// OwnerOf returns the owner lane of the page at position i of a key:
+// i mod lanes (lanes < 2: lane 0 owns every page).
+func OwnerOf(i, lanes int) int {
+	if lanes < 2 {
+		return 0
+	}
+	return i % lanes
 }
 
 // HoldReason says why a held request was released.

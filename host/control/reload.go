@@ -36,12 +36,12 @@ func (m *Machine) startReload(req ReqID, r *request, hashes []pagehash.Hash, m0 
 	}
 	rl := &reload{key: key, full: slices.Clone(hashes), m: m0, waiters: []ReqID{req}}
 	o := m.issue(opLookup, LaneLookup)
-	o.hashes = rl.full[m0:]
+	o.hashes, o.depth = rl.full[m0:], m0
 	o.reload = key
 	rl.op = o.id
 	m.reloads[key] = rl
 	m.hold(req, r, key)
-	m.out.lookups = append(m.out.lookups, Lookup{Op: o.id, Hashes: o.hashes})
+	m.out.lookups = append(m.out.lookups, Lookup{Op: o.id, Hashes: o.hashes, Depth: o.depth})
 	m.count("reload lookup")
 }
 
@@ -106,9 +106,9 @@ func (m *Machine) applyLookup(o *op, c int) {
 	}
 	g := m.issue(opReload, LaneReload)
 	g.obj, g.reload = obj, rl.key
-	g.hashes = rl.full[rl.m : rl.m+c]
+	g.hashes, g.depth = rl.full[rl.m:rl.m+c], rl.m
 	rl.c, rl.obj, rl.op = c, obj, g.id
-	m.out.gets = append(m.out.gets, Get{Op: g.id, Hashes: g.hashes, Spans: m.pageSpans(obj)})
+	m.out.gets = append(m.out.gets, Get{Op: g.id, Hashes: g.hashes, Spans: m.pageSpans(obj), Depth: g.depth})
 	m.count("reload get")
 }
 
@@ -178,7 +178,7 @@ func (m *Machine) applyReload(o *op, ok bool) error {
 	}
 	m.setL2(last.ID(), k, rl.obj)
 	m.setResidency(last, radix.L2|radix.L3)
-	m.out.touches = append(m.out.touches, Touch{Hashes: o.hashes})
+	m.out.touches = append(m.out.touches, Touch{Hashes: o.hashes, Depth: o.depth})
 	m.count("reload landed")
 	m.unholdAll(rl, Loaded)
 	return nil

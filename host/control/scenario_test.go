@@ -309,22 +309,22 @@ func (h *harness) drain() string {
 		b = append(b, fmt.Sprintf("place req=%d node=%d l1=%s", p.Req, p.Node, ranges(p.L1)))
 	}
 	for _, c := range r.Copies {
-		b = append(b, fmt.Sprintf("copy op=%d %s node=%d l1=%s l2=%s", c.Op, c.Dir, c.Node, ranges(c.L1), ranges(c.L2)))
+		b = append(b, fmt.Sprintf("copy op=%d %s node=%d at=%d l1=%s l2=%s", c.Op, c.Dir, c.Node, c.Depth, ranges(c.L1), ranges(c.L2)))
 	}
 	for _, p := range r.Puts {
-		b = append(b, fmt.Sprintf("put op=%d node=%d pages=%s spans=%d", p.Op, p.Node, h.hashes(p.Hashes), len(p.Spans)))
+		b = append(b, fmt.Sprintf("put op=%d node=%d at=%d pages=%s spans=%d", p.Op, p.Node, p.Depth, h.hashes(p.Hashes), len(p.Spans)))
 	}
 	for _, l := range r.Lookups {
-		b = append(b, fmt.Sprintf("lookup op=%d pages=%s", l.Op, h.hashes(l.Hashes)))
+		b = append(b, fmt.Sprintf("lookup op=%d at=%d pages=%s", l.Op, l.Depth, h.hashes(l.Hashes)))
 	}
 	for _, g := range r.Gets {
-		b = append(b, fmt.Sprintf("get op=%d pages=%s spans=%d", g.Op, h.hashes(g.Hashes), len(g.Spans)))
+		b = append(b, fmt.Sprintf("get op=%d at=%d pages=%s spans=%d", g.Op, g.Depth, h.hashes(g.Hashes), len(g.Spans)))
 	}
 	for _, d := range r.Deletes {
-		b = append(b, fmt.Sprintf("delete op=%d pages=%s", d.Op, h.hashes(d.Hashes)))
+		b = append(b, fmt.Sprintf("delete op=%d at=%d pages=%s", d.Op, d.Depth, h.hashes(d.Hashes)))
 	}
 	for _, x := range r.Touches {
-		b = append(b, fmt.Sprintf("touch pages=%s", h.hashes(x.Hashes)))
+		b = append(b, fmt.Sprintf("touch at=%d pages=%s", x.Depth, h.hashes(x.Hashes)))
 	}
 	for _, x := range r.Holds {
 		b = append(b, fmt.Sprintf("hold req=%d", x))

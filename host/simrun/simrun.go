@@ -61,6 +61,11 @@ type Config struct {
 	MaxPages int
 	// Dir holds the ranks' slab files (default a temporary directory).
 	Dir string
+	// Replicate turns owner lanes off: every rank moves every page, as a
+	// group of data-parallel replicas would. By default the ranks are a
+	// context-parallel group: page i of a key is rank i mod Ranks's, the
+	// only one that holds its bytes (host.Options.Lanes).
+	Replicate bool
 }
 
 // Result is one simulation. The JSON keys are a public contract.
@@ -82,6 +87,44 @@ type Result struct {
 	StoppedBy        string  `json:"stopped_by,omitempty"`
 	Seed             uint64  `json:"seed"`
 	DigestEveryTicks uint64  `json:"digest_every_ticks"`
+	// OwnerLanes: each rank moved only its own pages (Config.Replicate
+	// off). The bytes are summed over the ranks, by path.
+	OwnerLanes bool  `json:"owner_lanes"`
+	L1ToL2     int64 `json:"l1_to_l2_bytes"`
+	L2ToL3     int64 `json:"l2_to_l3_bytes"`
+	L3ToL2     int64 `json:"l3_to_l2_bytes"`
+	L2ToL1     int64 `json:"l2_to_l1_bytes"`
+	// ForeignPages counts pages found in a rank's store that another lane
+	// owns (with owner lanes; must be 0).
+	ForeignPages int64 `json:"foreign_pages"`
+}
+
+// foreignPages asks each rank's store, page by page, for every page of the
+// workload that another lane owns: with owner lanes none may be there.
+func foreignPages(ctx context.Context, ranks []*rankRun, keys [][]pagehash.Hash) (int64, error) {
+	pos := map[pagehash.Hash]int{}
+	for _, k := range keys {
+		for j, h := range k {
+			pos[h] = j
+		}
+	}
+	var n int64
+	one := make([]pagehash.Hash, 1)
+	for i, r := range ranks {
+		st := r.s.Stores[0].Store
+		for h, j := range pos {
+			if control.OwnerOf(j, len(ranks)) == i {
+				continue
+			}
+			one[0] = h
+			got, err := st.LongestPrefix(ctx, 0, one)
+			if err != nil {
+				return n, fmt.Errorf("rank %d: lookup: %w", i, err)
+			}
+			n += int64(got)
+		}
+	}
+	return n, nil
 }
 
 const stackYAML = `version: 1
@@ -138,7 +181,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	if cfg.MaxAckSkew < 0 || cfg.MaxAckSkew > 1000 {
 		return res, fmt.Errorf("sim: max ack skew %d ticks, want 0..1000", cfg.MaxAckSkew)
 	}
-	res = Result{Ranks: cfg.Ranks, Seed: cfg.Seed, DigestEveryTicks: cfg.DigestEvery}
+	res = Result{Ranks: cfg.Ranks, Seed: cfg.Seed, DigestEveryTicks: cfg.DigestEvery, OwnerLanes: !cfg.Replicate}
 	if cfg.Dir == "" {
 		base := ""
 		if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
@@ -205,7 +248,12 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		res.Ticks = max(res.Ticks, r.m.Ticks())
 		res.VerifiedPages += r.eng.VerifiedPages
 		res.WrongBytes += r.eng.WrongBytes
-		for _, n := range r.node.Stats().FailedOps {
+		st := r.node.Stats()
+		res.L1ToL2 += st.L1ToL2
+		res.L2ToL3 += st.L2ToL3
+		res.L3ToL2 += st.L3ToL2
+		res.L2ToL1 += st.L2ToL1
+		for _, n := range st.FailedOps {
 			res.FailedOps += n
 		}
 		res.FailedOps += int64(grp.Members()[i].FailedOps())
@@ -235,6 +283,11 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		res.InjectedAtTick = cfg.InjectDivergence
 	}
 	res.MaxAckSkewTicks = skew.max()
+	if !cfg.Replicate && cfg.Ranks > 1 {
+		if res.ForeignPages, err = foreignPages(ctx, ranks, keys); err != nil {
+			return res, fmt.Errorf("sim: %w", err)
+		}
+	}
 	if res.Seconds > 0 {
 		res.TicksPerSecond = float64(res.Ticks) / res.Seconds
 	}
@@ -300,6 +353,11 @@ func openRank(ctx context.Context, cfg Config, i int, member consensus.Group) (*
 	base.ReloadMaxInflight, base.ReloadTTL = 16, uint64(4*cfg.MaxAckSkew+64)
 	base.DigestEvery = cfg.DigestEvery
 	base.Logger = quiet
+	lanes, lane := 1, 0
+	if !cfg.Replicate {
+		lanes, lane = cfg.Ranks, i
+	}
+	base.OwnerLanes = lanes
 	mo, err := host.MachineOptions(s, base, "")
 	if err != nil {
 		return nil, err
@@ -310,9 +368,12 @@ func openRank(ctx context.Context, cfg Config, i int, member consensus.Group) (*
 	if r.eng, err = host.NewSimEngine(realPool, st.Payload); err != nil {
 		return nil, err
 	}
+	if err := r.eng.OwnLane(lane, lanes); err != nil {
+		return nil, err
+	}
 	g := &countingGroup{ConsensusGroup: host.ConsensusGroup{G: member, M: nil, DigestEvery: cfg.DigestEvery}, r: r}
 	g.M = r.m
-	if r.node, err = host.New(s, r.m, host.Options{Group: g, Engine: r.eng, Logger: quiet, SettleTimeout: 10 * time.Second}); err != nil {
+	if r.node, err = host.New(s, r.m, host.Options{Group: g, Engine: r.eng, Logger: quiet, SettleTimeout: 10 * time.Second, Lanes: lanes, Rank: lane}); err != nil {
 		return nil, err
 	}
 	ok = true
