@@ -665,8 +665,15 @@ type RegisterReply struct {
 	// each rank's next Step) or "tcp" (one serve process per rank; they
 	// exchange over TCP, and a session's end ends every rank's process).
 	GroupTransport string `protobuf:"bytes,8,opt,name=group_transport,json=groupTransport,proto3" json:"group_transport,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// owner_lanes above 1 says the ranks are a context-parallel group with
+	// owner lanes: page i of a key belongs to rank i mod owner_lanes. This
+	// rank's copy plans then move only its own pages, and the engine rank
+	// computes and keeps only those (the L1 pages of the others' pages are
+	// reserved alike on every rank but hold nothing this rank may read).
+	// 0 or 1: every rank moves every page.
+	OwnerLanes    uint32 `protobuf:"varint,9,opt,name=owner_lanes,json=ownerLanes,proto3" json:"owner_lanes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegisterReply) Reset() {
@@ -753,6 +760,13 @@ func (x *RegisterReply) GetGroupTransport() string {
 		return x.GroupTransport
 	}
 	return ""
+}
+
+func (x *RegisterReply) GetOwnerLanes() uint32 {
+	if x != nil {
+		return x.OwnerLanes
+	}
+	return 0
 }
 
 // Completion reports a copy plan the engine ran.
@@ -2007,7 +2021,7 @@ const file_kvtier_engine_v1_engine_proto_rawDesc = "" +
 	"\bl1_pages\x18\x01 \x01(\rR\al1Pages\x121\n" +
 	"\x15max_pages_per_request\x18\x02 \x01(\rR\x12maxPagesPerRequest\x12+\n" +
 	"\x12max_items_per_step\x18\x03 \x01(\rR\x0fmaxItemsPerStep\x12$\n" +
-	"\x0esession_ttl_ms\x18\x04 \x01(\rR\fsessionTtlMs\"\xd4\x02\n" +
+	"\x0esession_ttl_ms\x18\x04 \x01(\rR\fsessionTtlMs\"\xf5\x02\n" +
 	"\rRegisterReply\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12)\n" +
@@ -2016,7 +2030,9 @@ const file_kvtier_engine_v1_engine_proto_rawDesc = "" +
 	"\x05kinds\x18\x05 \x03(\v2\x1d.kvtier.engine.v1.PayloadKindR\x05kinds\x120\n" +
 	"\x06limits\x18\x06 \x01(\v2\x18.kvtier.engine.v1.LimitsR\x06limits\x12!\n" +
 	"\fnamespace_id\x18\a \x01(\fR\vnamespaceId\x12'\n" +
-	"\x0fgroup_transport\x18\b \x01(\tR\x0egroupTransport\"0\n" +
+	"\x0fgroup_transport\x18\b \x01(\tR\x0egroupTransport\x12\x1f\n" +
+	"\vowner_lanes\x18\t \x01(\rR\n" +
+	"ownerLanes\"0\n" +
 	"\n" +
 	"Completion\x12\x12\n" +
 	"\x04plan\x18\x01 \x01(\x04R\x04plan\x12\x0e\n" +

@@ -57,6 +57,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	groupHub := fs.String("group-hub", "", "with --group tcp: the hub's `addr` (rank 0 listens, the others dial; loopback unless --allow-remote)")
 	groupName := fs.String("group-name", "kvtier", "with --group tcp: the group's name (peers of another name are refused)")
 	groupTimeout := fs.Duration("group-timeout", 30*time.Second, "a rank that does not step within this stops the group")
+	ownerLanes := fs.Bool("owner-lanes", false, "the ranks are a context-parallel group: page i of a key is rank i mod the group size's, and each rank moves only its own pages (lets a node's ranks share one slab and one index)")
 	cold := fs.String("cold-start", "load", "what stores do with a previous run's data: load or clear")
 	ttl := fs.Duration("session-ttl", 30*time.Second, "expire a session silent this long")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
@@ -129,7 +130,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	s, err := serve.Open(ctx, serve.Config{YAML: text, ConfigName: *cfgPath, DataDir: dir, Ranks: *ranks, Socket: sock,
 		Listen: *listen, AllowRemote: *allowRemote, Metrics: *metricsAddr, ColdStart: cs, SessionTTL: *ttl, Group: *group,
-		GroupRank: *groupRank, GroupSize: *groupSize, GroupHub: *groupHub, GroupName: *groupName, GroupTimeout: *groupTimeout,
+		GroupRank: *groupRank, GroupSize: *groupSize, GroupHub: *groupHub, GroupName: *groupName, GroupTimeout: *groupTimeout, OwnerLanes: *ownerLanes,
 		Version: version, Logger: logger})
 	if err != nil {
 		return err

@@ -117,6 +117,14 @@ type Config struct {
 	// agreement on epochs between processes.
 	GroupRank, GroupSize int
 	GroupHub, GroupName  string
+	// OwnerLanes makes the ranks a context-parallel group with owner
+	// lanes: page i of a key belongs to rank i mod the group's size, and
+	// each rank copies, spills, reloads and deletes only its own pages
+	// (host.Options.Lanes). Register says so (owner_lanes), and the
+	// engine's ranks compute and keep only their own pages. With it the
+	// ranks of a node can share one slab and one index: every page is
+	// written by one rank.
+	OwnerLanes bool
 	// Version is reported by Health.
 	Version string
 	// Logger receives serve's and the tiers' lines (nil: discarded).
@@ -331,7 +339,7 @@ func (s *Server) openRank(ctx context.Context, i int) (_ *rank, err error) {
 		}
 	}
 	log := s.log.With("rank", i)
-	stk, err := stack.Open(ctx, st, regs, stack.Options{Logger: log, StackID: fmt.Sprintf("serve-r%d", s.groupRank(i)), ColdStart: s.cfg.ColdStart, IndexDir: filepath.Join(dir, "index")})
+	stk, err := stack.Open(ctx, st, regs, stack.Options{Logger: log, StackID: s.stackID(i), ColdStart: s.cfg.ColdStart, IndexDir: filepath.Join(dir, "index")})
 	if err != nil {
 		return nil, err
 	}
@@ -364,6 +372,11 @@ func (s *Server) openRank(ctx context.Context, i int) (_ *rank, err error) {
 	base.ReloadMaxInflight, base.ReloadTTL = 16, 64
 	base.DigestEvery = 64
 	base.Logger = log
+	lanes, lane := s.lanes(), 0
+	if lanes > 1 {
+		lane = s.groupRank(i)
+	}
+	base.OwnerLanes = lanes
 	mo, err := host.MachineOptions(stk, base, "")
 	if err != nil {
 		return nil, err
@@ -373,7 +386,7 @@ func (s *Server) openRank(ctx context.Context, i int) (_ *rank, err error) {
 	}
 	r := &rank{idx: i, srv: s, st: stk, pool: pool, log: log, calls: make(chan call), closeHook: closeHook,
 		byID: map[control.ReqID]*request{}, mo: mo,
-		nodeOpts: host.Options{Logger: log, SettleTimeout: s.cfg.DrainTimeout}}
+		nodeOpts: host.Options{Logger: log, SettleTimeout: s.cfg.DrainTimeout, Lanes: lanes, Rank: lane}}
 	if r.m, r.node, err = s.build(r, s.epoch); err != nil {
 		return nil, err
 	}
@@ -744,7 +757,7 @@ func (s *Server) registerReply(r *rank, ses *session) *pb.RegisterReply {
 	out := &pb.RegisterReply{Session: ses.id, BootId: s.boot, ProtocolVersion: 1, Slab: sg,
 		Limits: &pb.Limits{L1Pages: uint32(r.pool.Geometry().Pages), MaxPagesPerRequest: uint32(s.cfg.MaxPagesPerRequest),
 			MaxItemsPerStep: uint32(s.cfg.MaxItemsPerStep), SessionTtlMs: uint32(s.cfg.SessionTTL / time.Millisecond)},
-		NamespaceId: append([]byte(nil), ses.keyer[:]...), GroupTransport: s.transport()}
+		NamespaceId: append([]byte(nil), ses.keyer[:]...), GroupTransport: s.transport(), OwnerLanes: uint32(s.lanes())}
 	for _, k := range r.st.Config.Payload.Kinds {
 		out.Kinds = append(out.Kinds, &pb.PayloadKind{Name: k.Name, PageBytes: uint64(k.PageBytes)})
 	}
@@ -906,6 +919,26 @@ func (s *Server) world() int {
 		return s.cfg.GroupSize
 	}
 	return s.cfg.Ranks
+}
+
+// stackID names the stack of the i-th rank this process hosts in the
+// tiers' files: one per rank, except with owner lanes, where the ranks are
+// one group that may share a slab (a joining rank finds rank 0's by the
+// stack id) and an index (every file still names its rank).
+func (s *Server) stackID(i int) string {
+	if s.cfg.OwnerLanes {
+		return "serve"
+	}
+	return fmt.Sprintf("serve-r%d", s.groupRank(i))
+}
+
+// lanes is the number of owner lanes: the group's size with OwnerLanes,
+// else 1 (every rank moves every page).
+func (s *Server) lanes() int {
+	if s.cfg.OwnerLanes {
+		return s.world()
+	}
+	return 1
 }
 
 func (s *Server) groupRank(i int) int {

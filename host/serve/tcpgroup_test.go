@@ -46,15 +46,48 @@ type tcpRank struct {
 	done chan error
 }
 
+// sharedStackYAML is the serve default with one slab and one LMDB index
+// shared by the group's ranks (ranks other than 0 join rank 0's slab; each
+// rank's L3 slab files carry its rank): with owner lanes every page is
+// written by the one rank that owns it.
+const sharedStackYAML = `version: 1
+model:
+  page_tokens: 512
+  payloads:
+    - {name: kv, page_bytes: 16KiB}
+tiers:
+  - name: l1
+    role: pool
+    use: engine
+    config: {pages: 256, layers: 1}
+  - name: l2
+    role: slab
+    use: l2hugetlb
+    config: {size: 16MiB, fallback: shm, name: "kvtier-tcp-{{DIRHASH}}", stale: remove}
+  - name: l3
+    role: store
+    use: l3disk
+    index: {use: lmdb, config: {dir: "{{DIR}}/index"}}
+    config:
+      disks: [{dir: "{{DIR}}/l3", budget: 256MiB}]
+policy:
+  evictor: lru
+  planner: heap
+write_policy: write_through
+ranks: {world_size: {{RANKS}}, rank: {{RANK}}}
+`
+
 // startTCPGroup starts size serve processes, one rank each, over one data
-// dir, with rank 0 the hub at hub; it waits for every socket.
-func startTCPGroup(t *testing.T, bin, dir, sd, hub string, size int) []*tcpRank {
+// dir, with rank 0 the hub at hub, as a context-parallel group with owner
+// lanes over one shared slab and one shared index (config); it waits for
+// every socket.
+func startTCPGroup(t *testing.T, bin, dir, sd, hub, config string, size int) []*tcpRank {
 	t.Helper()
 	rs := make([]*tcpRank, size)
 	for i := range rs {
 		r := &tcpRank{sock: filepath.Join(sd, fmt.Sprintf("r%d.sock", i)), out: &syncBuffer{}, done: make(chan error, 1)}
 		os.Remove(r.sock)
-		r.cmd = exec.Command(bin, "serve", "--data-dir", dir, "--socket", r.sock, "--log-level", "warn",
+		r.cmd = exec.Command(bin, "serve", "--data-dir", dir, "--config", config, "--owner-lanes", "--socket", r.sock, "--log-level", "warn",
 			"--group", "tcp", "--group-rank", fmt.Sprint(i), "--group-size", fmt.Sprint(size), "--group-hub", hub, "--group-timeout", "2s")
 		r.cmd.Stdout, r.cmd.Stderr = r.out, r.out
 		if err := r.cmd.Start(); err != nil {
@@ -105,7 +138,11 @@ func TestServeTCPGroup(t *testing.T) {
 	hub := l.Addr().String()
 	l.Close()
 
-	rs := startTCPGroup(t, bin, dir, sd, hub, size)
+	config := filepath.Join(sd, "shared.yaml")
+	if err := os.WriteFile(config, []byte(sharedStackYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rs := startTCPGroup(t, bin, dir, sd, hub, config, size)
 	dial := func() []*testEngine {
 		es := make([]*testEngine, size)
 		for i, r := range rs {
@@ -113,8 +150,11 @@ func TestServeTCPGroup(t *testing.T) {
 			if err := es[i].register(ctx); err != nil {
 				t.Fatalf("rank %d: %v", i, err)
 			}
-			if es[i].reg.GroupTransport != GroupTCP {
-				t.Fatalf("rank %d: group transport %q, want %q", i, es[i].reg.GroupTransport, GroupTCP)
+			if es[i].reg.GroupTransport != GroupTCP || es[i].reg.OwnerLanes != size {
+				t.Fatalf("rank %d: group transport %q, owner lanes %d, want %q and %d", i, es[i].reg.GroupTransport, es[i].reg.OwnerLanes, GroupTCP, size)
+			}
+			if i > 0 && es[i].reg.Slab.Files[0].Path != es[0].reg.Slab.Files[0].Path {
+				t.Fatalf("rank %d maps slab %s, rank 0 %s: want one shared slab", i, es[i].reg.Slab.Files[0].Path, es[0].reg.Slab.Files[0].Path)
 			}
 		}
 		return es
@@ -147,6 +187,15 @@ func TestServeTCPGroup(t *testing.T) {
 	t.Logf("%d hit pages on the second pass, %d verified, %d digest ticks equal on %d ranks", hit, verified, digests, size)
 	if hit == 0 || wrong != 0 || digests == 0 {
 		t.Fatalf("%d hit pages, %d wrong, %d digest ticks", hit, wrong, digests)
+	}
+	// One index for the group; each rank's L3 slab files in one directory.
+	if _, err := os.Stat(filepath.Join(dir, "index", "data.mdb")); err != nil {
+		t.Fatalf("the shared index: %v", err)
+	}
+	for i := range size {
+		if m, _ := filepath.Glob(filepath.Join(dir, "l3", fmt.Sprintf("kvtier-l3-serve-r%d-k*.slab", i))); len(m) == 0 {
+			t.Fatalf("no L3 slab file of rank %d in %s", i, filepath.Join(dir, "l3"))
+		}
 	}
 	// Let the L3 writes land, then kill rank 2.
 	for range 20 {
@@ -202,7 +251,7 @@ func TestServeTCPGroup(t *testing.T) {
 	}
 
 	// Restart all four: the L3 pages are found again, every byte right.
-	rs = startTCPGroup(t, bin, dir, sd, hub, size)
+	rs = startTCPGroup(t, bin, dir, sd, hub, config, size)
 	es = dial()
 	_, l3 := driveKeys(t, ctx, es, "tcp-c", keys)
 	wrong = 0

@@ -55,7 +55,11 @@ type Config struct {
 
 // Result is one run. The JSON keys are a public contract.
 type Result struct {
-	Ranks           int              `json:"ranks"`
+	Ranks int `json:"ranks"`
+	// OwnerLanes is what serve's Register said (1: every rank holds every
+	// page; above 1: page i is rank i mod owner_lanes's, and each rank
+	// wrote and verified only its own).
+	OwnerLanes      int              `json:"owner_lanes"`
 	Requests        int64            `json:"requests"`
 	InputTokens     int64            `json:"input_tokens"`
 	HitTokens       int64            `json:"hit_tokens"`
@@ -185,6 +189,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 		res.VerifiedPages += r.verified
 		res.WrongBytes += r.wrong
+		res.OwnerLanes = max(res.OwnerLanes, 1, int(r.c.Info().GetOwnerLanes()))
 		res.Errors += r.errors
 		res.Restarts += r.restarts
 		res.LoadedBytes += r.loaded
@@ -416,6 +421,14 @@ func (r *rank) run(ctx context.Context) {
 							continue
 						}
 						host.Payload(b, rq.key[i], tiers.PayloadKind(k))
+						if !r.owns(i) {
+							// Another rank's page (owner lanes): this
+							// rank never computes it; poison shows any
+							// copy of it as wrong bytes on its owner.
+							for j := range b {
+								b[j] = ^b[j]
+							}
+						}
 					}
 					i++
 				}
@@ -486,7 +499,16 @@ func (r *rank) runPlan(pl *pb.CopyPlan) bool {
 	return ok
 }
 
-// result verifies a DONE lookup's hit pages and counts its hits.
+// owns reports whether the page at position i of a key is this rank's:
+// with owner lanes (Register's owner_lanes above 1) page i is rank
+// i mod owner_lanes's, else every page is every rank's.
+func (r *rank) owns(i int) bool {
+	lanes := int(r.c.Info().GetOwnerLanes())
+	return lanes < 2 || i%lanes == r.idx%lanes
+}
+
+// result verifies a DONE lookup's hit pages (this rank's own, with owner
+// lanes) and counts its hits.
 func (r *rank) result(rq *req, lr *pb.LookupResult) {
 	r.requests++
 	r.input += rq.input
@@ -500,6 +522,9 @@ func (r *rank) result(rq *req, lr *pb.LookupResult) {
 			}
 			same := true
 			for k := range r.kb {
+				if !r.owns(i) {
+					break
+				}
 				if r.cfg.NoPayload {
 					same = false
 					break
@@ -520,7 +545,7 @@ func (r *rank) result(rq *req, lr *pb.LookupResult) {
 					}
 				}
 			}
-			if same {
+			if same && r.owns(i) {
 				r.verified++
 			}
 			if same || r.cfg.NoPayload {

@@ -26,10 +26,10 @@ func buildKvtier(t *testing.T) string {
 	return bin
 }
 
-func startServe(t *testing.T, bin, dir, sock string, ranks string) *exec.Cmd {
+func startServe(t *testing.T, bin, dir, sock string, ranks string, extra ...string) *exec.Cmd {
 	t.Helper()
 	os.Remove(sock)
-	cmd := exec.Command(bin, "serve", "--data-dir", dir, "--socket", sock, "--ranks", ranks, "--log-level", "error")
+	cmd := exec.Command(bin, append([]string{"serve", "--data-dir", dir, "--socket", sock, "--ranks", ranks, "--log-level", "error"}, extra...)...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -57,37 +57,48 @@ func TestLoadgenAgainstServe(t *testing.T) {
 	}
 	ctx := context.Background()
 	bin := buildKvtier(t)
-	dir := t.TempDir()
-	sd, _ := os.MkdirTemp("", "klg")
-	defer os.RemoveAll(sd)
-	sock := filepath.Join(sd, "s.sock")
-	cmd := startServe(t, bin, dir, sock, "2")
-	g := workload.DefaultGeneratorConfig()
-	g.Seed, g.Requests = 3, 600
-	reqs, err := workload.Generate(g)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := Run(ctx, Config{Socket: sock, Ranks: 2, Requests: reqs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("first run: %+v", res)
-	if res.WrongBytes != 0 || res.Errors != 0 || res.VerifiedPages == 0 || res.HitRate <= 0 || res.Requests != int64(len(reqs)) {
-		t.Fatalf("first run: %+v", res)
-	}
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
-	startServe(t, bin, dir, sock, "2")
-	res, err = Run(ctx, Config{Socket: sock, Ranks: 2, Requests: reqs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("after SIGKILL and restart: %+v", res)
-	if res.WrongBytes != 0 || res.Errors != 0 || res.HitTokensByTier["l3"] == 0 {
-		t.Fatalf("after the restart: %+v", res)
+	for _, lanes := range []bool{false, true} {
+		t.Run(map[bool]string{false: "replicas", true: "owner-lanes"}[lanes], func(t *testing.T) {
+			var extra []string
+			if lanes {
+				extra = []string{"--owner-lanes"}
+			}
+			dir := t.TempDir()
+			sd, _ := os.MkdirTemp("", "klg")
+			defer os.RemoveAll(sd)
+			sock := filepath.Join(sd, "s.sock")
+			cmd := startServe(t, bin, dir, sock, "2", extra...)
+			g := workload.DefaultGeneratorConfig()
+			g.Seed, g.Requests = 3, 600
+			reqs, err := workload.Generate(g)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := Run(ctx, Config{Socket: sock, Ranks: 2, Requests: reqs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("first run: %+v", res)
+			if res.WrongBytes != 0 || res.Errors != 0 || res.VerifiedPages == 0 || res.HitRate <= 0 || res.Requests != int64(len(reqs)) {
+				t.Fatalf("first run: %+v", res)
+			}
+			if want := map[bool]int{false: 1, true: 2}[lanes]; res.OwnerLanes != want {
+				t.Fatalf("owner lanes %d, want %d", res.OwnerLanes, want)
+			}
+			if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			_ = cmd.Wait()
+			startServe(t, bin, dir, sock, "2", extra...)
+			res, err = Run(ctx, Config{Socket: sock, Ranks: 2, Requests: reqs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("after SIGKILL and restart: %+v", res)
+			if res.WrongBytes != 0 || res.Errors != 0 || res.HitTokensByTier["l3"] == 0 {
+				t.Fatalf("after the restart: %+v", res)
+			}
+		})
 	}
 }
 
