@@ -148,6 +148,20 @@ func DecodeContribution(b []byte, exp Expect) (Envelope, Contribution, error) {
 	return decode(b, exp, kindContrib)
 }
 
+// reuseContribution is NewContribution(tick, s) in dst's vectors when
+// they are large enough (every element is overwritten by the decoder).
+func reuseContribution(tick uint64, s Shape, dst Contribution) Contribution {
+	if cap(dst.Counts) < s.Classes || cap(dst.OK) < s.OKBits || cap(dst.Prefix) < s.Reloads || cap(dst.Structures) < s.Structures {
+		return NewContribution(tick, s)
+	}
+	c := Contribution{Tick: tick, Shape: s, Counts: dst.Counts[:s.Classes], OK: dst.OK[:s.OKBits], Prefix: dst.Prefix[:s.Reloads]}
+	if s.Structures > 0 {
+		c.Structures = dst.Structures[:s.Structures]
+		clear(c.Structures) // NB: decoded only when the digest flag is set
+	}
+	return c
+}
+
 // DecodeFrontier decodes and validates one frontier, like
 // DecodeContribution.
 func DecodeFrontier(b []byte, exp Expect) (Envelope, Frontier, error) {
@@ -156,34 +170,51 @@ func DecodeFrontier(b []byte, exp Expect) (Envelope, Frontier, error) {
 }
 
 func decode(b []byte, exp Expect, kind byte) (Envelope, Contribution, error) {
+	return decodeInto(b, exp, kind, Contribution{})
+}
+
+// DecodeContributionInto is DecodeContribution decoding into dst's
+// vectors when they are large enough (the result then shares them with
+// dst): a reader that decodes one contribution after another reuses one
+// set of vectors instead of allocating per message.
+func DecodeContributionInto(b []byte, exp Expect, dst Contribution) (Envelope, Contribution, error) {
+	return decodeInto(b, exp, kindContrib, dst)
+}
+
+func decodeInto(b []byte, exp Expect, kind byte, dst Contribution) (Envelope, Contribution, error) {
 	le := binary.LittleEndian
-	peer := exp.Peer
-	if peer == "" {
-		peer = "unknown peer"
-	}
-	pe := &PeerError{Peer: peer}
+	var (
+		tick      uint64
+		tickKnown bool
+		rank      uint32
+	)
+	// NB: the peer's name is formatted only for an error: a message that
+	// decodes costs no allocation but its vectors.
 	fail := func(format string, args ...any) (Envelope, Contribution, error) {
-		pe.Err = fmt.Errorf(format, args...)
+		pe := &PeerError{Peer: exp.Peer, Tick: tick, TickKnown: tickKnown, Err: fmt.Errorf(format, args...)}
+		switch {
+		case len(b) >= headerLen && kind == kindContrib && rank != frontierRank && exp.Peer != "":
+			pe.Peer = fmt.Sprintf("rank %d (%s)", rank, exp.Peer)
+		case len(b) >= headerLen && kind == kindContrib && rank != frontierRank:
+			pe.Peer = RankName(int(rank))
+		case len(b) >= headerLen && kind == kindFrontier && exp.Peer == "":
+			pe.Peer = "the frontier's sender"
+		case pe.Peer == "":
+			pe.Peer = "unknown peer"
+		}
 		return Envelope{}, Contribution{}, pe
 	}
 	if len(b) < headerLen {
 		if len(b) >= 32 {
-			pe.Tick, pe.TickKnown = le.Uint64(b[24:]), true
+			tick, tickKnown = le.Uint64(b[24:]), true
 		}
 		return fail("%d bytes, shorter than the %d-byte header: %w", len(b), headerLen, ErrMalformed)
 	}
-	pe.Tick, pe.TickKnown = le.Uint64(b[24:]), true
-	rank := le.Uint32(b[32:])
+	tick, tickKnown = le.Uint64(b[24:]), true
+	rank = le.Uint32(b[32:])
 	env := Envelope{Group: le.Uint64(b[8:]), Stack: le.Uint64(b[16:]), Rank: -1, Size: int(le.Uint32(b[36:]))}
 	if kind == kindContrib && rank != frontierRank {
 		env.Rank = int(rank)
-		if exp.Peer != "" {
-			pe.Peer = fmt.Sprintf("rank %d (%s)", rank, exp.Peer)
-		} else {
-			pe.Peer = RankName(int(rank))
-		}
-	} else if kind == kindFrontier && exp.Peer == "" {
-		pe.Peer = "the frontier's sender"
 	}
 	if [4]byte(b[:4]) != magic {
 		return fail("bad magic %q: %w", b[:4], ErrMalformed)
@@ -222,7 +253,7 @@ func decode(b []byte, exp Expect, kind byte) (Envelope, Contribution, error) {
 	if n := encodedLen(s); n != len(b) {
 		return fail("%d bytes, shape %s needs %d: %w", len(b), s, n, ErrMalformed)
 	}
-	c := NewContribution(pe.Tick, s)
+	c := reuseContribution(tick, s, dst)
 	p := b[headerLen:]
 	for i := range c.Counts {
 		c.Counts[i] = Counts{Gathered: le.Uint64(p), Durable: le.Uint64(p[8:]), Reloaded: le.Uint64(p[16:]), L1Copied: le.Uint64(p[24:])}

@@ -42,6 +42,34 @@ func TestCodecRoundTrip(t *testing.T) {
 	}
 }
 
+// TestDecodeIntoReuses decodes 300 contributions of random shapes one
+// after another into the same vectors: each equals its plain decode (no
+// value of an earlier, larger or digested message shows through), and a
+// message that fits the vectors allocates nothing.
+func TestDecodeIntoReuses(t *testing.T) {
+	var dst Contribution
+	for seed := uint64(1); seed <= 300; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 5))
+		c := RandomContribution(rng, rng.Uint64(), randomShape(rng), Digest{byte(seed)})
+		b, err := AppendContribution(nil, testEnv, c)
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		_, want, err := DecodeContribution(b, testExpect)
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		_, got, err := DecodeContributionInto(b, testExpect, dst)
+		if err != nil || !got.Equal(want) || !got.Equal(c) {
+			t.Fatalf("seed %d: into reused vectors: %v %+v, want %+v", seed, err, got, want)
+		}
+		dst = got
+		if n := testing.AllocsPerRun(10, func() { _, dst, _ = DecodeContributionInto(b, testExpect, dst) }); n != 0 {
+			t.Fatalf("seed %d: %v allocations decoding into vectors that fit", seed, n)
+		}
+	}
+}
+
 func TestDecodeRefuses(t *testing.T) {
 	c := mk(42, Shape{Classes: 1, OKBits: 3, Reloads: 1, Digest: true}, []Counts{{1, 2, 3, 4}}, []bool{true, false, true}, []uint32{7})
 	good, err := AppendContribution(nil, testEnv, c)

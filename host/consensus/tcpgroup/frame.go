@@ -34,12 +34,19 @@ var maxFrame = max(consensus.MaxEncodedLen, maxErrorMessage) + 1 + 64
 // errFrame marks bytes that are not a frame.
 var errFrame = fmt.Errorf("not a tcpgroup frame: %w", consensus.ErrMalformed)
 
-// writeFrame writes one frame in one write.
-func writeFrame(w io.Writer, typ byte, body []byte) error {
-	b := make([]byte, frameHeader, frameHeader+len(body))
-	binary.LittleEndian.PutUint32(b, uint32(1+len(body)))
-	b[4] = typ
-	_, err := w.Write(append(b, body...))
+// writeFrame writes one frame in one write, built in *scratch (grown as
+// needed, kept for the next frame; nil: a fresh buffer).
+func writeFrame(w io.Writer, typ byte, body []byte, scratch *[]byte) error {
+	var b []byte
+	if scratch != nil {
+		b = (*scratch)[:0]
+	}
+	b = binary.LittleEndian.AppendUint32(b, uint32(1+len(body)))
+	b = append(append(b, typ), body...)
+	if scratch != nil {
+		*scratch = b
+	}
+	_, err := w.Write(b)
 	return err
 }
 

@@ -86,6 +86,7 @@ type Member struct {
 	srv   *server // rank 0
 	buf   []byte  // the encoded contribution
 	rbuf  []byte  // the frame read
+	wbuf  []byte  // the frame written
 	quit  context.Context
 	close context.CancelFunc
 
@@ -213,11 +214,13 @@ func (m *Member) exchangeRemote(ctx context.Context, tick uint64, c consensus.Co
 		return consensus.Frontier{}, m.setStopped(m.remoteErr(ctx, tick, err))
 	}
 	_ = conn.SetDeadline(deadline)
-	stopWatch := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
-	defer stopWatch()
+	if ctx.Done() != nil {
+		stopWatch := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+		defer stopWatch()
+	}
 	var typ byte
 	var body []byte
-	if err = writeFrame(conn, frameContribution, m.buf); err == nil {
+	if err = writeFrame(conn, frameContribution, m.buf, &m.wbuf); err == nil {
 		typ, body, m.rbuf, err = readFrame(rd, m.rbuf)
 	}
 	if err != nil {
@@ -379,7 +382,7 @@ func (s *server) run() {
 			if err := s.hub.serve(c); err != nil {
 				// The refusal goes to the peer, then the connection closes.
 				_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-				_ = writeFrame(c, frameError, errorBody(err))
+				_ = writeFrame(c, frameError, errorBody(err), nil)
 			}
 		}()
 	}
@@ -431,7 +434,11 @@ func (h *hub) serve(c net.Conn) error {
 	addr := c.RemoteAddr().String()
 	exp := consensus.Expect{Group: h.opts.Group, Stack: h.opts.Stack, Size: h.opts.Size, Peer: addr}
 	rd := bufio.NewReaderSize(c, 4096)
-	var buf []byte
+	var (
+		buf, wbuf []byte
+		ct        consensus.Contribution // vectors reused frame after frame
+		name      string                 // the bound rank's, formatted once
+	)
 	bound := -1
 	for {
 		typ, req, b, err := readFrame(rd, buf)
@@ -445,7 +452,10 @@ func (h *hub) serve(c net.Conn) error {
 		if typ != frameContribution {
 			return fmt.Errorf("tcpgroup: peer %s sent a frame of type %d, want a contribution: %w", addr, typ, consensus.ErrMalformed)
 		}
-		env, ct, err := consensus.DecodeContribution(req, exp)
+		// NB: ct's vectors are free again here: the round that held them
+		// reduced them before it closed done, which this loop waited for.
+		env, c2, err := consensus.DecodeContributionInto(req, exp, ct)
+		ct = c2
 		if err == nil && (env.Rank == 0 || (bound >= 0 && env.Rank != bound)) {
 			err = &consensus.PeerError{Peer: fmt.Sprintf("rank %d (%s)", env.Rank, addr), Tick: ct.Tick, TickKnown: true,
 				Err: fmt.Errorf("a connection of rank %d claims rank %d (rank 0 is the hub): %w", bound, env.Rank, consensus.ErrForeign)}
@@ -454,8 +464,11 @@ func (h *hub) serve(c net.Conn) error {
 			h.log.Warn("refused: "+addr, "tcpgroup: contribution refused", "err", err)
 			return err
 		}
+		if bound < 0 {
+			name = fmt.Sprintf("rank %d (%s)", env.Rank, addr)
+		}
 		bound = env.Rank
-		round, err := h.submit(env.Rank, ct.Tick, ct, fmt.Sprintf("rank %d (%s)", env.Rank, addr))
+		round, err := h.submit(env.Rank, ct.Tick, ct, name)
 		if err != nil {
 			return err
 		}
@@ -463,7 +476,7 @@ func (h *hub) serve(c net.Conn) error {
 		if round.err != nil {
 			return round.err
 		}
-		if err := writeFrame(c, frameFrontier, round.enc); err != nil {
+		if err := writeFrame(c, frameFrontier, round.enc, &wbuf); err != nil {
 			return nil
 		}
 	}

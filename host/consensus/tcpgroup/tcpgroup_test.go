@@ -133,7 +133,7 @@ func rawFrame(t *testing.T, addr string, typ byte, body []byte) error {
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-	if err := writeFrame(conn, typ, body); err != nil {
+	if err := writeFrame(conn, typ, body, nil); err != nil {
 		t.Fatal(err)
 	}
 	got, resp, _, err := readFrame(bufio.NewReader(conn), nil)
