@@ -193,6 +193,14 @@ type Resetter interface {
 	Reset(ctx context.Context) error
 }
 
+// DirConfig is implemented by an index config that keeps its files in one
+// directory: IndexDir returns it, given the Env's Dir as the default. A
+// host that opens several stacks in one process uses it to tell that two
+// configs name the same index (host/stack.Shared).
+type DirConfig interface {
+	IndexDir(envDir string) string
+}
+
 // DeferredPutter is implemented by an index that can commit a batch without
 // flushing it to stable storage: a bulk load (the L3 index rebuild) commits
 // its batches while it reads and makes them all durable with one Sync at

@@ -57,6 +57,13 @@ var defaultYAML string
 // {{DIR}}, {{RANK}}, {{RANKS}} and {{DIRHASH}} placeholders).
 func DefaultYAML() string { return defaultYAML }
 
+//go:embed shared.yaml
+var sharedYAML string
+
+// SharedYAML returns the embedded stack of serve --owner-lanes without
+// --config: the node's ranks share one slab and one index.
+func SharedYAML() string { return sharedYAML }
+
 // Config configures a Server.
 type Config struct {
 	// YAML is the stack config text (empty: the embedded default). Its
@@ -150,8 +157,11 @@ type Server struct {
 	text, name string
 	boot       string
 	ranks      []*rank
-	log        *slog.Logger
-	metrics    *metrics
+	// shared holds the indexes the ranks of this process share (owner
+	// lanes only: ranks that write disjoint pages; nil otherwise).
+	shared  *stack.Shared
+	log     *slog.Logger
+	metrics *metrics
 
 	emu   sync.Mutex // guards epoch
 	epoch *epoch
@@ -230,6 +240,11 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 	text, name := cfg.YAML, cfg.ConfigName
 	if text == "" {
 		text, name = defaultYAML, "embedded default stack"
+		if cfg.OwnerLanes {
+			// The ranks write disjoint pages: they share one slab and
+			// one index.
+			text, name = sharedYAML, "embedded shared stack"
+		}
 		if cfg.Ranks <= 0 {
 			cfg.Ranks = 1
 		}
@@ -247,7 +262,7 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 		}
 		cfg.Ranks = max(1, st.Ranks.WorldSize)
 	}
-	s := &Server{cfg: cfg, text: text, name: name, boot: newBootID(), log: cfg.Logger, sessions: map[string]*rank{}, conns: map[string]uint64{}, listening: make(chan struct{}),
+	s := &Server{cfg: cfg, text: text, name: name, boot: newBootID(), shared: sharedIf(cfg.OwnerLanes), log: cfg.Logger, sessions: map[string]*rank{}, conns: map[string]uint64{}, listening: make(chan struct{}),
 		fatal: make(chan error, 1)}
 	if s.world() > 1 && !strings.Contains(text, "{{RANK}}") {
 		return nil, fmt.Errorf("serve: %s: %d ranks share one config, so its paths must contain {{RANK}} (each rank needs its own slab, L3 and index)", name, s.world())
@@ -339,7 +354,7 @@ func (s *Server) openRank(ctx context.Context, i int) (_ *rank, err error) {
 		}
 	}
 	log := s.log.With("rank", i)
-	stk, err := stack.Open(ctx, st, regs, stack.Options{Logger: log, StackID: s.stackID(i), ColdStart: s.cfg.ColdStart, IndexDir: filepath.Join(dir, "index")})
+	stk, err := stack.Open(ctx, st, regs, stack.Options{Logger: log, StackID: s.stackID(i), Shared: s.shared, ColdStart: s.cfg.ColdStart, IndexDir: filepath.Join(dir, "index")})
 	if err != nil {
 		return nil, err
 	}
@@ -919,6 +934,17 @@ func (s *Server) world() int {
 		return s.cfg.GroupSize
 	}
 	return s.cfg.Ranks
+}
+
+// sharedIf returns a set of shared indexes when the ranks write disjoint
+// pages (owner lanes): then ranks whose configs name one index share it.
+// Without lanes every rank would write every page's entry, so a second
+// open of one index stays refused.
+func sharedIf(ownerLanes bool) *stack.Shared {
+	if ownerLanes {
+		return stack.NewShared()
+	}
+	return nil
 }
 
 // stackID names the stack of the i-th rank this process hosts in the

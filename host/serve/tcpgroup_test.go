@@ -46,36 +46,6 @@ type tcpRank struct {
 	done chan error
 }
 
-// sharedStackYAML is the serve default with one slab and one LMDB index
-// shared by the group's ranks (ranks other than 0 join rank 0's slab; each
-// rank's L3 slab files carry its rank): with owner lanes every page is
-// written by the one rank that owns it.
-const sharedStackYAML = `version: 1
-model:
-  page_tokens: 512
-  payloads:
-    - {name: kv, page_bytes: 16KiB}
-tiers:
-  - name: l1
-    role: pool
-    use: engine
-    config: {pages: 256, layers: 1}
-  - name: l2
-    role: slab
-    use: l2hugetlb
-    config: {size: 16MiB, fallback: shm, name: "kvtier-tcp-{{DIRHASH}}", stale: remove}
-  - name: l3
-    role: store
-    use: l3disk
-    index: {use: lmdb, config: {dir: "{{DIR}}/index"}}
-    config:
-      disks: [{dir: "{{DIR}}/l3", budget: 256MiB}]
-policy:
-  evictor: lru
-  planner: heap
-write_policy: write_through
-ranks: {world_size: {{RANKS}}, rank: {{RANK}}}
-`
 
 // startTCPGroup starts size serve processes, one rank each, over one data
 // dir, with rank 0 the hub at hub, as a context-parallel group with owner
@@ -139,7 +109,7 @@ func TestServeTCPGroup(t *testing.T) {
 	l.Close()
 
 	config := filepath.Join(sd, "shared.yaml")
-	if err := os.WriteFile(config, []byte(sharedStackYAML), 0o600); err != nil {
+	if err := os.WriteFile(config, []byte(SharedYAML()), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	rs := startTCPGroup(t, bin, dir, sd, hub, config, size)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -39,6 +40,58 @@ type Options struct {
 	// Plugins configures the plugin host for tiers and indexes served by
 	// plugin binaries.
 	Plugins pluginhost.Options
+	// Shared, when set, lets the stacks opened with it (the ranks of one
+	// process) share an in-process index their configs name alike: the
+	// first opens it, the others get the same one, and the last to close
+	// closes it. An LMDB environment may be opened once per process, so
+	// this is how a node's in-process ranks share one index. Only for
+	// ranks that write disjoint pages (owner lanes).
+	Shared *Shared
+}
+
+// Shared holds the indexes shared by the stacks of one process.
+type Shared struct {
+	mu  sync.Mutex
+	ixs map[string]*sharedIndex
+}
+
+type sharedIndex struct {
+	ix   indexes.Index
+	refs int
+}
+
+// NewShared returns an empty set of shared indexes.
+func NewShared() *Shared { return &Shared{ixs: map[string]*sharedIndex{}} }
+
+// open returns the shared index of key, opening it with open the first
+// time, and the function that releases this stack's reference.
+func (sh *Shared) open(key string, open func() (indexes.Index, error)) (indexes.Index, func() error, error) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.ixs[key]
+	if e == nil {
+		ix, err := open()
+		if err != nil {
+			return nil, nil, err
+		}
+		e = &sharedIndex{ix: ix}
+		sh.ixs[key] = e
+	}
+	e.refs++
+	var once sync.Once
+	release := func() error {
+		var err error
+		once.Do(func() {
+			sh.mu.Lock()
+			defer sh.mu.Unlock()
+			if e.refs--; e.refs == 0 {
+				delete(sh.ixs, key)
+				err = e.ix.Close()
+			}
+		})
+		return err
+	}
+	return e.ix, release, nil
 }
 
 // Store is one opened store tier and, when its entry names one, the
@@ -157,11 +210,11 @@ func Open(ctx context.Context, st *config.Stack, regs Registries, opts Options) 
 // openStore opens one store tier, its index first when it names one.
 func (s *Stack) openStore(ctx context.Context, t config.Tier, regs Registries, env tiers.Env, opts Options) error {
 	if t.Index != nil {
-		ix, err := openIndex(ctx, t, regs, opts)
+		ix, release, err := openIndex(ctx, t, regs, opts)
 		if err != nil {
 			return err
 		}
-		s.closers = append(s.closers, closer{"index of " + t.Name, ix.Close})
+		s.closers = append(s.closers, closer{"index of " + t.Name, release})
 		env.Index = ix
 	}
 	var st tiers.Store
@@ -186,8 +239,9 @@ func (s *Stack) openStore(ctx context.Context, t config.Tier, regs Registries, e
 }
 
 // openIndex opens the index a store tier names, in process or as a
-// plugin.
-func openIndex(ctx context.Context, t config.Tier, regs Registries, opts Options) (indexes.Index, error) {
+// plugin, and returns it with the function that closes it (or releases
+// this stack's share of it).
+func openIndex(ctx context.Context, t config.Tier, regs Registries, opts Options) (indexes.Index, func() error, error) {
 	env := indexes.Env{Logger: opts.Logger, Registerer: opts.Registerer}
 	if opts.IndexDir != "" {
 		env.Dir = filepath.Join(opts.IndexDir, t.Name)
@@ -195,19 +249,38 @@ func openIndex(ctx context.Context, t config.Tier, regs Registries, opts Options
 	if t.Index.Plugin != nil {
 		ix, err := pluginhost.OpenIndex(ctx, env, FromConfig(t.Name+"-index", *t.Index.Plugin, opts.Plugins))
 		if err != nil {
-			return nil, fmt.Errorf("open stack: index of tier %q (plugin %s): %w", t.Name, t.Index.Plugin.Path, err)
+			return nil, nil, fmt.Errorf("open stack: index of tier %q (plugin %s): %w", t.Name, t.Index.Plugin.Path, err)
 		}
-		return ix, nil
+		return ix, ix.Close, nil
 	}
 	reg, err := regs.Indexes.Lookup(indexes.IndexV1, t.Index.Use)
 	if err != nil {
-		return nil, fmt.Errorf("open stack: index of tier %q: %w", t.Name, err)
+		return nil, nil, fmt.Errorf("open stack: index of tier %q: %w", t.Name, err)
 	}
-	ix, err := reg.Factory(ctx, env, t.Index.Config)
-	if err != nil {
-		return nil, fmt.Errorf("open stack: index of tier %q (%s): %w", t.Name, reg.FullID(), err)
+	open := func() (indexes.Index, error) {
+		ix, err := reg.Factory(ctx, env, t.Index.Config)
+		if err != nil {
+			return nil, fmt.Errorf("open stack: index of tier %q (%s): %w", t.Name, reg.FullID(), err)
+		}
+		return ix, nil
 	}
-	return ix, nil
+	if opts.Shared == nil {
+		ix, err := open()
+		if err != nil {
+			return nil, nil, err
+		}
+		return ix, ix.Close, nil
+	}
+	// NB: the key is the module, the directory the index keeps its files
+	// in and its whole resolved config: two ranks share an index only when
+	// they name the same one. A config that cannot say its directory keys
+	// on the default one too, so it is shared only under equal defaults.
+	dir := env.Dir
+	if dc, ok := t.Index.Config.(indexes.DirConfig); ok {
+		dir = dc.IndexDir(env.Dir)
+	}
+	key := fmt.Sprintf("%s\x00%s\x00%+v", reg.FullID(), dir, t.Index.Config)
+	return opts.Shared.open(key, open)
 }
 
 // Close closes the tiers in the reverse of their opening order (the pool,

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvtier/kvtier/host/builtin"
 	"github.com/kvtier/kvtier/host/config"
+	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
 )
@@ -225,5 +226,65 @@ func waitDurable(t *testing.T, s tiers.Store, id tiers.BatchID) {
 		case <-deadline:
 			t.Fatalf("put batch %d not durable", id)
 		}
+	}
+}
+
+// TestSharedIndex: two stacks opened with one Shared whose configs name
+// the same LMDB index get the same index (without Shared the second open
+// is refused: an LMDB environment opens once per process); the index stays
+// open until the last stack closes. A stack naming another index gets its
+// own.
+func TestSharedIndex(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "shm"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	yaml := func(slab, index string) string {
+		y := strings.Replace(testYAML(dir), "name: stacktest", "name: "+slab, 1)
+		return strings.Replace(y, dir+"/index", dir+"/"+index, 1)
+	}
+	open := func(id, slab, index string, sh *Shared) (*Stack, error) {
+		st, regs := load(t, yaml(slab, index))
+		return Open(context.Background(), st, regs, Options{Logger: slog.New(slog.DiscardHandler), StackID: id, ColdStart: tiers.ColdStartClear, Shared: sh})
+	}
+	a, err := open("a", "sa", "index", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := open("b", "sb", "index", nil); err == nil || !strings.Contains(err.Error(), "already open in this process") {
+		t.Fatalf("a second open of one LMDB index without Shared: %v, want refused", err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	sh := NewShared()
+	a, err = open("a", "sa", "index", sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := open("b", "sb", "index", sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := open("c", "sc", "other-index", sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if a.Stores[1].Index != b.Stores[1].Index || a.Stores[1].Index == c.Stores[1].Index {
+		t.Fatalf("indexes a %p b %p c %p: want a and b one, c its own", a.Stores[1].Index, b.Stores[1].Index, c.Stores[1].Index)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ix := b.Stores[1].Index
+	if _, err := ix.Stats(context.Background()); err != nil {
+		t.Fatalf("the shared index after the first stack closed: %v", err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ix.Stats(context.Background()); !errors.Is(err, indexes.ErrClosed) {
+		t.Fatalf("the shared index after the last stack closed: %v, want closed", err)
 	}
 }

@@ -2,6 +2,7 @@ package badger
 
 import (
 	"fmt"
+	"path/filepath"
 	"strconv"
 )
 
@@ -74,4 +75,13 @@ func (c Config) Validate() error {
 func (c Config) String() string {
 	return fmt.Sprintf("{dir: %s, sync: %t, memtable_bytes: %d, block_cache_bytes: %d, on_corrupt: %s}",
 		strconv.Quote(c.Dir), c.Sync, c.MemTableBytes, c.BlockCacheBytes, strconv.Quote(c.OnCorrupt))
+}
+
+// IndexDir returns the directory the index keeps its files in: Dir, or
+// envDir when Dir is empty (indexes.DirConfig).
+func (c Config) IndexDir(envDir string) string {
+	if c.Dir == "" {
+		return filepath.Clean(envDir)
+	}
+	return filepath.Clean(c.Dir)
 }

@@ -2,6 +2,7 @@ package lmdb
 
 import (
 	"fmt"
+	"path/filepath"
 	"strconv"
 )
 
@@ -97,4 +98,13 @@ func (c Config) Validate() error {
 func (c Config) String() string {
 	return fmt.Sprintf("{dir: %s, map_size_bytes: %d, max_readers: %d, sync: %s, on_corrupt: %s}",
 		strconv.Quote(c.Dir), c.MapSizeBytes, c.MaxReaders, strconv.Quote(c.Sync), strconv.Quote(c.OnCorrupt))
+}
+
+// IndexDir returns the directory the index keeps its files in: Dir, or
+// envDir when Dir is empty (indexes.DirConfig).
+func (c Config) IndexDir(envDir string) string {
+	if c.Dir == "" {
+		return filepath.Clean(envDir)
+	}
+	return filepath.Clean(c.Dir)
 }

@@ -2,6 +2,7 @@ package loadgen
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -84,6 +85,18 @@ func TestLoadgenAgainstServe(t *testing.T) {
 			}
 			if want := map[bool]int{false: 1, true: 2}[lanes]; res.OwnerLanes != want {
 				t.Fatalf("owner lanes %d, want %d", res.OwnerLanes, want)
+			}
+			if lanes {
+				// The embedded shared stack: one index, both ranks' L3
+				// slab files in one directory.
+				if _, err := os.Stat(filepath.Join(dir, "index", "data.mdb")); err != nil {
+					t.Fatalf("the ranks' shared index: %v", err)
+				}
+				for r := range 2 {
+					if m, _ := filepath.Glob(filepath.Join(dir, "l3", fmt.Sprintf("kvtier-l3-serve-r%d-k*.slab", r))); len(m) == 0 {
+						t.Fatalf("no L3 slab file of rank %d in the shared directory", r)
+					}
+				}
 			}
 			if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 				t.Fatal(err)
