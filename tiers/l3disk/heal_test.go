@@ -24,6 +24,15 @@ func (r *rig) slabPath(k uint8) string {
 	return filepath.Join(r.dir, SlabFileName("test", 0, k))
 }
 
+// putAll puts pages from slab page 0 on and fails the test unless every
+// one is acked durable.
+func (r *rig) putAll(pages []testPage) {
+	r.t.Helper()
+	if errs := r.put(pages, 0); countHits(errs) != len(pages) {
+		r.t.Fatalf("put: %v", errs)
+	}
+}
+
 // slotsOf returns the slot each page's index entry names.
 func (r *rig) slotsOf(pages []testPage) []int64 {
 	r.t.Helper()
@@ -87,9 +96,7 @@ func TestSuperblockFlipEpochNeverBackwards(t *testing.T) {
 				r.close()
 				r.open(tiers.ColdStartClear) // epoch generation 3
 				pages := makePages(uint64(off), 50, 0, r.geom)
-				if errs := r.put(pages, 0); countHits(errs) != len(errs) {
-					t.Fatalf("put: %v", errs)
-				}
+				r.putAll(pages)
 				r.close()
 				flipByte(t, r.slabPath(0), int64(off), 0x10)
 				st := r.open(mode)
@@ -221,9 +228,7 @@ func TestTruncatedSlabKeepsIntactSlots(t *testing.T) {
 			r := newRig(t, ixo, 64)
 			r.open(tiers.ColdStartClear)
 			pages := makePages(3, 40, 0, r.geom)
-			if errs := r.put(pages, 0); countHits(errs) != len(pages) {
-				t.Fatalf("put: %v", errs)
-			}
+			r.putAll(pages)
 			slots := r.slotsOf(pages)
 			sb := r.store.files[0].sb.SlotBytes
 			r.close()
@@ -252,9 +257,7 @@ func TestRebuildMissingIndex(t *testing.T) {
 			r.open(tiers.ColdStartClear)
 			pages := makePages(11, 100, 0, r.geom)
 			pages = append(pages, makePages(12, 50, 1, r.geom)...)
-			if errs := r.put(pages, 0); countHits(errs) != len(pages) {
-				t.Fatalf("put: %v", errs)
-			}
+			r.putAll(pages)
 			r.close()
 			if err := os.RemoveAll(r.ixDir); err != nil {
 				t.Fatal(err)
@@ -285,9 +288,7 @@ func TestRolledBackSlab(t *testing.T) {
 			r := newRig(t, ixo, 64)
 			r.open(tiers.ColdStartClear)
 			old := makePages(21, 20, 0, r.geom)
-			if errs := r.put(old, 0); countHits(errs) != len(old) {
-				t.Fatalf("put: %v", errs)
-			}
+			r.putAll(old)
 			r.close()
 			backup, err := os.ReadFile(r.slabPath(0))
 			if err != nil {
@@ -296,9 +297,7 @@ func TestRolledBackSlab(t *testing.T) {
 			st := r.open(tiers.ColdStartClear)
 			newer := st.files[0].epoch()
 			pages := makePages(22, 20, 0, r.geom)
-			if errs := r.put(pages, 0); countHits(errs) != len(pages) {
-				t.Fatalf("put: %v", errs)
-			}
+			r.putAll(pages)
 			r.close()
 			if err := os.WriteFile(r.slabPath(0), backup, 0o644); err != nil {
 				t.Fatal(err)
@@ -366,9 +365,7 @@ func TestUnfinishedRebuildRedone(t *testing.T) {
 				r := newRig(t, ixo, 128)
 				r.open(tiers.ColdStartClear)
 				pages := makePages(21, 80, 0, r.geom)
-				if errs := r.put(pages, 0); countHits(errs) != len(pages) {
-					t.Fatalf("put: %v", errs)
-				}
+				r.putAll(pages)
 				r.close()
 				ix := r.ixOpen.open(t, r.ixDir)
 				var drop []indexes.Key

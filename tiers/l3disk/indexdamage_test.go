@@ -46,9 +46,7 @@ func TestIndexDamageLoad(t *testing.T) {
 			pristine := filepath.Dir(r.dir)
 			r.open(tiers.ColdStartClear)
 			pages := append(makePages(41, ixDamagePages, 0, r.geom), makePages(42, ixDamagePages, 1, r.geom)...)
-			if errs := r.put(pages, 0); countHits(errs) != len(pages) {
-				t.Fatalf("put: %v", errs)
-			}
+			r.putAll(pages)
 			r.close()
 			outcomes := map[string]int{}
 			for c := range cases {
