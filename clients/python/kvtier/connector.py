@@ -84,6 +84,18 @@ class KvtierConnector:
         self.unavailable_steps = 0
         self.errors = []
 
+    @property
+    def owner_lanes(self):
+        """serve's owner lanes (RegisterReply.owner_lanes): above 1, page i
+        of a key belongs to rank i mod owner_lanes, and this rank computes,
+        keeps and is sent copy plans for its own pages only. 1 without."""
+        return max(1, self.client.info.owner_lanes)
+
+    def owns(self, i):
+        """Whether the page at position i of a key is this rank's."""
+        lanes = self.owner_lanes
+        return i % lanes == self.client.rank % lanes
+
     def _attach(self):
         info = self.client.info
         self.slab = Slab(info.slab)
@@ -233,8 +245,11 @@ class KvtierConnector:
 
     def save_kv_layer(self, layer_name, kv_of, attn_metadata=None):
         """Writes the computed KV of every placed page into L1:
-        kv_of(req_id, key_index, kind) returns the page's bytes."""
+        kv_of(req_id, key_index, kind) returns the page's bytes. With owner
+        lanes only this rank's pages: the others' KV is not on this rank."""
         for rid, i, page in self._meta.placements:
+            if not self.owns(i):
+                continue
             hs = self._keys.get(rid)
             for k in range(len(self.kinds)):
                 self.l1[k][page][:] = np.frombuffer(kv_of(rid, i, k, hs[i] if hs else None), dtype=np.uint8)

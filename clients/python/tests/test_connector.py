@@ -86,6 +86,8 @@ class Engine:
     def verify(self, req):
         hs = self.conn._keys[req.request_id]
         for i, page in enumerate(self.conn.hit_pages(req)):
+            if not self.conn.owns(i):
+                continue  # another rank's page (owner lanes)
             for k, (_, size) in enumerate(self.conn.kinds):
                 if bytes(self.conn.l1[k][page]) == payload(hs[i], k, size):
                     self.verified += 1

@@ -186,12 +186,31 @@ def test_connector_needs_all_reduce_for_ranks(group_serve):
         KvtierConnector(group_serve, "test-model", rank=0, world_size=2)
 
 
+@pytest.fixture
+def lanes_serve(kvtier_bin, tmp_path):
+    sock, stop = start_serve(kvtier_bin, str(tmp_path / "data"), "--ranks", "2", "--group", "engine", "--owner-lanes")
+    yield sock
+    stop()
+
+
 def test_connectors_of_two_ranks(group_serve):
     """Two ranks of one context-parallel engine, each with its own
     connector in its own thread, their all_reduce an all-gather over a
     barrier (what torch.distributed.all_gather_object does across
     processes) and reduce_contributions: both ranks get the same answers,
     every loaded byte verified."""
+    run_two_connectors(group_serve, lanes=1)
+
+
+def test_connectors_of_two_ranks_owner_lanes(lanes_serve):
+    """The same with serve --owner-lanes (one slab and one index for both
+    ranks): each rank computes and keeps only its own pages (page i is
+    rank i mod 2's) and verifies them; a page copied by the wrong rank
+    would reach its owner as zeros."""
+    run_two_connectors(lanes_serve, lanes=2)
+
+
+def run_two_connectors(sock, lanes):
     import threading
 
     from kvtier.connector import KvtierConnector
@@ -213,7 +232,8 @@ def test_connectors_of_two_ranks(group_serve):
     # NB: a connector's registration must not end the other's session, so
     # both register before either steps.
     for r in range(2):
-        conns.append(KvtierConnector(group_serve, "cp-model", rank=r, world_size=2, all_reduce=all_reduce_for(r)))
+        conns.append(KvtierConnector(sock, "cp-model", rank=r, world_size=2, all_reduce=all_reduce_for(r)))
+        assert conns[r].owner_lanes == lanes
     for r in range(2):
         engines.append(Engine(conns[r], seed=5))
 
