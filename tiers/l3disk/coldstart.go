@@ -349,6 +349,11 @@ func (s *Store) adopt(live []liveSlot) {
 func (s *Store) rebuild(ctx context.Context, reason error) error {
 	s.log.Error("l3 cold start load: rebuilding the index from the slot headers", "reason", reason.Error())
 	start := time.Now()
+	// NB: marked before the old entries go: a crash anywhere from here
+	// leaves an index that lacks pages the slabs hold, and the mark.
+	if err := s.markRebuild(); err != nil {
+		return err
+	}
 	// NB: reset only an index whose records are corrupt: one set aside at
 	// open is already fresh, and with several ranks sharing it a reset
 	// would wipe the entries another rank has just rebuilt.
@@ -358,9 +363,6 @@ func (s *Store) rebuild(ctx context.Context, reason error) error {
 		}
 	} else if err := s.dropOwnEntries(ctx); err != nil {
 		return fmt.Errorf("rebuild (%w): the index cannot be reset and its entries cannot be dropped: %w", reason, err)
-	}
-	if err := s.markRebuild(); err != nil {
-		return err
 	}
 	var (
 		rc   RebuildCounts
