@@ -68,6 +68,7 @@ type EnginePool struct {
 	plans   []PlannedCopy
 	pending map[itemKey]PlannedCopy // planned, not completed
 	batches map[tiers.BatchID]int   // items not yet completed per batch
+	sizes   map[tiers.BatchID]int   // items per batch, while any is outstanding
 	once    sync.Once
 }
 
@@ -93,6 +94,7 @@ func OpenEngine(env tiers.Env, cfg EngineConfig) (*EnginePool, error) {
 		max:     cfg.MaxPending,
 		pending: make(map[itemKey]PlannedCopy),
 		batches: make(map[tiers.BatchID]int),
+		sizes:   make(map[tiers.BatchID]int),
 	}
 	p.start = p.plan
 	return p, nil
@@ -115,6 +117,7 @@ func (p *EnginePool) plan(batch []tiers.PoolCopy, toSlab bool) (tiers.BatchID, e
 		p.pending[itemKey{id, i}] = pc
 	}
 	p.batches[id] = len(batch)
+	p.sizes[id] = len(batch)
 	return id, nil
 }
 
@@ -145,6 +148,7 @@ func (p *EnginePool) Complete(batch tiers.BatchID, index int, err error) error {
 	last := p.batches[batch] == 0
 	if last {
 		delete(p.batches, batch)
+		delete(p.sizes, batch)
 	}
 	p.mu.Unlock()
 	if err != nil {
@@ -170,12 +174,14 @@ func (p *EnginePool) Outstanding(batch tiers.BatchID) bool {
 // outstanding is refused with ErrInvalid and changes nothing.
 func (p *EnginePool) CompleteBatch(batch tiers.BatchID, err error) error {
 	p.mu.Lock()
-	n := p.batches[batch]
+	// NB: the batch's own items, in index order: O(batch), not a scan of
+	// every outstanding item (that made a step quadratic in the copies
+	// in flight).
 	var idx []int
-	if n > 0 {
-		for k := range p.pending {
-			if k.batch == batch {
-				idx = append(idx, k.index)
+	if p.batches[batch] > 0 {
+		for i := range p.sizes[batch] {
+			if _, ok := p.pending[itemKey{batch, i}]; ok {
+				idx = append(idx, i)
 			}
 		}
 	}
@@ -183,7 +189,6 @@ func (p *EnginePool) CompleteBatch(batch tiers.BatchID, err error) error {
 	if len(idx) == 0 {
 		return fmt.Errorf("l1 engine pool: completion of batch %d, which has nothing outstanding: %w", batch, tiers.ErrInvalid)
 	}
-	slices.Sort(idx)
 	for _, i := range idx {
 		if cerr := p.Complete(batch, i, err); cerr != nil {
 			return cerr
