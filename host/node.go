@@ -463,6 +463,8 @@ func (n *Node) lookup(ctx context.Context, l control.Lookup) {
 					hs, pos = append(hs, h), append(pos, j)
 				}
 			}
+			// NB: the sentinel: every own page present covers the suffix.
+			pos = append(pos, len(l.Hashes))
 		}
 		for k := range n.kinds {
 			if len(hs) == 0 {
@@ -475,10 +477,8 @@ func (n *Node) lookup(ctx context.Context, l control.Lookup) {
 				got = 0
 			}
 			got = max(0, min(got, len(hs)))
-			if pos != nil && got < len(hs) {
-				got = pos[got]
-			} else if pos != nil {
-				got = len(l.Hashes)
+			if pos != nil {
+				got = pos[got] // a position in l.Hashes (see the sentinel)
 			}
 			c = min(c, got)
 		}

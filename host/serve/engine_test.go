@@ -14,6 +14,7 @@ import (
 
 	pb "github.com/kvtier/kvtier/api/enginev1"
 	"github.com/kvtier/kvtier/host"
+	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
 )
@@ -152,7 +153,7 @@ func (e *testEngine) run(ctx context.Context, q *pb.StepRequest, keys map[string
 // owns reports whether the page at position i of a key is this rank's
 // (always, without owner lanes).
 func (e *testEngine) owns(i int) bool {
-	return e.reg.OwnerLanes < 2 || uint32(i)%e.reg.OwnerLanes == e.rank
+	return control.OwnerOf(i, int(e.reg.OwnerLanes)) == control.OwnerOf(int(e.rank), int(e.reg.OwnerLanes))
 }
 
 // verify checks a DONE lookup's hit pages byte for byte (this rank's own,

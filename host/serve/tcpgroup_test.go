@@ -46,7 +46,6 @@ type tcpRank struct {
 	done chan error
 }
 
-
 // startTCPGroup starts size serve processes, one rank each, over one data
 // dir, with rank 0 the hub at hub, as a context-parallel group with owner
 // lanes over one shared slab and one shared index (config); it waits for

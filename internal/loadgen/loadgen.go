@@ -19,6 +19,7 @@ import (
 	pb "github.com/kvtier/kvtier/api/enginev1"
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/host"
+	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/workload"
@@ -504,7 +505,7 @@ func (r *rank) runPlan(pl *pb.CopyPlan) bool {
 // i mod owner_lanes's, else every page is every rank's.
 func (r *rank) owns(i int) bool {
 	lanes := int(r.c.Info().GetOwnerLanes())
-	return lanes < 2 || i%lanes == r.idx%lanes
+	return control.OwnerOf(i, lanes) == control.OwnerOf(r.idx, lanes)
 }
 
 // result verifies a DONE lookup's hit pages (this rank's own, with owner

@@ -369,10 +369,11 @@ func (s *Store) rebuild(ctx context.Context, reason error) error {
 		live []liveSlot
 	)
 	put := putFunc(s.index.Put)
-	if d, ok := s.index.(indexes.DeferredPutter); ok {
+	deferred, isDeferred := s.index.(indexes.DeferredPutter)
+	if isDeferred {
 		// NB: safe only because of the mark: a power loss before the Sync
 		// below leaves the mark, so the next load rebuilds again.
-		put = d.PutDeferred
+		put = deferred.PutDeferred
 	}
 	for _, f := range s.files {
 		l, err := rebuildFile(ctx, put, f, s.disk, s.cfg.Depth, &rc)
@@ -381,8 +382,8 @@ func (s *Store) rebuild(ctx context.Context, reason error) error {
 		}
 		live = append(live, l...)
 	}
-	if d, ok := s.index.(indexes.DeferredPutter); ok {
-		if err := d.Sync(ctx); err != nil {
+	if isDeferred {
+		if err := deferred.Sync(ctx); err != nil {
 			return fmt.Errorf("rebuild: make the index durable: %w", err)
 		}
 	}

@@ -454,8 +454,8 @@ func (h *hub) serve(c net.Conn) error {
 		}
 		// NB: ct's vectors are free again here: the round that held them
 		// reduced them before it closed done, which this loop waited for.
-		env, c2, err := consensus.DecodeContributionInto(req, exp, ct)
-		ct = c2
+		var env consensus.Envelope
+		env, ct, err = consensus.DecodeContributionInto(req, exp, ct)
 		if err == nil && (env.Rank == 0 || (bound >= 0 && env.Rank != bound)) {
 			err = &consensus.PeerError{Peer: fmt.Sprintf("rank %d (%s)", env.Rank, addr), Tick: ct.Tick, TickKnown: true,
 				Err: fmt.Errorf("a connection of rank %d claims rank %d (rank 0 is the hub): %w", bound, env.Rank, consensus.ErrForeign)}
