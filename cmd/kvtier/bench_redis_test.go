@@ -12,7 +12,7 @@ import (
 )
 
 // TestBenchRedisSmall runs `kvtier bench redis` at its smallest: it starts
-// its own redis-server and prints the put and get rows as JSON with the raw
+// its own redis-server and prints its three rows as JSON with the raw
 // client as the limit.
 func TestBenchRedisSmall(t *testing.T) {
 	redistest.RequireBinaries(t)
@@ -22,10 +22,10 @@ func TestBenchRedisSmall(t *testing.T) {
 		t.Fatalf("bench redis: %v\n%s", err, errOut.String())
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) != 2 {
-		t.Fatalf("want 2 JSON lines, got:\n%s", out.String())
+	if len(lines) != 3 {
+		t.Fatalf("want 3 JSON lines, got:\n%s", out.String())
 	}
-	for i, want := range []string{"redis/put", "redis/get"} {
+	for i, want := range []string{"redis/put", "redis/get", "redis/put_vs_checksummed"} {
 		var r struct {
 			Bench     string  `json:"bench"`
 			Value     float64 `json:"value"`

@@ -11,7 +11,7 @@ import (
 )
 
 // TestRunSmall runs the benchmark at its smallest against a standalone
-// server and a cluster of 3 masters: both rows, positive figures, a ratio.
+// server and a cluster of 3 masters: every row, positive figures, a ratio.
 func TestRunSmall(t *testing.T) {
 	redistest.RequireBinaries(t)
 	t.Parallel()
@@ -34,7 +34,7 @@ func TestRunSmall(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(res) != 2 || res[0].Bench != "redis/put" || res[1].Bench != "redis/get" {
+			if len(res) != 3 || res[0].Bench != "redis/put" || res[1].Bench != "redis/get" || res[2].Bench != "redis/put_vs_checksummed" {
 				t.Fatalf("rows %+v", res)
 			}
 			for _, r := range res {
