@@ -15,7 +15,9 @@ import (
 // watermark is pursued best effort: the plan aims at need plus the
 // watermark, and a shortfall is a counted, rate-limited skip, never a
 // failure (the seed's log storm came from a watermark that could not be
-// met). It reports whether need pages are free afterwards.
+// met). An admission that must plan also aims EvictAhead of L1 further,
+// best effort too, so that the next ones find room without a plan. It
+// reports whether need pages are free afterwards.
 func (m *Machine) admitL1(need int64, req ReqID, node policy.NodeID) bool {
 	free := m.l1.FreePages(0)
 	water := int64(math.Ceil(m.opts.FreeRoomRatio * float64(m.opts.L1Pages)))
@@ -24,6 +26,8 @@ func (m *Machine) admitL1(need int64, req ReqID, node policy.NodeID) bool {
 		return true
 	}
 	hard := need - free
+	// NB: rounded down to whole pages.
+	target += int64(m.opts.EvictAhead * float64(m.opts.L1Pages))
 	plan, err := m.plan.Plan(m.planInput(target))
 	if err != nil {
 		// NB: the input is built from the tree; a refusal is a bug, but a

