@@ -181,6 +181,7 @@ type Machine struct {
 	// an L1 / L2 object (how many of a node's children do is in its mark).
 	l1Set, l2Set nodeSet
 
+	expireBuf []ReqID
 	planBuf   []policy.PlanNode
 	victimBuf []victim
 	countBuf  []int

@@ -269,6 +269,15 @@ func (m *Machine) CheckInvariants() error {
 	if len(m.marks) != m.tree.Nodes() {
 		return fmt.Errorf("control: %d marked nodes, tree has %d", len(m.marks), m.tree.Nodes())
 	}
+	// expireHolds finds the holds through the reloads' waiters.
+	for _, id := range sortedKeys(m.reqs) {
+		if r := m.reqs[id]; r.held {
+			rl := m.reloads[r.reload]
+			if rl == nil || !slices.Contains(rl.waiters, id) {
+				return fmt.Errorf("control: request %d is held but not a waiter of a live reload", id)
+			}
+		}
+	}
 	for _, id := range sortedKeys(m.marks) {
 		n, k := m.tree.Node(id), m.marks[id]
 		if n == nil {

@@ -187,12 +187,26 @@ func (m *Machine) applyReload(o *op, ok bool) error {
 // expireHolds releases the requests whose hold outlived ReloadTTL ticks;
 // their reload goes on and frees its reservation when it lands.
 func (m *Machine) expireHolds() {
-	for _, id := range sortedKeys(m.reqs) {
-		r := m.reqs[id]
-		if r.held && r.deadline <= m.tick {
-			m.dropWaiter(id, r)
-			m.out.unholds = append(m.out.unholds, Unhold{Req: id, Reason: Expired})
-			m.skip(Skip{Reason: SkipTTL, Where: "reload", Req: id})
+	// NB: a held request waits on a live reload (a reload leaves the map
+	// only with no waiters or after unholding them all), so the waiters
+	// are every hold: no need to walk every request each tick.
+	if len(m.reloads) == 0 {
+		return
+	}
+	ids := m.expireBuf[:0]
+	for _, rl := range m.reloads {
+		for _, w := range rl.waiters {
+			if r := m.reqs[w]; r != nil && r.held && r.deadline <= m.tick {
+				ids = append(ids, w)
+			}
 		}
 	}
+	slices.Sort(ids) // NB: the order of ReqIDs, as the map's is random
+	ids = slices.Compact(ids)
+	for _, id := range ids {
+		m.dropWaiter(id, m.reqs[id])
+		m.out.unholds = append(m.out.unholds, Unhold{Req: id, Reason: Expired})
+		m.skip(Skip{Reason: SkipTTL, Where: "reload", Req: id})
+	}
+	m.expireBuf = ids[:0]
 }
