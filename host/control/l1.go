@@ -19,12 +19,14 @@ import (
 // best effort too, so that the next ones find room without a plan. It
 // reports whether need pages are free afterwards.
 func (m *Machine) admitL1(need int64, req ReqID, node policy.NodeID) bool {
+	m.count("l1 admit")
 	free := m.l1.FreePages(0)
 	water := int64(math.Ceil(m.opts.FreeRoomRatio * float64(m.opts.L1Pages)))
 	target := need + water - free
 	if target <= 0 {
 		return true
 	}
+	m.count("l1 plan")
 	hard := need - free
 	// NB: rounded down to whole pages.
 	target += int64(m.opts.EvictAhead * float64(m.opts.L1Pages))

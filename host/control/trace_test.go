@@ -49,7 +49,7 @@ type traceRun struct {
 }
 
 func (r *traceRun) drain(tb testing.TB) {
-	rd := r.m.Ready()
+	rd := r.m.Output() // NB: the contribution is taken at the tick
 	r.m.Advance()
 	seen := map[OpID]bool{}
 	for _, c := range rd.Copies {
@@ -100,8 +100,7 @@ func (r *traceRun) apply(tb testing.TB, e Event) Ready {
 	if err := r.m.Apply(e); err != nil {
 		tb.Fatal(err)
 	}
-	rd := r.m.Ready()
-	return rd
+	return r.m.Output()
 }
 
 func (r *traceRun) request(tb testing.TB, req ReqID, key []pagehash.Hash) {
@@ -140,7 +139,7 @@ func (r *traceRun) request(tb testing.TB, req ReqID, key []pagehash.Hash) {
 func (r *traceRun) waitUnhold(tb testing.TB, req ReqID) HoldReason {
 	for range 1000 {
 		r.tick(tb)
-		for _, u := range r.m.Ready().Unholds {
+		for _, u := range r.m.Output().Unholds {
 			if u.Req == req {
 				return u.Reason
 			}
@@ -216,6 +215,6 @@ func BenchmarkMooncakeTrace(b *testing.B) {
 		cpu := measure.ProcessCPU() - cpu0
 		b.ReportMetric(float64(r.events)/cpu.Seconds(), "page-events/cpu-s")
 		b.ReportMetric(float64(r.hit[1]+r.hit[2]+r.hit[3])/float64(r.input)*100, "hit-%")
-		b.Logf("%s", fmt.Sprintf("%d requests %d events cpu %v wall %v hits L1 %d L2 %d L3 %d of %d", len(keys), r.events, cpu, time.Since(wall0), r.hit[1], r.hit[2], r.hit[3], r.input))
+		b.Logf("%s", fmt.Sprintf("%d requests %d events cpu %v wall %v hits L1 %d L2 %d L3 %d of %d; L1 admissions %d, planner runs %d", len(keys), r.events, cpu, time.Since(wall0), r.hit[1], r.hit[2], r.hit[3], r.input, m.Count("l1 admit"), m.Count("l1 plan")))
 	}
 }

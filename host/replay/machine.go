@@ -59,7 +59,9 @@ type machineRun struct {
 }
 
 func (r *machineRun) drain() error {
-	rd := r.m.Ready()
+	// NB: Output, not Ready: the contribution is taken at the tick, as
+	// host.Node does; Ready builds one per call.
+	rd := r.m.Output()
 	r.m.Advance()
 	clear(r.seen)
 	if r.seen == nil {
@@ -112,14 +114,14 @@ func (r *machineRun) tick() (control.Ready, error) {
 	if err := r.m.Tick(f); err != nil {
 		return control.Ready{}, err
 	}
-	return r.m.Ready(), nil
+	return r.m.Output(), nil
 }
 
 func (r *machineRun) apply(e control.Event) (control.Ready, error) {
 	if err := r.m.Apply(e); err != nil {
 		return control.Ready{}, err
 	}
-	return r.m.Ready(), nil
+	return r.m.Output(), nil
 }
 
 func (r *machineRun) request(req control.ReqID, key []pagehash.Hash) error {

@@ -68,8 +68,9 @@ func (c *Config) defaults() {
 	}
 }
 
-// Run measures and returns the rows redis/put and redis/get in GB/s, each
-// with the raw client's figure as the limit.
+// Run measures and returns the rows redis/put, redis/get and
+// redis/put_vs_checksummed in GB/s, each with its raw client's figure as
+// the limit.
 func Run(ctx context.Context, cfg Config) ([]benchreport.Result, error) {
 	cfg.defaults()
 	n := cfg.BatchPages
