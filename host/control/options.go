@@ -107,9 +107,9 @@ type Options struct {
 }
 
 // DefaultEvictAhead is the default EvictAhead: 1/16 of L1. On the
-// Mooncake trace it cuts the planner runs enough to take the Machine from
-// about 2.1M to 3.9M page events per CPU-second with the hit rate
-// unchanged to 0.01% (BenchmarkMooncakeTrace); beyond it the gain flattens.
+// Mooncake trace it leaves 609 planner runs for 5,193 admissions with the
+// hit rate unchanged to 0.01% (BenchmarkMooncakeTrace logs both counts;
+// docs/perf.md, host, has the decision rate before and after).
 const DefaultEvictAhead = 1.0 / 16
 
 // DefaultOptions returns options for a small stack: 3 tiers, lru, the heap
