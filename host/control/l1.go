@@ -15,7 +15,7 @@ import (
 // watermark is pursued best effort: the plan aims at need plus the
 // watermark, and a shortfall is a counted, rate-limited skip, never a
 // failure (the seed's log storm came from a watermark that could not be
-// met). An admission that must plan also aims EvictAhead of L1 further,
+// met). An admission that had to plan then frees EvictAhead of L1 more,
 // best effort too, so that the next ones find room without a plan. It
 // reports whether need pages are free afterwards.
 func (m *Machine) admitL1(need int64, req ReqID, node policy.NodeID) bool {
@@ -28,8 +28,6 @@ func (m *Machine) admitL1(need int64, req ReqID, node policy.NodeID) bool {
 	}
 	m.count("l1 plan")
 	hard := need - free
-	// NB: rounded down to whole pages.
-	target += int64(m.opts.EvictAhead * float64(m.opts.L1Pages))
 	plan, err := m.plan.Plan(m.planInput(target))
 	if err != nil {
 		// NB: the input is built from the tree; a refusal is a bug, but a
@@ -51,6 +49,10 @@ func (m *Machine) admitL1(need int64, req ReqID, node policy.NodeID) bool {
 			m.evictL1(n)
 		}
 	}
+	// NB: rounded down to whole pages.
+	if ahead := int64(m.opts.EvictAhead * float64(m.opts.L1Pages)); ahead > 0 {
+		m.evictAhead(ahead)
+	}
 	free = m.l1.FreePages(0)
 	if free < need {
 		// Write-back victims free their pages at their backup's commit.
@@ -61,6 +63,37 @@ func (m *Machine) admitL1(need int64, req ReqID, node policy.NodeID) bool {
 		m.skip(Skip{Reason: SkipWatermark, Where: "l1 admit", Req: req, Node: node, Pages: int(water - (free - need))})
 	}
 	return true
+}
+
+// evictAhead takes about pages more pages out of L1, best effort: the
+// coldest evictable L1 leaves first (last access, then node id: the
+// replicated order), until their pages cover it.
+func (m *Machine) evictAhead(pages int64) {
+	h := m.victimBuf[:0]
+	for i, id := range m.l1Set.ids {
+		k := m.l1Set.marks[i]
+		n := k.node
+		if k.loadOp != 0 || k.l1Kids > 0 || n.LockRefs() != 0 || n.BackupPending() {
+			continue
+		}
+		h = append(h, victim{last: n.LastAccess(), id: id, pages: int64(n.Pages())})
+	}
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		siftDown(h, i)
+	}
+	for len(h) > 0 && pages > 0 {
+		v := h[0]
+		h[0] = h[len(h)-1]
+		h = h[:len(h)-1]
+		siftDown(h, 0)
+		// NB: an earlier victim's prune may have merged this one away.
+		if n, k := m.tree.Node(v.id), m.marks[v.id]; n != nil && k != nil && k.l1 != 0 {
+			m.evictL1(n)
+			pages -= v.pages
+			m.count("l1 evict ahead")
+		}
+	}
+	m.victimBuf = h[:0]
 }
 
 // planInput describes every node resident in L1 to the owner-lane

@@ -70,11 +70,11 @@ type Options struct {
 	// (the watermark, pursued best effort; only the hard deficit gates).
 	FreeRoomRatio float64
 	// EvictAhead is the share of L1 that an admission which must evict
-	// frees beyond its need (and the watermark), rounded down to pages:
-	// the admissions after it find room without planning, so the planner
-	// runs once per batch of admissions instead of once for each. Like
-	// the watermark it is best effort; only the hard deficit gates. 0
-	// evicts exactly what each admission needs.
+	// frees beyond its plan, rounded down to pages, coldest L1 leaves
+	// first: the admissions after it find room without planning, so the
+	// planner runs once per batch of admissions instead of once for each.
+	// Like the watermark it is best effort; only the hard deficit gates.
+	// 0 evicts exactly what each admission's plan says.
 	EvictAhead float64
 	// L2 is the slab layout the placement allocator places into.
 	L2 placement.Layout
@@ -106,14 +106,16 @@ type Options struct {
 	LogClock func() time.Time
 }
 
-// DefaultEvictAhead is the default EvictAhead: 1/16 of L1. On the
-// Mooncake trace it leaves 609 planner runs for 5,193 admissions with the
-// hit rate unchanged to 0.01% (BenchmarkMooncakeTrace logs both counts;
-// docs/perf.md, host, has the decision rate before and after).
-const DefaultEvictAhead = 1.0 / 16
+// DefaultEvictAhead is the default EvictAhead: off. At 1/16 it cut the
+// planner runs on the Mooncake trace (one rank) from nearly every admission
+// to 609 of 5,193 with the hit rate unchanged, but in `kvtier sim` with 8
+// owner lanes it made the ranks load back far more and finish about a
+// third of the requests (docs/perf.md, host), so it stays opt-in until
+// that is understood.
+const DefaultEvictAhead = 0.0
 
 // DefaultOptions returns options for a small stack: 3 tiers, lru, the heap
-// planner, write_through, L3 on, 64 L1 pages evicted 1/16 ahead, a one-kind L2 of 64 pages of
+// planner, write_through, L3 on, 64 L1 pages, a one-kind L2 of 64 pages of
 // 4 KiB, a spill queue of 64 with 8 in flight, 4 reloads in flight held at
 // most 8 ticks, a digest every 16 ticks.
 func DefaultOptions() Options {

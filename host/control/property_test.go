@@ -106,7 +106,7 @@ func TestReplicasAgree(t *testing.T) {
 func runReplicas(t *testing.T, seed uint64, wp WritePolicy, steps int) {
 	opts := propertyOptions()
 	opts.WritePolicy = wp
-	opts.EvictAhead = []float64{0, DefaultEvictAhead, 0.25}[seed%3]
+	opts.EvictAhead = []float64{0, 1.0 / 16, 0.25}[seed%3]
 	reps := make([]*replica, 3)
 	for i := range reps {
 		m, err := New(opts)
