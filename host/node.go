@@ -72,9 +72,8 @@ type Options struct {
 	// L2, puts, gets, deletes and touches only its own pages in the store,
 	// and answers a lookup from its own pages (the group's MIN makes the
 	// agreed count). An op with none of its pages finishes at once, ok, and
-	// the frontier keeps the ranks in lockstep. Lanes above 1 need the
-	// Machine's OwnerLanes equal, so that the L1 planner splits deficits by
-	// the same rule. 0 or 1: one lane, every page.
+	// the frontier keeps the ranks in lockstep. 0 or 1: one lane, every
+	// page.
 	Lanes, Rank int
 }
 
@@ -205,10 +204,6 @@ func New(s *stack.Stack, m *control.Machine, opts Options) (*Node, error) {
 	opts.Lanes = max(opts.Lanes, 1)
 	if opts.Rank < 0 || opts.Rank >= opts.Lanes {
 		return nil, fmt.Errorf("host: rank %d outside the %d owner lanes", opts.Rank, opts.Lanes)
-	}
-	if opts.Lanes > 1 && m.Options().OwnerLanes != opts.Lanes {
-		return nil, fmt.Errorf("host: %d owner lanes, but the machine's L1 planner splits deficits over %d (set control.Options.OwnerLanes to %d)",
-			opts.Lanes, m.Options().OwnerLanes, opts.Lanes)
 	}
 	lay := m.Options().L2
 	if len(lay.Kinds) != len(s.Config.Payload.Kinds) {

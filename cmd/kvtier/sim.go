@@ -12,10 +12,11 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/host/consensus/simgroup"
+	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/host/simrun"
 )
 
-const simUsage = `usage: kvtier sim [--ranks N] [--ticks T] [--seed S] [--faults SPEC] [--inject-divergence TICK] [--replicate] [--json]
+const simUsage = `usage: kvtier sim [--ranks N] [--ticks T] [--seed S] [--faults SPEC] [--inject-divergence TICK] [--replicate] [--evict-ahead F] [--json]
 
 Runs N ranks, each a control Machine and a host.Node over real in-process
 tiers (host L1 pool, shm slab, memstore L3), over the simulated rank group
@@ -25,7 +26,8 @@ the others hold poison in its L1 pages; --replicate gives every rank every
 page instead): random per-rank arrival delays, tier acks held
 back up to --max-ack-skew ticks per rank, ok bits cleared at --fail-rate,
 and the faults of SPEC. Prints ranks, ticks, digest_checks, divergences,
-hangs, failed_ops, max_ack_skew_ticks, wrong_bytes (and with
+hangs, failed_ops, max_ack_skew_ticks, wrong_bytes, the L1 admissions,
+planner runs and capacity skips (and with
 --inject-divergence, injected_at_tick and caught_at_tick).
 
 SPEC is a comma-separated list of stall:RANK@TICK and crash:RANK@TICK.
@@ -46,6 +48,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	digestEvery := fs.Uint64("digest-every", 16, "digest interval in ticks")
 	timeout := fs.Duration("timeout", 5*time.Second, "exchange deadline")
 	replicate := fs.Bool("replicate", false, "every rank moves every page (data-parallel replicas) instead of its owner lane's (page i: rank i mod N)")
+	evictAhead := fs.Float64("evict-ahead", control.DefaultEvictAhead, "share of L1 an admission that must evict frees beyond its plan (0..0.5)")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, simUsage)
@@ -73,13 +76,15 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("sim: --digest-every %d: want 1..2^20: %w", *digestEvery, errUsage)
 	case *timeout < time.Millisecond || *timeout > time.Hour:
 		return fmt.Errorf("sim: --timeout %s: want 1ms..1h: %w", *timeout, errUsage)
+	case !(*evictAhead >= 0 && *evictAhead <= 0.5):
+		return fmt.Errorf("sim: --evict-ahead %v: want 0..0.5: %w", *evictAhead, errUsage)
 	}
 	fl, err := parseSimFaults(*faults, *ranks)
 	if err != nil {
 		return fmt.Errorf("sim: --faults: %w: %w", err, errUsage)
 	}
 	res, err := simrun.Run(ctx, simrun.Config{Ranks: *ranks, Ticks: *ticks, Seed: *seed, MaxAckSkew: *skew, OpFailRate: *failRate,
-		Faults: fl, InjectDivergence: *inject, DigestEvery: *digestEvery, Timeout: *timeout, Replicate: *replicate})
+		Faults: fl, InjectDivergence: *inject, DigestEvery: *digestEvery, Timeout: *timeout, Replicate: *replicate, EvictAhead: evictAhead})
 	if err != nil {
 		return err
 	}
@@ -91,6 +96,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fmt.Fprintf(stdout, "digest checks %d, divergences %d, hangs %d, failed ops %d, max ack skew %d ticks\n",
 		res.DigestChecks, res.Divergences, res.Hangs, res.FailedOps, res.MaxAckSkewTicks)
 	fmt.Fprintf(stdout, "verified pages %d, wrong bytes %d\n", res.VerifiedPages, res.WrongBytes)
+	fmt.Fprintf(stdout, "L1 admissions %d, planner runs %d, capacity skips %d (evict ahead %g)\n", res.L1Admissions, res.L1Plans, res.L1CapacitySkips, res.EvictAhead)
 	fmt.Fprintf(stdout, "owner lanes %v (pages in a rank's store that another lane owns: %d); bytes over all ranks: l1->l2 %d, l2->l3 %d, l3->l2 %d, l2->l1 %d\n",
 		res.OwnerLanes, res.ForeignPages, res.L1ToL2, res.L2ToL3, res.L3ToL2, res.L2ToL1)
 	if res.InjectedAtTick > 0 {

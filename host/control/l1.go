@@ -99,17 +99,18 @@ func (m *Machine) evictAhead(pages int64) {
 // planInput describes every node resident in L1 to the owner-lane
 // planner: its L1 children (a node is an L1 leaf when none of its children
 // holds L1 pages), whether it may leave L1 (no request lock, no pending
-// backup: markers only), its pages per owner lane, and its last access as
-// the priority.
+// backup: markers only), its pages, and its last access as the priority.
+//
+// The deficit is one lane's, whatever the group's owner lanes: every rank
+// reserves a node's whole L1 object (docs/consensus.md, "Owner lanes"), so
+// a victim's pages in any lane are room in the one pool that must have it.
+// Split by owner (target/cp each) the plan had to free a lane's share from
+// that lane's pages; the L1 leaves of `kvtier sim --ranks 8` often held
+// none of lane 0's, so such plans fell short of the hard deficit and 11,304
+// of 11,951 admissions were skipped (capacity).
 func (m *Machine) planInput(target int64) policy.PlanInput {
-	lanes := m.opts.OwnerLanes
-	in := policy.PlanInput{Deficits: make([]int, lanes)}
-	for o := range lanes {
-		in.Deficits[o] = int(target) / lanes
-		if o < int(target)%lanes {
-			in.Deficits[o]++
-		}
-	}
+	m.deficit[0] = int(target)
+	in := policy.PlanInput{Deficits: m.deficit[:]}
 	// NB: the set's order is its replicated history; the plan depends on
 	// the nodes given, not on their order (every score is total).
 	in.Nodes = m.planBuf[:0]
@@ -121,14 +122,16 @@ func (m *Machine) planInput(target int64) policy.PlanInput {
 		}
 		n := k.node
 		at := len(counts)
-		counts = appendOwnerCounts(counts, n.Depth(), n.Pages(), lanes)
+		counts = append(counts, n.Pages())
 		in.Nodes = append(in.Nodes, policy.PlanNode{
 			ID:        id,
 			Parent:    k.parent,
 			Children:  k.l1Kids,
 			Evictable: n.LockRefs() == 0 && !n.BackupPending(),
-			Counts:    counts[at:len(counts):len(counts)],
-			Priority:  n.LastAccess(),
+			// NB: a later append may move the buffer; the slices taken
+			// keep the old array, which is all the plan needs.
+			Counts:   counts[at : at+1 : at+1],
+			Priority: n.LastAccess(),
 		})
 	}
 	m.planBuf, m.countBuf = in.Nodes, counts
@@ -255,22 +258,4 @@ func (m *Machine) mustSettle() {
 	if err := m.settle(); err != nil {
 		panic(err.Error())
 	}
-}
-
-// appendOwnerCounts appends planner.OwnerCounts(depth, pages, lanes)
-// without allocating. NB: a later append may move the buffer; slices taken
-// from it stay valid (they keep the old array), which is all planInput
-// needs.
-func appendOwnerCounts(dst []int, depth, pages, lanes int) []int {
-	if lanes == 1 {
-		return append(dst, pages)
-	}
-	at := len(dst)
-	for range lanes {
-		dst = append(dst, pages/lanes)
-	}
-	for i := depth + pages/lanes*lanes; i < depth+pages; i++ {
-		dst[at+i%lanes]++
-	}
-	return dst
 }

@@ -185,6 +185,7 @@ type Machine struct {
 	planBuf   []policy.PlanNode
 	victimBuf []victim
 	countBuf  []int
+	deficit   [1]int
 
 	counts map[string]uint64
 	out    pending

@@ -61,9 +61,6 @@ type Options struct {
 	// Planner names the owner-lane planner that chooses L1 victims
 	// ("heap" or "greedy"; empty means planner.Default).
 	Planner string
-	// OwnerLanes is the context-parallel size the owner-lane planner
-	// splits deficits over (owner(i) = i mod OwnerLanes). 1 here.
-	OwnerLanes int
 	// L1Pages is the size of the L1 pool in pages.
 	L1Pages int64
 	// FreeRoomRatio is the share of L1 that admission tries to keep free
@@ -106,13 +103,12 @@ type Options struct {
 	LogClock func() time.Time
 }
 
-// DefaultEvictAhead is the default EvictAhead: off. At 1/16 it cut the
-// planner runs on the Mooncake trace (one rank) from nearly every admission
-// to 609 of 5,193 with the hit rate unchanged, but in `kvtier sim` with 8
-// owner lanes it made the ranks load back far more and finish about a
-// third of the requests (docs/perf.md, host), so it stays opt-in until
-// that is understood.
-const DefaultEvictAhead = 0.0
+// DefaultEvictAhead is the default EvictAhead, 1/16: on the Mooncake trace
+// (one rank, `BenchmarkMooncakeTrace`) it cuts the planner runs from 2,236
+// of 5,230 admissions to 474 with the hit rate unchanged, and in `kvtier
+// sim --ranks 8` from about 3,600 of 5,800 to 800 with the same bytes
+// moved (docs/perf.md, host).
+const DefaultEvictAhead = 1.0 / 16
 
 // DefaultOptions returns options for a small stack: 3 tiers, lru, the heap
 // planner, write_through, L3 on, 64 L1 pages, a one-kind L2 of 64 pages of
@@ -124,7 +120,6 @@ func DefaultOptions() Options {
 	return Options{
 		Tree:              t,
 		Planner:           planner.Default,
-		OwnerLanes:        1,
 		L1Pages:           64,
 		FreeRoomRatio:     0,
 		EvictAhead:        DefaultEvictAhead,
@@ -160,8 +155,6 @@ func (o Options) Validate() error {
 		return fmt.Errorf("control options: tree tiers must be 3 (L1, L2, L3), got %d", o.Tree.Tiers)
 	case o.Tree.Residency != radix.L1:
 		return fmt.Errorf("control options: tree insert residency must be L1, got %s", o.Tree.Residency)
-	case o.OwnerLanes < 1:
-		return fmt.Errorf("control options: owner_lanes must be at least 1, got %d", o.OwnerLanes)
 	case o.L1Pages < 1:
 		return fmt.Errorf("control options: l1_pages must be at least 1, got %d", o.L1Pages)
 	case !(o.FreeRoomRatio >= 0 && o.FreeRoomRatio < 1):

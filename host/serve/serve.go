@@ -391,7 +391,6 @@ func (s *Server) openRank(ctx context.Context, i int) (_ *rank, err error) {
 	if lanes > 1 {
 		lane = s.groupRank(i)
 	}
-	base.OwnerLanes = lanes
 	mo, err := host.MachineOptions(stk, base, "")
 	if err != nil {
 		return nil, err

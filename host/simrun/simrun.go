@@ -66,6 +66,9 @@ type Config struct {
 	// context-parallel group: page i of a key is rank i mod Ranks's, the
 	// only one that holds its bytes (host.Options.Lanes).
 	Replicate bool
+	// EvictAhead overrides the Machine's EvictAhead (nil: the default,
+	// control.DefaultEvictAhead).
+	EvictAhead *float64
 }
 
 // Result is one simulation. The JSON keys are a public contract.
@@ -97,6 +100,13 @@ type Result struct {
 	// ForeignPages counts pages found in a rank's store that another lane
 	// owns (with owner lanes; must be 0).
 	ForeignPages int64 `json:"foreign_pages"`
+	// L1Admissions counts the L1 admissions (load-backs and inserts that
+	// needed room), L1Plans those that ran the planner, L1CapacitySkips
+	// those skipped for want of room: replicated counts, rank 0's.
+	EvictAhead      float64 `json:"evict_ahead"`
+	L1Admissions    uint64  `json:"l1_admissions"`
+	L1Plans         uint64  `json:"l1_plans"`
+	L1CapacitySkips uint64  `json:"l1_capacity_skips"`
 }
 
 // foreignPages asks each rank's store, page by page, for every page of the
@@ -260,6 +270,9 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		if i == 0 {
 			res.Requests = o.requests
 			res.DigestChecks = r.checks
+			res.EvictAhead = r.m.Options().EvictAhead
+			res.L1Admissions, res.L1Plans = r.m.Count("l1 admit"), r.m.Count("l1 plan")
+			res.L1CapacitySkips = r.m.Count(control.SkipCapacity.String() + " at l1 admit")
 		}
 		if o.err != nil && res.StoppedBy == "" {
 			res.StoppedBy = o.err.Error()
@@ -357,7 +370,9 @@ func openRank(ctx context.Context, cfg Config, i int, member consensus.Group) (*
 	if !cfg.Replicate {
 		lanes, lane = cfg.Ranks, i
 	}
-	base.OwnerLanes = lanes
+	if cfg.EvictAhead != nil {
+		base.EvictAhead = *cfg.EvictAhead
+	}
 	mo, err := host.MachineOptions(s, base, "")
 	if err != nil {
 		return nil, err
