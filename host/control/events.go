@@ -143,8 +143,13 @@ func (m *Machine) Apply(e Event) error {
 	default:
 		return e.refuse("unknown event kind %d: %w", e.Kind, ErrContract)
 	}
+	if err == nil {
+		return nil
+	}
+	// NB: declared here, not above: errors.As makes it escape, and an
+	// event that succeeds must not pay for the allocation.
 	var ee *EventError
-	if err != nil && !errors.As(err, &ee) {
+	if !errors.As(err, &ee) {
 		err = &EventError{Kind: e.Kind, Req: e.Req, Node: e.Node, Op: e.Op, Err: err}
 	}
 	return err

@@ -107,10 +107,16 @@ func Reduce(cs ...Contribution) (Frontier, error) {
 			f.Lanes[l].Done = min(f.Lanes[l].Done, p.Done)
 		}
 	}
+	total := 0
+	for l := range NumLanes {
+		total += int(f.Lanes[l].Done - f.Lanes[l].Base)
+	}
+	// NB: one array for every lane's ok bits.
+	oks := make([]bool, total)
 	for l := range NumLanes {
 		fl := &f.Lanes[l]
 		n := int(fl.Done - fl.Base)
-		fl.OK = make([]bool, n)
+		fl.OK, oks = oks[:n:n], oks[n:]
 		for i := range fl.OK {
 			fl.OK[i] = true
 		}

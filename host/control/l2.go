@@ -260,7 +260,9 @@ func (m *Machine) issueSpills() {
 		n, k := m.tree.Node(id), m.marks[id]
 		o := m.issue(opSpill, LaneGather, LaneDurable)
 		o.nodes = []policy.NodeID{id}
-		o.hashes, o.depth = slices.Clone(n.Hashes()), n.Depth()
+		// NB: no copy: the tree never writes a node's hashes (a split
+		// gives the halves new arrays or re-slices a borrowed key).
+		o.hashes, o.depth = n.Hashes(), n.Depth()
 		k.spill, k.spillOp = spillPinned, o.id
 		m.inflight++
 		m.out.puts = append(m.out.puts, Put{Op: o.id, Node: id, Hashes: o.hashes, Spans: m.pageSpans(k.l2), Depth: o.depth})

@@ -182,6 +182,7 @@ type Machine struct {
 	l1Set, l2Set nodeSet
 
 	expireBuf []ReqID
+	tickIDs   []OpID
 	planBuf   []policy.PlanNode
 	victimBuf []victim
 	countBuf  []int
@@ -264,6 +265,10 @@ func (m *Machine) retire(o *op) { delete(m.ops, o.id) }
 // Contribution returns this rank's local progress for the next frontier.
 func (m *Machine) Contribution() Contribution {
 	c := Contribution{Tick: m.tick, TierUp: m.localUp}
+	// NB: one array holds every lane's ok bits; the lanes' slices are
+	// cut from it once it stopped growing.
+	var oks []bool
+	var at [NumLanes + 1]int
 	for l := range NumLanes {
 		p := LaneProgress{Base: m.applied[l], Done: m.applied[l]}
 		st := laneStage(Lane(l))
@@ -273,12 +278,18 @@ func (m *Machine) Contribution() Contribution {
 				break
 			}
 			p.Done++
-			p.OK = append(p.OK, d.ok)
+			oks = append(oks, d.ok)
 			if Lane(l) == LaneLookup {
 				p.Values = append(p.Values, d.value)
 			}
 		}
 		c.Lanes[l] = p
+		at[l+1] = len(oks)
+	}
+	for l := range NumLanes {
+		if at[l+1] > at[l] {
+			c.Lanes[l].OK = oks[at[l]:at[l+1]:at[l+1]]
+		}
 	}
 	return c
 }
@@ -331,6 +342,15 @@ func (m *Machine) Longest(id OpID, pages int) error {
 	return nil
 }
 
+// opStages are the stages each kind of op finishes in, in order.
+var opStages = [...][]Stage{
+	opBackup:   {StageCopied},
+	opLoadBack: {StageCopied},
+	opSpill:    {StageGathered, StageDurable},
+	opLookup:   {StageFound},
+	opReload:   {StageLoaded},
+}
+
 func (m *Machine) localOp(kind EventKind, id OpID, stage Stage) (*op, error) {
 	refuse := func(format string, args ...any) error {
 		return &EventError{Kind: kind, Op: id, Err: fmt.Errorf(format, args...)}
@@ -339,17 +359,7 @@ func (m *Machine) localOp(kind EventKind, id OpID, stage Stage) (*op, error) {
 	if o == nil {
 		return nil, refuse("stage %s: never issued or already applied: %w", stage, ErrUnknownOp)
 	}
-	var want []Stage
-	switch o.kind {
-	case opBackup, opLoadBack:
-		want = []Stage{StageCopied}
-	case opSpill:
-		want = []Stage{StageGathered, StageDurable}
-	case opLookup:
-		want = []Stage{StageFound}
-	case opReload:
-		want = []Stage{StageLoaded}
-	}
+	want := opStages[o.kind]
 	if !slices.Contains(want, stage) {
 		return nil, refuse("stage %s: the op finishes in %v: %w", stage, want, ErrStage)
 	}

@@ -27,8 +27,12 @@ func (m *Machine) Tick(f Frontier) error {
 	for _, l := range laneOrder {
 		p := f.Lanes[l]
 		n := int(p.Done - m.applied[l])
-		ids := m.lanes[l][:n:n]
-		m.lanes[l] = m.lanes[l][n:]
+		// NB: the applied ids are copied out and the rest moved to the
+		// front, so that the lane's array is reused instead of sliding
+		// off its end (an op issued while applying appends to it).
+		m.tickIDs = append(m.tickIDs[:0], m.lanes[l][:n]...)
+		ids := m.tickIDs
+		m.lanes[l] = m.lanes[l][:copy(m.lanes[l], m.lanes[l][n:])]
 		m.applied[l] = p.Done
 		for i, id := range ids {
 			o := m.ops[id]

@@ -22,6 +22,7 @@ package placement
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/kvtier/kvtier/tiers"
@@ -397,12 +398,20 @@ func (a *Allocator) PageSpans(id ObjectID, kind tiers.PayloadKind, dst []tiers.S
 	if err != nil {
 		return dst, err
 	}
-	runs := append([]tiers.Span(nil), dst[n:]...)
-	dst = dst[:n]
+	// Expand the runs in place, last first: run j's pages land at or
+	// after index n+j, so no run is overwritten before it is read.
 	pb := a.layout.Kinds[kind].PageBytes
-	for _, r := range runs {
-		for off := int64(0); off < r.Length; off += pb {
-			dst = append(dst, tiers.Span{Slab: r.Slab, Offset: r.Offset + off, Length: pb})
+	runs, pages := len(dst)-n, 0
+	for _, r := range dst[n:] {
+		pages += int(r.Length / pb)
+	}
+	dst = slices.Grow(dst, pages-runs)[:n+pages]
+	at := n + pages
+	for j := runs - 1; j >= 0; j-- {
+		r := dst[n+j]
+		for off := r.Length - pb; off >= 0; off -= pb {
+			at--
+			dst[at] = tiers.Span{Slab: r.Slab, Offset: r.Offset + off, Length: pb}
 		}
 	}
 	return dst, nil

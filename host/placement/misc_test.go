@@ -3,8 +3,11 @@ package placement
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/kvtier/kvtier/tiers"
 )
 
 func TestLayoutValidate(t *testing.T) {
@@ -76,5 +79,52 @@ func TestExhaustedErrorIs(t *testing.T) {
 	var ee *ExhaustedError
 	if !errors.Is(err, ErrNoSpace) || !errors.As(err, &ee) || ee.Free != 5 || ee.Pages != 6 {
 		t.Fatalf("Reserve over capacity = %v, want an *ExhaustedError with 5 free", err)
+	}
+}
+
+// TestPageSpansAppends: PageSpans appends one span per page after what dst
+// holds, in page order, for objects of many ranges (a fragmented slab),
+// equal to expanding Spans' runs one page at a time.
+func TestPageSpansAppends(t *testing.T) {
+	const seed = 7
+	rng := rand.New(rand.NewPCG(seed, 0))
+	a, err := New(Layout{Kinds: []KindLayout{{Name: "kv", PageBytes: 4096, Regions: []Region{{Slab: 0, Pages: 40}, {Slab: 1, Offset: 8192, Pages: 24}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id := ObjectID(1); id <= 64; id++ {
+		if err := a.Reserve(id, 1, a.AllKinds()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Free every other page, then reserve objects that must gather
+	// ranges from the holes.
+	for id := ObjectID(1); id <= 64; id += 2 {
+		if err := a.Release(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for id := ObjectID(100); a.FreePages(0) > 0; id++ {
+		if err := a.Reserve(id, min(a.FreePages(0), 1+rng.Int64N(7)), a.AllKinds()); err != nil {
+			t.Fatal(err)
+		}
+		prefix := []tiers.Span{{Slab: 9, Offset: 1, Length: 1}}
+		got, err := a.PageSpans(id, 0, prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs, err := a.Spans(id, 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := append([]tiers.Span(nil), prefix...)
+		for _, r := range runs {
+			for off := int64(0); off < r.Length; off += 4096 {
+				want = append(want, tiers.Span{Slab: r.Slab, Offset: r.Offset + off, Length: 4096})
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("seed %d: object %d (%d runs): PageSpans = %v, want %v", seed, id, len(runs), got, want)
+		}
 	}
 }

@@ -1,8 +1,10 @@
 package replay
 
 import (
+	"log/slog"
 	"testing"
 
+	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/workload"
 )
 
@@ -102,4 +104,27 @@ func TestBenchReports(t *testing.T) {
 	if r.HostHitRate <= 0 || r.NaiveHitRate <= 0 {
 		t.Errorf("a side hit nothing: %+v", r)
 	}
+}
+
+// BenchmarkMachineReplay times MachineReplay on the trace with the options
+// of `kvtier bench host`'s host/decisions row; page-events/s is the figure
+// (the row divides by CPU time instead).
+func BenchmarkMachineReplay(b *testing.B) {
+	tr := benchTrace(b)
+	o := control.DefaultOptions()
+	o.L1Pages, o.L2 = 2000, control.SimpleLayout(4000, 4096)
+	o.SpillQueueCap, o.SpillInflight = 1024, 64
+	o.ReloadMaxInflight, o.ReloadTTL = 16, 64
+	o.DigestEvery = 0
+	o.Logger = slog.New(slog.DiscardHandler)
+	b.ReportAllocs()
+	var events int64
+	for b.Loop() {
+		r, err := MachineReplay(tr, o, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		events += r.PageEvents
+	}
+	b.ReportMetric(float64(events)/b.Elapsed().Seconds(), "page-events/s")
 }
