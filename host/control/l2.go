@@ -59,7 +59,9 @@ func (m *Machine) reserveL2(obj placement.ObjectID, pages int64, exclude policy.
 	for kind := range m.opts.L2.Kinds {
 		deficit = max(deficit, pages-m.l2.FreePages(tiers.PayloadKind(kind)))
 	}
-	nodes := m.l2Victims(exclude, deficit)
+	// NB: rounded down to whole pages.
+	ahead := int64(m.opts.EvictAhead * float64(m.l2Pages))
+	nodes := m.l2Victims(exclude, deficit+ahead)
 	victims := make([]placement.ObjectID, len(nodes))
 	for i, id := range nodes {
 		victims[i] = m.marks[id].l2
@@ -75,7 +77,47 @@ func (m *Machine) reserveL2(obj placement.ObjectID, pages int64, exclude policy.
 	for _, id := range nodes[:evicted] {
 		m.dropL2(id)
 	}
+	m.l2EvictAhead(nodes[evicted:], exclude, ahead)
 	return true
+}
+
+// l2EvictAhead frees about pages more of L2 after an evict-to-fit, best
+// effort, from the rest of its victim list (coldest first), so that the
+// reservations after it find room without building one. It takes only
+// victims whose pages are elsewhere too (L3-durable, or still in L1): an
+// eviction ahead of need never loses a page.
+func (m *Machine) l2EvictAhead(nodes []policy.NodeID, exclude policy.NodeID, pages int64) {
+	for _, id := range nodes {
+		if pages <= 0 {
+			return
+		}
+		// NB: an earlier victim's prune may have merged this one away.
+		k := m.marks[id]
+		if k == nil || k.l2 == 0 || !m.l2Evictable(id, k, exclude) {
+			continue
+		}
+		if n := k.node; !n.Residency().Has(3) && k.l1 == 0 {
+			continue
+		}
+		if err := m.l2.Release(k.l2); err != nil {
+			panic(fmt.Sprintf("control: release L2 object of node %d ahead: %v", id, err))
+		}
+		pages -= int64(k.node.Pages())
+		m.dropL2(id)
+		m.count("l2 evict ahead")
+	}
+}
+
+// l2Evictable reports whether node id (mark k) may leave L2 now: a
+// committed object, no child in L2, no request lock, no pending backup, no
+// spill pinned by an ungathered put, no load-back reading it; one without
+// L1 pages must be a leaf of the tree, since it leaves it.
+func (m *Machine) l2Evictable(id policy.NodeID, k *mark, exclude policy.NodeID) bool {
+	if id == exclude || k.l2Pending || k.spill == spillPinned || k.loadOp != 0 || k.l2Kids > 0 {
+		return false
+	}
+	n := k.node
+	return n.LockRefs() == 0 && !n.BackupPending() && (k.l1 != 0 || n.Children() == 0)
 }
 
 // l2Victims returns the nodes whose L2 objects may be evicted, coldest
@@ -93,13 +135,10 @@ func (m *Machine) l2Victims(exclude policy.NodeID, deficit int64) []policy.NodeI
 	h := m.victimBuf[:0]
 	for i, id := range m.l2Set.ids {
 		k := m.l2Set.marks[i]
-		if id == exclude || k.l2Pending || k.spill == spillPinned || k.loadOp != 0 || k.l2Kids > 0 {
+		if !m.l2Evictable(id, k, exclude) {
 			continue
 		}
 		n := k.node
-		if n.LockRefs() != 0 || n.BackupPending() || (k.l1 == 0 && n.Children() > 0) {
-			continue
-		}
 		h = append(h, victim{last: n.LastAccess(), id: id, pages: int64(n.Pages())})
 	}
 	m.victimBuf = h

@@ -180,6 +180,9 @@ type Machine struct {
 	// Derived indexes of the markers, never digested: the nodes holding
 	// an L1 / L2 object (how many of a node's children do is in its mark).
 	l1Set, l2Set nodeSet
+	// l2Pages is the fewest pages of any L2 kind (what evict ahead takes
+	// a share of).
+	l2Pages int64
 
 	expireBuf []ReqID
 	tickIDs   []OpID
@@ -222,6 +225,7 @@ func (m *Machine) reset() error {
 	if m.l2, err = placement.New(m.opts.L2); err != nil {
 		return fmt.Errorf("control: l2 placement: %w", err)
 	}
+	m.l2Pages = slices.Min(m.l2.Stats().TotalPages)
 	if m.plan, err = plannerByName(m.opts.plannerName()); err != nil {
 		return err
 	}

@@ -66,12 +66,16 @@ type Options struct {
 	// FreeRoomRatio is the share of L1 that admission tries to keep free
 	// (the watermark, pursued best effort; only the hard deficit gates).
 	FreeRoomRatio float64
-	// EvictAhead is the share of L1 that an admission which must evict
-	// frees beyond its plan, rounded down to pages, coldest L1 leaves
-	// first: the admissions after it find room without planning, so the
-	// planner runs once per batch of admissions instead of once for each.
-	// Like the watermark it is best effort; only the hard deficit gates.
-	// 0 evicts exactly what each admission's plan says.
+	// EvictAhead is the share of a tier that an eviction which must
+	// happen frees beyond its need, rounded down to pages: an L1 admission
+	// that plans evicts that much more of L1, coldest L1 leaves first; an
+	// L2 reservation that must evict-to-fit that much more of L2 from its
+	// victim list, coldest first, but only victims whose pages are also
+	// L3-durable or in L1 (a page is never lost ahead of need). The
+	// admissions and reservations after it find room without planning or
+	// scanning, so those run once per batch instead of once for each. Like
+	// the watermark it is best effort; only the hard deficit gates. 0
+	// evicts exactly what each one needs.
 	EvictAhead float64
 	// L2 is the slab layout the placement allocator places into.
 	L2 placement.Layout

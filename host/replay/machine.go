@@ -36,7 +36,7 @@ func MachineReplay(tr *Trace, o control.Options, requests int) (MachineResult, e
 	if err != nil {
 		return MachineResult{}, err
 	}
-	r := &machineRun{m: m, store: map[pagehash.Hash]bool{}}
+	r := &machineRun{m: m, store: map[pagehash.Hash]struct{}{}}
 	n := tr.Requests()
 	if requests > 0 && requests < n {
 		n = requests
@@ -53,9 +53,9 @@ func MachineReplay(tr *Trace, o control.Options, requests int) (MachineResult, e
 
 type machineRun struct {
 	m     *control.Machine
-	store map[pagehash.Hash]bool
+	store map[pagehash.Hash]struct{}
 	res   MachineResult
-	seen  map[control.OpID]bool
+	seen  []control.OpID
 }
 
 func (r *machineRun) drain() error {
@@ -63,13 +63,11 @@ func (r *machineRun) drain() error {
 	// host.Node does; Ready builds one per call.
 	rd := r.m.Output()
 	r.m.Advance()
-	clear(r.seen)
-	if r.seen == nil {
-		r.seen = map[control.OpID]bool{}
-	}
+	// NB: a drain sees a few ops' copies: a list beats a map.
+	r.seen = r.seen[:0]
 	for _, c := range rd.Copies {
-		if !r.seen[c.Op] {
-			r.seen[c.Op] = true
+		if !slices.Contains(r.seen, c.Op) {
+			r.seen = append(r.seen, c.Op)
 			if err := r.m.Done(c.Op, control.StageCopied, true); err != nil {
 				return err
 			}
@@ -83,12 +81,15 @@ func (r *machineRun) drain() error {
 			return err
 		}
 		for _, h := range p.Hashes {
-			r.store[h] = true
+			r.store[h] = struct{}{}
 		}
 	}
 	for _, l := range rd.Lookups {
 		n := 0
-		for n < len(l.Hashes) && r.store[l.Hashes[n]] {
+		for n < len(l.Hashes) {
+			if _, ok := r.store[l.Hashes[n]]; !ok {
+				break
+			}
 			n++
 		}
 		if err := r.m.Longest(l.Op, n); err != nil {
