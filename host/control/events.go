@@ -336,6 +336,6 @@ func (m *Machine) flush() error {
 		m.skip(Skip{Reason: SkipUndrained, Where: "flush", Pages: len(m.ops)})
 		return nil
 	}
-	m.count("flush")
+	m.count(cFlush)
 	return m.reset()
 }

@@ -19,20 +19,20 @@ import (
 // best effort too, so that the next ones find room without a plan. It
 // reports whether need pages are free afterwards.
 func (m *Machine) admitL1(need int64, req ReqID, node policy.NodeID) bool {
-	m.count("l1 admit")
+	m.count(cL1Admit)
 	free := m.l1.FreePages(0)
 	water := int64(math.Ceil(m.opts.FreeRoomRatio * float64(m.opts.L1Pages)))
 	target := need + water - free
 	if target <= 0 {
 		return true
 	}
-	m.count("l1 plan")
+	m.count(cL1Plan)
 	hard := need - free
 	plan, err := m.plan.Plan(m.planInput(target))
 	if err != nil {
 		// NB: the input is built from the tree; a refusal is a bug, but a
 		// cache may always miss: skip rather than stop.
-		m.count("l1 plan error")
+		m.count(cL1PlanError)
 		m.skip(Skip{Reason: SkipCapacity, Where: "l1 admit", Req: req, Node: node, Pages: int(need)})
 		return false
 	}
@@ -90,7 +90,7 @@ func (m *Machine) evictAhead(pages int64) {
 		if n, k := m.tree.Node(v.id), m.marks[v.id]; n != nil && k != nil && k.l1 != 0 {
 			m.evictL1(n)
 			pages -= v.pages
-			m.count("l1 evict ahead")
+			m.count(cL1EvictAhead)
 		}
 	}
 	m.victimBuf = h[:0]
@@ -151,17 +151,17 @@ func (m *Machine) evictL1(n *radix.Node) {
 		}
 		m.setL1(n.ID(), k, 0)
 		m.setResidency(n, n.Residency()&^radix.L1)
-		m.count("l1 evict to l2")
+		m.count(cL1EvictToL2)
 	case m.opts.WritePolicy == WriteBack || n.Children() > 0:
 		if m.backup(n, true, 0) {
-			m.count("l1 evict write-back")
+			m.count(cL1EvictWriteBack)
 		}
 	default:
 		if _, err := m.tree.Prune(n); err != nil {
 			panic(fmt.Sprintf("control: drop L1 leaf %d: %v", n.ID(), err))
 		}
 		m.mustSettle()
-		m.count("l1 evict drop")
+		m.count(cL1EvictDrop)
 	}
 }
 
@@ -211,7 +211,7 @@ func (m *Machine) loadBack(req ReqID, path []*radix.Node) int {
 		o.nodes = append(o.nodes, n.ID())
 		m.out.copies = append(m.out.copies, Copy{Op: o.id, Dir: ToL1, Node: n.ID(), L1: m.ranges(m.l1, k.l1), L2: m.ranges(m.l2, k.l2), Depth: n.Depth()})
 	}
-	m.count("load-back")
+	m.count(cLoadBack)
 	return int(need)
 }
 

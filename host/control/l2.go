@@ -35,7 +35,7 @@ func (m *Machine) backup(n *radix.Node, dropL1 bool, req ReqID) bool {
 	m.setL2(n.ID(), k, obj)
 	k.l2Pending, k.backupOp, k.dropL1 = true, o.id, dropL1
 	m.out.copies = append(m.out.copies, Copy{Op: o.id, Dir: ToL2, Node: n.ID(), L1: m.ranges(m.l1, k.l1), L2: m.ranges(m.l2, obj), Depth: n.Depth()})
-	m.count("backup")
+	m.count(cBackup)
 	return true
 }
 
@@ -104,7 +104,7 @@ func (m *Machine) l2EvictAhead(nodes []policy.NodeID, exclude policy.NodeID, pag
 		}
 		pages -= int64(k.node.Pages())
 		m.dropL2(id)
-		m.count("l2 evict ahead")
+		m.count(cL2EvictAhead)
 	}
 }
 
@@ -198,12 +198,12 @@ func (m *Machine) dropL2(id policy.NodeID) {
 		i := slices.Index(m.queue, id)
 		m.queue = slices.Delete(m.queue, i, i+1)
 		k.spill = spillNone
-		m.count("spill dequeued by eviction")
+		m.count(cSpillDequeuedByEviction)
 	}
 	if n.Residency().Has(3) {
-		m.count("l2 evict durable")
+		m.count(cL2EvictDurable)
 	} else {
-		m.count("l2 evict not durable")
+		m.count(cL2EvictNotDurable)
 	}
 	if k.l1 != 0 {
 		m.setResidency(n, n.Residency()&^radix.L2)
@@ -256,7 +256,7 @@ func (m *Machine) applyBackup(o *op, ok bool) {
 		if drop && n.LockRefs() > 0 {
 			// NB: a request locked the node while its write-back ran; its
 			// L1 pages stay until a later eviction (locks are replicated).
-			m.count("write-back kept L1 of a locked node")
+			m.count(cWriteBackKeptL1OfALockedNode)
 			drop = false
 		}
 		if drop {
@@ -305,7 +305,7 @@ func (m *Machine) issueSpills() {
 		k.spill, k.spillOp = spillPinned, o.id
 		m.inflight++
 		m.out.puts = append(m.out.puts, Put{Op: o.id, Node: id, Hashes: o.hashes, Spans: m.pageSpans(k.l2), Depth: o.depth})
-		m.count("spill")
+		m.count(cSpill)
 	}
 }
 
@@ -352,7 +352,7 @@ func (m *Machine) applyDurable(o *op, ok bool) {
 		m.out.deletes = append(m.out.deletes, Delete{Op: o.id, Hashes: o.hashes, Depth: o.depth})
 		m.skip(Skip{Reason: SkipFailed, Where: "spill", Op: o.id, Node: o.nodes[0]})
 	} else {
-		m.count("spill durable")
+		m.count(cSpillDurable)
 	}
 	m.inflight--
 	m.retire(o)

@@ -191,7 +191,10 @@ type Machine struct {
 	countBuf  []int
 	deficit   [1]int
 
+	// counts are the skips by "<reason> at <where>", events the other
+	// counters.
 	counts map[string]uint64
+	events [numCounters]uint64
 	out    pending
 	pathB  []*radix.Node
 }

@@ -187,7 +187,7 @@ func (m *Machine) onRemove(id policy.NodeID) error {
 		if i := slices.Index(m.queue, id); i >= 0 {
 			m.queue = slices.Delete(m.queue, i, i+1)
 		}
-		m.count("spill dequeued by eviction")
+		m.count(cSpillDequeuedByEviction)
 	}
 	return nil
 }

@@ -27,7 +27,7 @@ func (m *Machine) startReload(req ReqID, r *request, hashes []pagehash.Hash, m0 
 	if rl := m.reloads[key]; rl != nil {
 		rl.waiters = append(rl.waiters, req)
 		m.hold(req, r, key)
-		m.count("reload joined")
+		m.count(cReloadJoined)
 		return
 	}
 	if len(m.reloads) >= m.opts.ReloadMaxInflight {
@@ -42,7 +42,7 @@ func (m *Machine) startReload(req ReqID, r *request, hashes []pagehash.Hash, m0 
 	m.reloads[key] = rl
 	m.hold(req, r, key)
 	m.out.lookups = append(m.out.lookups, Lookup{Op: o.id, Hashes: o.hashes, Depth: o.depth})
-	m.count("reload lookup")
+	m.count(cReloadLookup)
 }
 
 func (m *Machine) hold(req ReqID, r *request, key pagehash.Hash) {
@@ -83,15 +83,15 @@ func (m *Machine) applyLookup(o *op, c int) {
 	switch {
 	case len(rl.waiters) == 0:
 		delete(m.reloads, rl.key)
-		m.count("reload abandoned")
+		m.count(cReloadAbandoned)
 		return
 	case c == 0:
 		m.unholdAll(rl, Missed)
-		m.count("reload miss")
+		m.count(cReloadMiss)
 		return
 	case m.present(rl.key):
 		m.unholdAll(rl, Present)
-		m.count("reload duplicate")
+		m.count(cReloadDuplicate)
 		return
 	case !m.l3Usable():
 		m.skip(Skip{Reason: SkipTierDown, Where: "reload", Req: rl.waiters[0]})
@@ -109,7 +109,7 @@ func (m *Machine) applyLookup(o *op, c int) {
 	g.hashes, g.depth = rl.full[rl.m:rl.m+c], rl.m
 	rl.c, rl.obj, rl.op = c, obj, g.id
 	m.out.gets = append(m.out.gets, Get{Op: g.id, Hashes: g.hashes, Spans: m.pageSpans(obj), Depth: g.depth})
-	m.count("reload get")
+	m.count(cReloadGet)
 }
 
 // present reports whether a live node starts with page h.
@@ -131,7 +131,7 @@ func (m *Machine) present(h pagehash.Hash) bool {
 func (m *Machine) applyReload(o *op, ok bool) error {
 	m.retire(o)
 	rl := m.reloads[o.reload]
-	abort := func(reason HoldReason, what string) error {
+	abort := func(reason HoldReason, what counter) error {
 		if err := m.l2.Release(rl.obj); err != nil {
 			return fmt.Errorf("control: free reload object %d: %w", rl.obj, err)
 		}
@@ -141,10 +141,10 @@ func (m *Machine) applyReload(o *op, ok bool) error {
 	}
 	if !ok {
 		m.skip(Skip{Reason: SkipFailed, Where: "reload", Op: o.id, Pages: rl.c})
-		return abort(Missed, "reload failed")
+		return abort(Missed, cReloadFailed)
 	}
 	if len(rl.waiters) == 0 {
-		return abort(Missed, "reload aborted: no waiters")
+		return abort(Missed, cReloadAbortedNoWaiters)
 	}
 	want := rl.m + rl.c
 	path, got := m.tree.MatchHashes(rl.full[:want], m.pathB)
@@ -154,9 +154,9 @@ func (m *Machine) applyReload(o *op, ok bool) error {
 	}
 	switch {
 	case got < rl.m:
-		return abort(Missed, "reload anchor lost")
+		return abort(Missed, cReloadAnchorLost)
 	case got > rl.m:
-		return abort(Present, "reload duplicate")
+		return abort(Present, cReloadDuplicate)
 	}
 	anchor := m.tree.Root()
 	if len(path) > 0 {
@@ -179,7 +179,7 @@ func (m *Machine) applyReload(o *op, ok bool) error {
 	m.setL2(last.ID(), k, rl.obj)
 	m.setResidency(last, radix.L2|radix.L3)
 	m.out.touches = append(m.out.touches, Touch{Hashes: o.hashes, Depth: o.depth})
-	m.count("reload landed")
+	m.count(cReloadLanded)
 	m.unholdAll(rl, Loaded)
 	return nil
 }

@@ -90,23 +90,37 @@ func (m *Machine) skip(s Skip) {
 		"req", s.Req, "node", s.Node, "op", s.Op, "pages", s.Pages, "tick", m.tick)
 }
 
-// count bumps a named counter of something that happened (not a skip).
-func (m *Machine) count(key string) { m.counts[key]++ }
+// count bumps a counter of something that happened (not a skip).
+func (m *Machine) count(c counter) { m.events[c]++ }
 
 // Stats returns the counters of skips ("<reason> at <where>") and events,
 // sorted by name, as "name=value" lines.
 func (m *Machine) Stats() []string {
-	keys := make([]string, 0, len(m.counts))
-	for k := range m.counts {
+	all := make(map[string]uint64, len(m.counts)+len(counterNames))
+	for k, v := range m.counts {
+		all[k] = v
+	}
+	for c, v := range m.events {
+		if v > 0 {
+			all[counterNames[c]] += v
+		}
+	}
+	keys := make([]string, 0, len(all))
+	for k := range all {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
 	out := make([]string, len(keys))
 	for i, k := range keys {
-		out[i] = fmt.Sprintf("%s=%d", k, m.counts[k])
+		out[i] = fmt.Sprintf("%s=%d", k, all[k])
 	}
 	return out
 }
 
 // Count returns one counter of Stats.
-func (m *Machine) Count(key string) uint64 { return m.counts[key] }
+func (m *Machine) Count(key string) uint64 {
+	if i := slices.Index(counterNames[:], key); i >= 0 {
+		return m.events[i] + m.counts[key]
+	}
+	return m.counts[key]
+}

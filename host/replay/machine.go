@@ -36,7 +36,7 @@ func MachineReplay(tr *Trace, o control.Options, requests int) (MachineResult, e
 	if err != nil {
 		return MachineResult{}, err
 	}
-	r := &machineRun{m: m, store: map[pagehash.Hash]struct{}{}}
+	r := &machineRun{m: m, store: make(map[pagehash.Hash]struct{}, tr.UniqueBlocks())}
 	n := tr.Requests()
 	if requests > 0 && requests < n {
 		n = requests
