@@ -35,13 +35,13 @@ func TestBenchHost(t *testing.T) {
 		if !strings.HasPrefix(r.Bench, "host/") || r.Value <= 0 {
 			t.Errorf("row %s", line)
 		}
-		if r.Bench == "host/decisions" || r.Bench == "host/l1-to-l2" {
+		if r.Bench == "host/decisions" || r.Bench == "host/decisions-tick-floor" || r.Bench == "host/l1-to-l2" {
 			if r.Limit <= 0 || r.Ratio <= 0 {
 				t.Errorf("row without its limit: %s", line)
 			}
 		}
 	}
-	for _, b := range []string{"host/decisions", "host/l1-to-l2", "host/l2-to-l1", "host/spill", "host/reload"} {
+	for _, b := range []string{"host/decisions", "host/decisions-tick-floor", "host/l1-to-l2", "host/l2-to-l1", "host/spill", "host/reload"} {
 		if !seen[b] {
 			t.Errorf("no row %s in\n%s", b, out)
 		}

@@ -17,6 +17,9 @@ type MachineResult struct {
 	HitPages   [4]int64
 	// PageEvents counts the pages named by matches and inserts.
 	PageEvents int64
+	// Ticks counts the Machine's ticks (the driver ticks after every
+	// event, and until a held request is released).
+	Ticks uint64
 }
 
 // HitRate is the page hit rate.
@@ -48,7 +51,30 @@ func MachineReplay(tr *Trace, o control.Options, requests int) (MachineResult, e
 		}
 		r.res.Requests++
 	}
+	r.res.Ticks = m.Ticks()
 	return r.res, nil
+}
+
+// IdleTicks runs n ticks of the tick protocol MachineReplay drives — the
+// contribution, its reduction, the tick, the output — on a new Machine with
+// nothing in flight: the floor under the ticks of a replay.
+func IdleTicks(o control.Options, n uint64) error {
+	m, err := control.New(o)
+	if err != nil {
+		return err
+	}
+	for range n {
+		f, err := control.Reduce(m.Contribution())
+		if err != nil {
+			return err
+		}
+		if err := m.Tick(f); err != nil {
+			return err
+		}
+		_ = m.Output()
+		m.Advance()
+	}
+	return nil
 }
 
 type machineRun struct {
