@@ -91,7 +91,9 @@ func Reduce(cs ...Contribution) (Frontier, error) {
 		f.Lanes[l].Base = cs[0].Lanes[l].Base
 		f.Lanes[l].Done = cs[0].Lanes[l].Done
 	}
-	for r, c := range cs {
+	// NB: by index and pointer: a Contribution is about 470 bytes.
+	for r := range cs {
+		c := &cs[r]
 		if err := c.check(); err != nil {
 			return Frontier{}, fmt.Errorf("reduce: rank %d: %w", r, err)
 		}
@@ -100,7 +102,7 @@ func Reduce(cs ...Contribution) (Frontier, error) {
 		}
 		f.TierUp &= c.TierUp
 		for l := range NumLanes {
-			p := c.Lanes[l]
+			p := &c.Lanes[l]
 			if p.Base != f.Lanes[l].Base {
 				return Frontier{}, fmt.Errorf("reduce: rank %d lane %s base %d, rank 0 base %d: %w", r, Lane(l), p.Base, f.Lanes[l].Base, ErrFrontier)
 			}
@@ -126,8 +128,8 @@ func Reduce(cs ...Contribution) (Frontier, error) {
 				fl.Values[i] = int(^uint(0) >> 1)
 			}
 		}
-		for _, c := range cs {
-			p := c.Lanes[l]
+		for r := range cs {
+			p := &cs[r].Lanes[l]
 			for i := range n {
 				fl.OK[i] = fl.OK[i] && p.OK[i]
 				if fl.Values != nil {
@@ -139,9 +141,9 @@ func Reduce(cs ...Contribution) (Frontier, error) {
 	return f, nil
 }
 
-func (c Contribution) check() error {
+func (c *Contribution) check() error {
 	for l := range NumLanes {
-		p := c.Lanes[l]
+		p := &c.Lanes[l]
 		if p.Done < p.Base {
 			return fmt.Errorf("lane %s done %d below base %d: %w", Lane(l), p.Done, p.Base, ErrFrontier)
 		}

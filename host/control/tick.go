@@ -19,13 +19,13 @@ var laneOrder = [NumLanes]Lane{LaneBackup, LaneLoadBack, LaneGather, LaneDurable
 // base, more ops than were issued, a bad shape) is refused with
 // ErrFrontier and changes nothing.
 func (m *Machine) Tick(f Frontier) error {
-	if err := m.checkFrontier(f); err != nil {
+	if err := m.checkFrontier(&f); err != nil {
 		return err
 	}
 	m.tick++
 	m.tierDown = ^f.TierUp
 	for _, l := range laneOrder {
-		p := f.Lanes[l]
+		p := &f.Lanes[l]
 		n := int(p.Done - m.applied[l])
 		// NB: the applied ids are copied out and the rest moved to the
 		// front, so that the lane's array is reused instead of sliding
@@ -68,15 +68,15 @@ func (m *Machine) Tick(f Frontier) error {
 	return nil
 }
 
-func (m *Machine) checkFrontier(f Frontier) error {
+func (m *Machine) checkFrontier(f *Frontier) error {
 	if f.Tick != m.tick {
 		return fmt.Errorf("control: frontier for tick %d, machine at tick %d: %w", f.Tick, m.tick, ErrFrontier)
 	}
-	if err := Contribution(f).check(); err != nil {
+	if err := (*Contribution)(f).check(); err != nil {
 		return fmt.Errorf("control: frontier: %w", err)
 	}
 	for l := range NumLanes {
-		p := f.Lanes[l]
+		p := &f.Lanes[l]
 		if p.Base != m.applied[l] {
 			return fmt.Errorf("control: frontier lane %s base %d, machine applied %d: %w", Lane(l), p.Base, m.applied[l], ErrFrontier)
 		}
