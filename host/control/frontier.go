@@ -86,6 +86,15 @@ func Reduce(cs ...Contribution) (Frontier, error) {
 	if len(cs) == 0 {
 		return Frontier{}, fmt.Errorf("reduce: no contributions: %w", ErrFrontier)
 	}
+	if len(cs) == 1 {
+		// One rank: the frontier is its contribution (sharing its ok bits
+		// and values, which nobody writes after they are built).
+		c := &cs[0]
+		if err := c.check(); err != nil {
+			return Frontier{}, fmt.Errorf("reduce: rank 0: %w", err)
+		}
+		return Frontier(*c), nil
+	}
 	f := Frontier{Tick: cs[0].Tick, TierUp: 0xff}
 	for l := range NumLanes {
 		f.Lanes[l].Base = cs[0].Lanes[l].Base

@@ -31,7 +31,8 @@ func (m *Machine) backup(n *radix.Node, dropL1 bool, req ReqID) bool {
 	}
 	o := m.issue(opBackup, LaneBackup)
 	o.obj = obj
-	o.nodes = []policy.NodeID{n.ID()}
+	o.node0[0] = n.ID()
+	o.nodes = o.node0[:1:1]
 	m.setL2(n.ID(), k, obj)
 	k.l2Pending, k.backupOp, k.dropL1 = true, o.id, dropL1
 	m.out.copies = append(m.out.copies, Copy{Op: o.id, Dir: ToL2, Node: n.ID(), L1: m.ranges(m.l1, k.l1), L2: m.ranges(m.l2, obj), Depth: n.Depth()})
@@ -298,7 +299,8 @@ func (m *Machine) issueSpills() {
 		m.queue = m.queue[1:]
 		n, k := m.tree.Node(id), m.marks[id]
 		o := m.issue(opSpill, LaneGather, LaneDurable)
-		o.nodes = []policy.NodeID{id}
+		o.node0[0] = id
+		o.nodes = o.node0[:1:1]
 		// NB: no copy: the tree never writes a node's hashes (a split
 		// gives the halves new arrays or re-slices a borrowed key).
 		o.hashes, o.depth = n.Hashes(), n.Depth()

@@ -100,8 +100,10 @@ type deferredSplit struct {
 type op struct {
 	id   OpID
 	kind opKind
-	// nodes are the nodes the op covers (split halves join).
+	// nodes are the nodes the op covers (split halves join); node0 holds
+	// the first one, so an op of one node allocates no list.
 	nodes []policy.NodeID
+	node0 [1]policy.NodeID
 	// obj is the L2 object of a backup (the one reserved) or a reload.
 	obj      placement.ObjectID
 	deferred []deferredSplit
