@@ -306,14 +306,16 @@ func (m *Machine) issueSpills() {
 		o.hashes, o.depth = n.Hashes(), n.Depth()
 		k.spill, k.spillOp = spillPinned, o.id
 		m.inflight++
-		m.out.puts = append(m.out.puts, Put{Op: o.id, Node: id, Hashes: o.hashes, Spans: m.pageSpans(k.l2), Depth: o.depth})
+		m.out.puts = append(m.out.puts, Put{Op: o.id, Node: id, Hashes: o.hashes, Spans: m.pageSpans(k.l2, len(o.hashes)), Depth: o.depth})
 		m.count(cSpill)
 	}
 }
 
 // pageSpans returns one slab span per page of obj, kind by kind.
-func (m *Machine) pageSpans(obj placement.ObjectID) []tiers.Span {
-	var spans []tiers.Span
+func (m *Machine) pageSpans(obj placement.ObjectID, pages int) []tiers.Span {
+	// NB: sized for every page of every kind, so that PageSpans, which
+	// appends a kind's runs and expands them in place, never grows it.
+	spans := make([]tiers.Span, 0, pages*len(m.opts.L2.Kinds))
 	for kind := range m.opts.L2.Kinds {
 		var err error
 		if spans, err = m.l2.PageSpans(obj, tiers.PayloadKind(kind), spans); err != nil {

@@ -108,7 +108,7 @@ func (m *Machine) applyLookup(o *op, c int) {
 	g.obj, g.reload = obj, rl.key
 	g.hashes, g.depth = rl.full[rl.m:rl.m+c], rl.m
 	rl.c, rl.obj, rl.op = c, obj, g.id
-	m.out.gets = append(m.out.gets, Get{Op: g.id, Hashes: g.hashes, Spans: m.pageSpans(obj), Depth: g.depth})
+	m.out.gets = append(m.out.gets, Get{Op: g.id, Hashes: g.hashes, Spans: m.pageSpans(obj, c), Depth: g.depth})
 	m.count(cReloadGet)
 }
 
