@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/host/replay"
 	"github.com/kvtier/kvtier/internal/bench/l3bench"
 	"github.com/kvtier/kvtier/internal/benchreport"
@@ -127,12 +126,7 @@ func runBenchHost(ctx context.Context, args []string, stdout, stderr io.Writer) 
 // floor/(floor+bare) even if every decision were free, since its match and
 // insert walk the same tree the bare replay walks.
 func benchHostDecisions(ctx context.Context, tr *replay.Trace, rounds int) ([]benchreport.Result, error) {
-	o := control.DefaultOptions()
-	o.L1Pages, o.L2 = 2000, control.SimpleLayout(4000, 4096)
-	o.SpillQueueCap, o.SpillInflight = 1024, 64
-	o.ReloadMaxInflight, o.ReloadTTL = 16, 64
-	o.DigestEvery = 0
-	o.Logger = slog.New(slog.DiscardHandler)
+	o := replay.DecisionOptions()
 	var mach, bare, floor []float64
 	var hit float64
 	var ticks uint64

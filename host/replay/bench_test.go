@@ -1,10 +1,8 @@
 package replay
 
 import (
-	"log/slog"
 	"testing"
 
-	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/workload"
 )
 
@@ -111,12 +109,7 @@ func TestBenchReports(t *testing.T) {
 // (the row divides by CPU time instead).
 func BenchmarkMachineReplay(b *testing.B) {
 	tr := benchTrace(b)
-	o := control.DefaultOptions()
-	o.L1Pages, o.L2 = 2000, control.SimpleLayout(4000, 4096)
-	o.SpillQueueCap, o.SpillInflight = 1024, 64
-	o.ReloadMaxInflight, o.ReloadTTL = 16, 64
-	o.DigestEvery = 0
-	o.Logger = slog.New(slog.DiscardHandler)
+	o := DecisionOptions()
 	b.ReportAllocs()
 	var events int64
 	for b.Loop() {

@@ -2,6 +2,7 @@ package replay
 
 import (
 	"fmt"
+	"log/slog"
 	"slices"
 
 	"github.com/kvtier/kvtier/host/control"
@@ -53,6 +54,20 @@ func MachineReplay(tr *Trace, o control.Options, requests int) (MachineResult, e
 	}
 	r.res.Ticks = m.Ticks()
 	return r.res, nil
+}
+
+// DecisionOptions are the Machine options of the host/decisions benchmark
+// (`kvtier bench host`, BenchmarkMachineReplay): L1 2000 pages, L2 4000
+// pages, L3 on, a spill queue of 1024 with 64 in flight, 16 reloads in
+// flight held at most 64 ticks, no digests, no log lines.
+func DecisionOptions() control.Options {
+	o := control.DefaultOptions()
+	o.L1Pages, o.L2 = 2000, control.SimpleLayout(4000, 4096)
+	o.SpillQueueCap, o.SpillInflight = 1024, 64
+	o.ReloadMaxInflight, o.ReloadTTL = 16, 64
+	o.DigestEvery = 0
+	o.Logger = slog.New(slog.DiscardHandler)
+	return o
 }
 
 // IdleTicks runs n ticks of the tick protocol MachineReplay drives — the
