@@ -187,6 +187,9 @@ type Machine struct {
 	l2Pages int64
 
 	expireBuf []ReqID
+	// retired are the ops retired this tick, freeOps the zeroed ones
+	// issue reuses (never digested).
+	retired, freeOps []*op
 	tickIDs   []OpID
 	planBuf   []policy.PlanNode
 	victimBuf []victim
@@ -259,7 +262,13 @@ func (m *Machine) Ticks() uint64 { return m.tick }
 
 // issue starts an op on the given lanes and returns it.
 func (m *Machine) issue(kind opKind, lanes ...Lane) *op {
-	o := &op{id: m.nextOp, kind: kind}
+	var o *op
+	if n := len(m.freeOps); n > 0 {
+		o, m.freeOps = m.freeOps[n-1], m.freeOps[:n-1]
+		*o = op{id: m.nextOp, kind: kind}
+	} else {
+		o = &op{id: m.nextOp, kind: kind}
+	}
 	m.nextOp++
 	m.ops[o.id] = o
 	for _, l := range lanes {
@@ -268,8 +277,30 @@ func (m *Machine) issue(kind opKind, lanes ...Lane) *op {
 	return o
 }
 
-// retire forgets an op once its last lane applied it.
-func (m *Machine) retire(o *op) { delete(m.ops, o.id) }
+// retire forgets an op once its last lane applied it. The op's memory is
+// reused only after the tick (recycleOps): the code that retires it may
+// still read it, and may issue new ops meanwhile.
+func (m *Machine) retire(o *op) {
+	delete(m.ops, o.id)
+	m.retired = append(m.retired, o)
+}
+
+// maxFreeOps bounds the free list of op structs.
+const maxFreeOps = 1024
+
+// recycleOps zeroes the ops retired during this tick and keeps them for
+// issue: nothing refers to them any more (the map forgot them, ids are
+// never reused, and what went out in Ready copied their slices, not them).
+func (m *Machine) recycleOps() {
+	for i, o := range m.retired {
+		if len(m.freeOps) < maxFreeOps {
+			*o = op{}
+			m.freeOps = append(m.freeOps, o)
+		}
+		m.retired[i] = nil
+	}
+	m.retired = m.retired[:0]
+}
 
 // Contribution returns this rank's local progress for the next frontier.
 func (m *Machine) Contribution() Contribution {

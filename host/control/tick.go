@@ -54,6 +54,7 @@ func (m *Machine) Tick(f Frontier) error {
 			}
 		}
 	}
+	m.recycleOps()
 	m.expireHolds()
 	m.issueSpills()
 	if invariants.Enabled {
