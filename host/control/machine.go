@@ -190,11 +190,11 @@ type Machine struct {
 	// retired are the ops retired this tick, freeOps the zeroed ones
 	// issue reuses (never digested).
 	retired, freeOps []*op
-	tickIDs   []OpID
-	planBuf   []policy.PlanNode
-	victimBuf []victim
-	countBuf  []int
-	deficit   [1]int
+	tickIDs          []OpID
+	planBuf          []policy.PlanNode
+	victimBuf        []victim
+	countBuf         []int
+	deficit          [1]int
 
 	// counts are the skips by "<reason> at <where>", events the other
 	// counters.
