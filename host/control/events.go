@@ -284,8 +284,11 @@ func (m *Machine) insert(e Event) error {
 		return m.settle()
 	}
 	m.setL1(last.ID(), k, m.reserveL1(last.ID(), int64(added)))
-	info, _ := m.l1.Object(k.l1)
-	m.out.placements = append(m.out.placements, Placement{Req: e.Req, Node: last.ID(), L1: info.Ranges, Depth: last.Depth()})
+	l1, err := m.l1.AppendRanges(nil, k.l1)
+	if err != nil {
+		return fmt.Errorf("control: L1 object of node %d: %w", last.ID(), err)
+	}
+	m.out.placements = append(m.out.placements, Placement{Req: e.Req, Node: last.ID(), L1: l1, Depth: last.Depth()})
 	if m.opts.WritePolicy == WriteThrough {
 		m.backup(last, false, e.Req)
 	}

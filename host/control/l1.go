@@ -209,7 +209,8 @@ func (m *Machine) loadBack(req ReqID, path []*radix.Node) int {
 		m.setL1(n.ID(), k, m.reserveL1(n.ID(), int64(n.Pages())))
 		k.loadOp = o.id
 		o.nodes = append(o.nodes, n.ID())
-		m.out.copies = append(m.out.copies, Copy{Op: o.id, Dir: ToL1, Node: n.ID(), L1: m.ranges(m.l1, k.l1), L2: m.ranges(m.l2, k.l2), Depth: n.Depth()})
+		l1, l2 := m.copyRanges(k.l1, k.l2)
+		m.out.copies = append(m.out.copies, Copy{Op: o.id, Dir: ToL1, Node: n.ID(), L1: l1, L2: l2, Depth: n.Depth()})
 	}
 	m.count(cLoadBack)
 	return int(need)
@@ -240,12 +241,18 @@ func (m *Machine) applyLoadBack(o *op, ok bool) {
 	m.retire(o)
 }
 
-func (m *Machine) ranges(a *placement.Allocator, obj placement.ObjectID) []placement.Range {
-	info, err := a.Object(obj)
+// copyRanges returns the ranges of a copy's L1 and L2 objects, cut from
+// one array.
+func (m *Machine) copyRanges(l1, l2 placement.ObjectID) ([]placement.Range, []placement.Range) {
+	rs, err := m.l1.AppendRanges(make([]placement.Range, 0, 2), l1)
 	if err != nil {
-		panic(fmt.Sprintf("control: object %d: %v", obj, err))
+		panic(fmt.Sprintf("control: L1 object %d: %v", l1, err))
 	}
-	return info.Ranges
+	n := len(rs)
+	if rs, err = m.l2.AppendRanges(rs, l2); err != nil {
+		panic(fmt.Sprintf("control: L2 object %d: %v", l2, err))
+	}
+	return rs[:n:n], rs[n:]
 }
 
 func (m *Machine) setResidency(n *radix.Node, r radix.Residency) {

@@ -35,7 +35,8 @@ func (m *Machine) backup(n *radix.Node, dropL1 bool, req ReqID) bool {
 	o.nodes = o.node0[:1:1]
 	m.setL2(n.ID(), k, obj)
 	k.l2Pending, k.backupOp, k.dropL1 = true, o.id, dropL1
-	m.out.copies = append(m.out.copies, Copy{Op: o.id, Dir: ToL2, Node: n.ID(), L1: m.ranges(m.l1, k.l1), L2: m.ranges(m.l2, obj), Depth: n.Depth()})
+	l1, l2 := m.copyRanges(k.l1, obj)
+	m.out.copies = append(m.out.copies, Copy{Op: o.id, Dir: ToL2, Node: n.ID(), L1: l1, L2: l2, Depth: n.Depth()})
 	m.count(cBackup)
 	return true
 }

@@ -365,6 +365,16 @@ func (a *Allocator) Object(id ObjectID) (ObjectInfo, error) {
 	return ObjectInfo{ID: o.id, Pages: o.pages, Kinds: o.kinds, Committed: o.committed, Ranges: append([]Range(nil), o.rangeList()...)}, nil
 }
 
+// AppendRanges appends the ranges of an object (Object's Ranges) to dst
+// and returns it.
+func (a *Allocator) AppendRanges(dst []Range, id ObjectID) ([]Range, error) {
+	o, ok := a.objects[id]
+	if !ok {
+		return dst, fmt.Errorf("object %d: %w", id, ErrUnknownObject)
+	}
+	return append(dst, o.rangeList()...), nil
+}
+
 // Spans appends to dst the slab spans of an object's pages of one kind, in
 // the object's page order, and returns it. Each span is one range; none
 // straddles two slabs.

@@ -128,3 +128,23 @@ func TestPageSpansAppends(t *testing.T) {
 		}
 	}
 }
+
+// TestAppendRanges: AppendRanges appends what Object reports, after dst,
+// and names an unknown object.
+func TestAppendRanges(t *testing.T) {
+	a, _ := New(testLayouts()["tiny"])
+	if err := a.Reserve(1, 3, a.AllKinds()); err != nil {
+		t.Fatal(err)
+	}
+	info, err := a.Object(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := a.AppendRanges([]Range{{Pages: 9}}, 1)
+	if err != nil || fmt.Sprint(got[1:]) != fmt.Sprint(info.Ranges) || got[0].Pages != 9 {
+		t.Fatalf("AppendRanges = %v, %v; want [{9}] + %v", got, err, info.Ranges)
+	}
+	if _, err := a.AppendRanges(nil, 2); !errors.Is(err, ErrUnknownObject) {
+		t.Fatalf("AppendRanges of an unknown object: %v", err)
+	}
+}
