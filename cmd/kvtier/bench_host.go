@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"time"
 
 	"github.com/kvtier/kvtier/host/replay"
@@ -134,6 +135,10 @@ func benchHostDecisions(ctx context.Context, tr *replay.Trace, rounds int) ([]be
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
+		// NB: a collection before each side, outside its timer: process
+		// CPU counts the collector's threads, and the garbage of the side
+		// before would otherwise be billed to the side after.
+		runtime.GC()
 		c0 := measure.ProcessCPU()
 		mr, err := replay.MachineReplay(tr, o, 0)
 		if err != nil {
@@ -145,12 +150,14 @@ func benchHostDecisions(ctx context.Context, tr *replay.Trace, rounds int) ([]be
 		if err != nil {
 			return nil, err
 		}
+		runtime.GC()
 		c0 = measure.ProcessCPU()
 		br, err := replay.HostReplay(tr, ev, 4000*workload.BlockTokens)
 		if err != nil {
 			return nil, fmt.Errorf("bench host: %w", err)
 		}
 		bare = append(bare, float64(2*br.Blocks)/(measure.ProcessCPU()-c0).Seconds())
+		runtime.GC()
 		c0 = measure.ProcessCPU()
 		if err := replay.IdleTicks(o, mr.Ticks); err != nil {
 			return nil, fmt.Errorf("bench host: %w", err)
