@@ -181,18 +181,7 @@ func benchHostDecisions(ctx context.Context, tr *replay.Trace, rounds int) ([]be
 // the trace's heap costs).
 func cpuRate(f func() (int64, error)) (float64, error) {
 	runtime.GC()
-	c0 := measure.ProcessCPU()
-	var units int64
-	for {
-		n, err := f()
-		if err != nil {
-			return 0, err
-		}
-		units += n
-		if d := measure.ProcessCPU() - c0; d >= minRateCPU {
-			return float64(units) / d.Seconds(), nil
-		}
-	}
+	return measure.Rate(measure.ProcessCPU, minRateCPU, f)
 }
 
 // minRateCPU is the least process CPU one cpuRate measurement takes.

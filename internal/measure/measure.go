@@ -47,6 +47,24 @@ func Quantile[T ~int64 | ~float64](xs []T, q float64) T {
 // 0 if the kernel refuses to say.
 func ProcessCPU() time.Duration { return rusage(unix.RUSAGE_SELF) }
 
+// Rate runs fn until clock has advanced by at least min since the first
+// call, and returns the units fn reported per second of clock (ProcessCPU,
+// ThreadCPU, or a wall clock).
+func Rate(clock func() time.Duration, min time.Duration, fn func() (int64, error)) (float64, error) {
+	var units int64
+	start := clock()
+	for {
+		n, err := fn()
+		if err != nil {
+			return 0, err
+		}
+		units += n
+		if el := clock() - start; el >= min {
+			return float64(units) / el.Seconds(), nil
+		}
+	}
+}
+
 // ThreadCPU returns the user + system CPU time of the calling OS thread;
 // lock the goroutine to its thread around a measurement.
 func ThreadCPU() time.Duration { return rusage(unix.RUSAGE_THREAD) }

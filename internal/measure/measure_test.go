@@ -1,6 +1,7 @@
 package measure
 
 import (
+	"errors"
 	"os"
 	"testing"
 	"time"
@@ -97,5 +98,25 @@ func TestQuantileRanks(t *testing.T) {
 	}
 	if Quantile([]time.Duration(nil), 0.5) != 0 {
 		t.Error("quantile of nothing is not 0")
+	}
+}
+
+// TestRate: Rate calls fn until the clock advanced by min and divides the
+// units by the clock's advance; an error stops it.
+func TestRate(t *testing.T) {
+	now := time.Duration(0)
+	clock := func() time.Duration { return now }
+	calls := 0
+	r, err := Rate(clock, 3*time.Second, func() (int64, error) {
+		calls++
+		now += time.Second
+		return 10, nil
+	})
+	if err != nil || calls != 3 || r != 10 {
+		t.Fatalf("Rate = %v, %v after %d calls; want 10 units/s after 3", r, err, calls)
+	}
+	boom := errors.New("boom")
+	if _, err := Rate(clock, time.Second, func() (int64, error) { return 0, boom }); !errors.Is(err, boom) {
+		t.Fatalf("Rate with a failing fn: %v", err)
 	}
 }

@@ -327,18 +327,7 @@ func measureWall(minTime time.Duration, fn func() (int64, error)) (float64, erro
 func measureCPU(minTime time.Duration, fn func() (int64, error)) (float64, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	var units int64
-	start := measure.ThreadCPU()
-	for {
-		n, err := fn()
-		if err != nil {
-			return 0, err
-		}
-		units += n
-		if el := measure.ThreadCPU() - start; el >= minTime {
-			return float64(units) / el.Seconds(), nil
-		}
-	}
+	return measure.Rate(measure.ThreadCPU, minTime, fn)
 }
 
 // rounds is how many slices each measurement's time is cut into.
