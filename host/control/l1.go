@@ -106,8 +106,8 @@ func (m *Machine) evictAhead(pages int64) {
 // a victim's pages in any lane are room in the one pool that must have it.
 // Split by owner (target/cp each) the plan had to free a lane's share from
 // that lane's pages; the L1 leaves of `kvtier sim --ranks 8` often held
-// none of lane 0's, so such plans fell short of the hard deficit and 11,304
-// of 11,951 admissions were skipped (capacity).
+// none of lane 0's, so such plans fell short of the hard deficit and
+// nearly every admission was skipped (capacity).
 func (m *Machine) planInput(target int64) policy.PlanInput {
 	m.deficit[0] = int(target)
 	in := policy.PlanInput{Deficits: m.deficit[:]}

@@ -60,7 +60,7 @@ func TestSimOwnerLanes(t *testing.T) {
 	noAhead := 0.0
 	// NB: the third run plans every admission (no evict ahead) and runs
 	// long enough for L1 to fill with deep nodes: the per-lane split's
-	// skips began after about tick 3,000 (2,311 of 3,400 by tick 10,000).
+	// skips began after about tick 3,000.
 	for i, c := range []struct {
 		replicate  bool
 		evictAhead *float64
