@@ -121,3 +121,17 @@ func BenchmarkMachineReplay(b *testing.B) {
 	}
 	b.ReportMetric(float64(events)/b.Elapsed().Seconds(), "page-events/s")
 }
+
+// BenchmarkIdleTicks times IdleTicks, the tick protocol alone on a Machine
+// with nothing in flight (the host/decisions-tick-floor row's side);
+// ns/tick is the figure.
+func BenchmarkIdleTicks(b *testing.B) {
+	const ticks = 1000
+	o := DecisionOptions()
+	for b.Loop() {
+		if err := IdleTicks(o, ticks); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*ticks), "ns/tick")
+}

@@ -306,18 +306,8 @@ func NewDigestState(pages int64, seed uint64) (*placement.Allocator, error) {
 // measureWall runs fn until minTime has passed and returns the units per
 // second (fn returns the units it did).
 func measureWall(minTime time.Duration, fn func() (int64, error)) (float64, error) {
-	var units int64
 	start := time.Now()
-	for {
-		n, err := fn()
-		if err != nil {
-			return 0, err
-		}
-		units += n
-		if el := time.Since(start); el >= minTime {
-			return float64(units) / el.Seconds(), nil
-		}
-	}
+	return measure.Rate(func() time.Duration { return time.Since(start) }, minTime, fn)
 }
 
 // measureCPU is measureWall counted in CPU time of the measuring thread
