@@ -48,7 +48,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	digestEvery := fs.Uint64("digest-every", 16, "digest interval in ticks")
 	timeout := fs.Duration("timeout", 5*time.Second, "exchange deadline")
 	replicate := fs.Bool("replicate", false, "every rank moves every page (data-parallel replicas) instead of its owner lane's (page i: rank i mod N)")
-	evictAhead := fs.Float64("evict-ahead", control.DefaultEvictAhead, "share of L1 an admission that must evict frees beyond its plan (0..0.5)")
+	evictAhead := fs.Float64("evict-ahead", control.DefaultEvictAhead, "share of L1 or L2 an eviction that must happen frees beyond its need (0..0.5; control.Options.EvictAhead)")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, simUsage)

@@ -109,8 +109,7 @@ func (m *Machine) evictAhead(pages int64) {
 // none of lane 0's, so such plans fell short of the hard deficit and
 // nearly every admission was skipped (capacity).
 func (m *Machine) planInput(target int64) policy.PlanInput {
-	m.deficit[0] = int(target)
-	in := policy.PlanInput{Deficits: m.deficit[:]}
+	in := policy.PlanInput{Deficits: []int{int(target)}}
 	// NB: the set's order is its replicated history; the plan depends on
 	// the nodes given, not on their order (every score is total).
 	in.Nodes = m.planBuf[:0]

@@ -64,9 +64,16 @@ func (m *Machine) reserveL2(obj placement.ObjectID, pages int64, exclude policy.
 	// NB: rounded down to whole pages.
 	ahead := int64(m.opts.EvictAhead * float64(m.l2Pages))
 	nodes := m.l2Victims(exclude, deficit+ahead)
-	victims := make([]placement.ObjectID, len(nodes))
-	for i, id := range nodes {
-		victims[i] = m.marks[id].l2
+	// NB: evict-to-fit gets only the victims that cover the deficit (it
+	// validates every victim it is given); the rest are for evict ahead.
+	var victims []placement.ObjectID
+	for _, id := range nodes {
+		if deficit <= 0 {
+			break
+		}
+		k := m.marks[id]
+		victims = append(victims, k.l2)
+		deficit -= int64(k.node.Pages())
 	}
 	evicted, err := m.l2.EvictToFit(obj, pages, m.l2.AllKinds(), victims)
 	if err != nil {

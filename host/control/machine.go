@@ -194,7 +194,6 @@ type Machine struct {
 	planBuf          []policy.PlanNode
 	victimBuf        []victim
 	countBuf         []int
-	deficit          [1]int
 
 	// counts are the skips by "<reason> at <where>", events the other
 	// counters.

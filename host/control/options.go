@@ -107,11 +107,11 @@ type Options struct {
 	LogClock func() time.Time
 }
 
-// DefaultEvictAhead is the default EvictAhead, 1/16: on the Mooncake trace
-// (one rank, `BenchmarkMooncakeTrace`) it cuts the planner runs from 2,236
-// of 5,230 admissions to 474 with the hit rate unchanged, and in `kvtier
-// sim --ranks 8` from about 3,600 of 5,800 to 800 with the same bytes
-// moved (docs/perf.md, host).
+// DefaultEvictAhead is the default EvictAhead, 1/16: in `kvtier sim --ranks
+// 8 --ticks 30000` it cuts the planner runs from about 3,600 of 5,800 L1
+// admissions (`--evict-ahead 0`) to about 800 with the same bytes moved;
+// on the Mooncake trace about 480 of 5,200 admissions plan
+// (`BenchmarkMooncakeTrace` logs the counts; docs/perf.md, host).
 const DefaultEvictAhead = 1.0 / 16
 
 // DefaultOptions returns options for a small stack: 3 tiers, lru, the heap

@@ -100,9 +100,10 @@ type Result struct {
 	// ForeignPages counts pages found in a rank's store that another lane
 	// owns (with owner lanes; must be 0).
 	ForeignPages int64 `json:"foreign_pages"`
-	// L1Admissions counts the L1 admissions (load-backs and inserts that
-	// needed room), L1Plans those that ran the planner, L1CapacitySkips
-	// those skipped for want of room: replicated counts, rank 0's.
+	// EvictAhead is the Machines' EvictAhead. L1Admissions counts the L1
+	// admissions (load-backs and inserts that needed room), L1Plans those
+	// that ran the planner, L1CapacitySkips those skipped for want of
+	// room: replicated counts, rank 0's.
 	EvictAhead      float64 `json:"evict_ahead"`
 	L1Admissions    uint64  `json:"l1_admissions"`
 	L1Plans         uint64  `json:"l1_plans"`
