@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -283,10 +282,11 @@ func TestServeIndexFull(t *testing.T) {
 		t.Fatalf("the index never filled after %d keys: %+v", len(keys), store.Stats())
 	}
 	// The store kept taking puts after the index filled. Let its writer
-	// finish what is queued, then find the keys the L3 index holds pages
-	// of (which ones depends on the writer's pace: under the race detector
-	// it drops more to backpressure): some stored after the index filled,
-	// and the oldest of them, which have left L1 and L2, served from L3.
+	// finish what is queued, then find the keys the L3 index holds the
+	// first page of (which ones depends on the writer's pace: under the
+	// race detector it drops more to backpressure): some stored after the
+	// index filled, and the oldest of them, which have left L1 and L2,
+	// served from L3.
 	for last, quiet := store.Stats().Puts, 0; quiet < 5; {
 		time.Sleep(20 * time.Millisecond)
 		if now := store.Stats().Puts; now != last {
@@ -312,7 +312,11 @@ func TestServeIndexFull(t *testing.T) {
 		if err := ix.Get(ctx, ks, recs, found); err != nil {
 			t.Fatalf("L3 index get of key %d: %v", i, err)
 		}
-		if slices.Contains(found, true) {
+		// NB: the first page: an L3 hit reloads a durable prefix, and the
+		// oldest keys the full index holds may have kept only later
+		// pages (under load, a CI run's 40 oldest held none of their
+		// first pages and hit nothing).
+		if found[0] {
 			inL3 = append(inL3, i)
 		}
 	}
@@ -337,7 +341,7 @@ func TestServeIndexFull(t *testing.T) {
 		t.Fatalf("the index never filled, or the store stopped storing once it did: %d durable puts (%d after full), %d entries, %d evictions", st.Puts, st.Puts-putsAtFull, ist.Entries, st.Evictions)
 	}
 	if l3 == 0 {
-		t.Fatalf("no L3 hit on the oldest %d keys the L3 index holds", min(len(inL3), 40))
+		t.Fatalf("no L3 hit on the oldest %d keys whose first page the L3 index holds", min(len(inL3), 40))
 	}
 	if st.PutFailures > st.Puts/10 {
 		t.Fatalf("%d of %d puts failed: the store does not free index room by itself", st.PutFailures, st.Puts+st.PutFailures)
