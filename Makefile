@@ -16,7 +16,7 @@ PROTOC        ?= protoc
 PROTOC_GEN_GO      := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
 PROTO_FILES   := $(wildcard plugins/proto/kvtier/*/v*/*.proto)
-API_PROTO     := api/kvtier/engine/v1/engine.proto
+API_PROTO     := api/kvtier/engine/v1/engine.proto api/kvtier/store/v1/store.proto
 
 .PHONY: build test bench plugins lint run proto clean
 
@@ -54,7 +54,7 @@ lint:
 	$(BIN)/tools/staticcheck ./...
 
 # Regenerate the committed code of the plugin protocol (plugins/proto) and
-# of the engine API (api/enginev1, clients/python/kvtier/engine/v1).
+# of the engine and store APIs (api/enginev1, api/storev1, clients/python/kvtier/{engine,store}/v1).
 proto:
 	GOBIN=$(CURDIR)/$(BIN)/tools $(GO) install $(PROTOC_GEN_GO)
 	GOBIN=$(CURDIR)/$(BIN)/tools $(GO) install $(PROTOC_GEN_GO_GRPC)
