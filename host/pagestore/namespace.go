@@ -1,0 +1,306 @@
+package pagestore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/kvtier/kvtier/api/storev1"
+	"github.com/kvtier/kvtier/pagehash"
+)
+
+// maxNamespaceString bounds a namespace's strings: generous, but a client
+// cannot make serve hash or log megabytes.
+const maxNamespaceString = 256
+
+// namespaceID is the digest the door keys a namespace by: SHA-256 over a
+// versioned, length-prefixed encoding of every field that takes part (the
+// proto's Namespace says which), so two namespaces that differ in any of
+// them (or only in where a string ends) differ.
+func namespaceID(ns *pb.Namespace) [32]byte {
+	h := sha256.New()
+	var b [8]byte
+	str := func(s string) {
+		binary.LittleEndian.PutUint64(b[:], uint64(len(s)))
+		h.Write(b[:])
+		h.Write([]byte(s))
+	}
+	num := func(v uint64) {
+		binary.LittleEndian.PutUint64(b[:], v)
+		h.Write(b[:])
+	}
+	str("kvtier.store.namespace.v1")
+	str(ns.GetModel())
+	str(ns.GetModelRevision())
+	str(ns.GetKvLayout())
+	str(ns.GetDtype())
+	num(uint64(ns.GetPageTokens()))
+	num(uint64(len(ns.GetKinds())))
+	for _, k := range ns.GetKinds() {
+		str(k.GetName())
+		num(k.GetPageBytes())
+	}
+	if ns.GetSharedAcrossTp() {
+		num(1)
+	} else {
+		num(0)
+		num(uint64(ns.GetTpRank()))
+		num(uint64(ns.GetTpSize()))
+	}
+	num(uint64(ns.GetCpRank()))
+	num(uint64(ns.GetCpSize()))
+	num(uint64(ns.GetPpRank()))
+	num(uint64(ns.GetPpSize()))
+	str(ns.GetSalt())
+	var id [32]byte
+	h.Sum(id[:0])
+	return id
+}
+
+// checkNamespace validates ns against the door's kinds; the error names
+// the field.
+func (d *Door) checkNamespace(ns *pb.Namespace) error {
+	if ns == nil {
+		return fmt.Errorf("namespace: missing")
+	}
+	if ns.GetModel() == "" {
+		return fmt.Errorf("namespace.model: empty")
+	}
+	for _, f := range []struct{ name, v string }{{"model", ns.GetModel()}, {"model_revision", ns.GetModelRevision()},
+		{"kv_layout", ns.GetKvLayout()}, {"dtype", ns.GetDtype()}, {"salt", ns.GetSalt()}} {
+		if len(f.v) > maxNamespaceString {
+			return fmt.Errorf("namespace.%s: %d bytes, at most %d", f.name, len(f.v), maxNamespaceString)
+		}
+	}
+	if ns.GetPageTokens() == 0 {
+		return fmt.Errorf("namespace.page_tokens: 0, want the tokens of one page")
+	}
+	for _, c := range []struct {
+		name       string
+		rank, size uint32
+	}{{"tp", ns.GetTpRank(), ns.GetTpSize()}, {"cp", ns.GetCpRank(), ns.GetCpSize()}, {"pp", ns.GetPpRank(), ns.GetPpSize()}, {"dp", ns.GetDpRank(), ns.GetDpSize()}} {
+		if c.size > 0 && c.rank >= c.size {
+			return fmt.Errorf("namespace.%s_rank: %d, not below %s_size %d", c.name, c.rank, c.name, c.size)
+		}
+		if c.size == 0 && c.rank != 0 {
+			return fmt.Errorf("namespace.%s_rank: %d with %s_size 0", c.name, c.rank, c.name)
+		}
+	}
+	ks := ns.GetKinds()
+	if len(ks) != len(d.kinds) {
+		return fmt.Errorf("namespace.kinds: %d payload kinds, serve's store stack has %d (%s)", len(ks), len(d.kinds), d.kindList())
+	}
+	for i, k := range ks {
+		if k.GetName() != d.kinds[i].Name {
+			return fmt.Errorf("namespace.kinds[%d].name: %q, serve's store stack has %q there (%s)", i, k.GetName(), d.kinds[i].Name, d.kindList())
+		}
+		if int64(k.GetPageBytes()) != d.kinds[i].PageBytes {
+			return fmt.Errorf("namespace.kinds[%d].page_bytes: %d, serve's kind %q has %d", i, k.GetPageBytes(), d.kinds[i].Name, d.kinds[i].PageBytes)
+		}
+	}
+	return nil
+}
+
+func (d *Door) kindList() string {
+	s := ""
+	for i, k := range d.kinds {
+		if i > 0 {
+			s += ", "
+		}
+		s += fmt.Sprintf("%s %d bytes", k.Name, k.PageBytes)
+	}
+	return s
+}
+
+// pageKey is a page's key: SHA-256(namespace id || generation (8 bytes
+// little-endian) || key string).
+func pageKey(ns [32]byte, gen uint64, key string) pagehash.Hash {
+	h := sha256.New()
+	h.Write(ns[:])
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], gen)
+	h.Write(b[:])
+	h.Write([]byte(key))
+	var out pagehash.Hash
+	h.Sum(out[:0])
+	return out
+}
+
+// keyStatus checks one key: "" when valid, else why not.
+func (d *Door) keyStatus(k string) string {
+	if k == "" {
+		return "empty"
+	}
+	if len(k) > d.opt.Limits.MaxKeyBytes {
+		return "too long"
+	}
+	return ""
+}
+
+// hashKeys returns the keys' page keys under the session's namespace and
+// generation; ok[i] is false for an invalid key.
+func (d *Door) hashKeys(ses *session, keys []string, dst []pagehash.Hash, ok []bool) {
+	d.mu.Lock()
+	ns, gen := ses.ns.id, ses.ns.gen
+	d.mu.Unlock()
+	for i, k := range keys {
+		if d.keyStatus(k) != "" {
+			ok[i] = false
+			continue
+		}
+		ok[i] = true
+		dst[i] = pageKey(ns, gen, k)
+	}
+}
+
+// Register opens a session for one client in a namespace.
+func (d *Door) Register(ctx context.Context, q *pb.RegisterRequest) (*pb.RegisterReply, error) {
+	if len(q.GetClientId()) > maxNamespaceString {
+		return nil, status.Errorf(codes.InvalidArgument, "client_id: %d bytes, at most %d", len(q.GetClientId()), maxNamespaceString)
+	}
+	v1 := false
+	for _, v := range q.GetProtocolVersions() {
+		v1 = v1 || v == 1
+	}
+	if !v1 {
+		return nil, status.Errorf(codes.FailedPrecondition, "protocol_versions: %v, this serve speaks 1", q.GetProtocolVersions())
+	}
+	if err := d.checkNamespace(q.GetNamespace()); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	id := namespaceID(q.GetNamespace())
+	var conn uint64
+	if d.opt.ConnOf != nil {
+		conn = d.opt.ConnOf(ctx)
+	}
+	ses := &session{id: newSessionID(), client: q.GetClientId(), conn: conn, last: time.Now(), leases: map[uint64]*lease{}}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil, status.Errorf(codes.Unavailable, "serve is stopping")
+	}
+	ns := d.spaces[id]
+	if ns == nil {
+		ns = &nsState{id: id}
+		d.spaces[id] = ns
+	}
+	ses.ns = ns
+	d.sessions[ses.id] = ses
+	d.mu.Unlock()
+	d.log.Info("kvtier store: session registered", "session", ses.id, "client", ses.client, "model", q.GetNamespace().GetModel(), "namespace", hex.EncodeToString(id[:8]))
+	g := d.opt.Slab.Geometry()
+	sg := &pb.SlabGeometry{PageSize: uint64(g.PageSize), Backing: g.Backing}
+	for _, f := range g.Slabs {
+		sg.Files = append(sg.Files, &pb.SlabFile{Id: uint32(f.ID), Path: f.Path, Size: uint64(f.Size)})
+	}
+	l := d.opt.Limits
+	out := &pb.RegisterReply{Session: ses.id, BootId: d.opt.BootID, ProtocolVersion: 1, Slab: sg,
+		Limits: &pb.Limits{MaxBatchPages: uint32(l.MaxBatchPages), MaxKeyBytes: uint32(l.MaxKeyBytes), LeaseMs: uint32(l.Lease / time.Millisecond),
+			SessionTtlMs: uint32(l.SessionTTL / time.Millisecond), DefaultDeadlineMs: uint32(l.DefaultDeadline / time.Millisecond),
+			MaxDeadlineMs: uint32(l.MaxDeadline / time.Millisecond), SlabPages: uint64(d.nslots)},
+		NamespaceId: append([]byte(nil), id[:]...), Tiers: []string{"l2"}}
+	if d.opt.Store != nil {
+		out.Tiers = append(out.Tiers, d.opt.StoreName)
+	}
+	for _, k := range d.kinds {
+		out.Kinds = append(out.Kinds, &pb.PayloadKind{Name: k.Name, PageBytes: uint64(k.PageBytes)})
+	}
+	return out, nil
+}
+
+// session returns the open session id names, marking it used.
+func (d *Door) session(id string) (*session, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.sessions[id]
+	if s == nil {
+		return nil, status.Errorf(codes.NotFound, "session %q: %v", id, errUnknownSession)
+	}
+	s.last = time.Now()
+	return s, nil
+}
+
+// generationsFile keeps each cleared namespace's generation.
+const generationsFile = "store-generations.json"
+
+func (d *Door) loadGenerations() error {
+	if d.opt.StateDir == "" {
+		return nil
+	}
+	path := filepath.Join(d.opt.StateDir, generationsFile)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("page store: generations: %w", err)
+	}
+	var m map[string]uint64
+	if err := json.Unmarshal(b, &m); err != nil {
+		return fmt.Errorf("page store: generations file %s: %w", path, err)
+	}
+	for k, g := range m {
+		raw, err := hex.DecodeString(k)
+		if err != nil || len(raw) != 32 {
+			return fmt.Errorf("page store: generations file %s: namespace id %q is not 64 hex characters", path, k)
+		}
+		var id [32]byte
+		copy(id[:], raw)
+		d.spaces[id] = &nsState{id: id, gen: g}
+	}
+	return nil
+}
+
+// saveGenerations writes every namespace's generation that is not 0,
+// through a temporary file and a rename, so a crash leaves the old file
+// or the new one.
+func (d *Door) saveGenerations() error {
+	if d.opt.StateDir == "" {
+		return nil
+	}
+	d.genMu.Lock()
+	defer d.genMu.Unlock()
+	m := map[string]uint64{}
+	d.mu.Lock()
+	for id, ns := range d.spaces {
+		if ns.gen > 0 {
+			m[hex.EncodeToString(id[:])] = ns.gen
+		}
+	}
+	d.mu.Unlock()
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(d.opt.StateDir, generationsFile)
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("page store: generations: %w", err)
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return fmt.Errorf("page store: generations: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("page store: generations: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("page store: generations: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("page store: generations: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,759 @@
+package pagestore
+
+import (
+	"context"
+	"fmt"
+	"hash/crc32"
+	"runtime"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/kvtier/kvtier/api/storev1"
+	"github.com/kvtier/kvtier/pagehash"
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// parallelCRCBytes: a batch of at least this many bytes is checksummed by
+// several goroutines.
+const parallelCRCBytes = 4 << 20
+
+// forPages runs f(i) for i in [0, n), on several goroutines when the
+// pages' bytes are many.
+func (d *Door) forPages(n int, f func(i int)) {
+	workers := min(runtime.GOMAXPROCS(0), n)
+	if workers <= 1 || int64(n)*d.pageBytes < parallelCRCBytes {
+		for i := range n {
+			f(i)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	var next sync.Mutex
+	at := 0
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				next.Lock()
+				i := at
+				at++
+				next.Unlock()
+				if i >= n {
+					return
+				}
+				f(i)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// checksum returns slot's CRC32C per kind.
+func (d *Door) checksum(slot int32) []uint32 {
+	out := make([]uint32, len(d.kinds))
+	for k := range d.kinds {
+		out[k] = crc32.Checksum(d.view(slot, k), castagnoli)
+	}
+	return out
+}
+
+// verify says whether slot's bytes still match crc.
+func (d *Door) verify(slot int32, crc []uint32) bool {
+	for k := range d.kinds {
+		if crc32.Checksum(d.view(slot, k), castagnoli) != crc[k] {
+			return false
+		}
+	}
+	return true
+}
+
+func (d *Door) spansOf(slot int32) []*pb.Span {
+	out := make([]*pb.Span, len(d.kinds))
+	for k := range d.kinds {
+		s := d.span(slot, k)
+		out[k] = &pb.Span{Slab: uint32(s.Slab), Offset: uint64(s.Offset), Length: uint64(s.Length)}
+	}
+	return out
+}
+
+func (d *Door) checkBatch(n int) error {
+	if n > d.opt.Limits.MaxBatchPages {
+		return status.Errorf(codes.InvalidArgument, "keys: %d, at most %d a call (limits.max_batch_pages)", n, d.opt.Limits.MaxBatchPages)
+	}
+	return nil
+}
+
+// BatchExists counts the leading keys whose pages are stored: in the slab
+// first, else in the store (each kind present; a later page after a
+// missing one does not count). It never reads a page.
+func (d *Door) BatchExists(ctx context.Context, q *pb.ExistsRequest) (*pb.ExistsReply, error) {
+	ses, err := d.session(q.GetSession())
+	if err != nil {
+		return nil, err
+	}
+	keys := q.GetKeys()
+	if err := d.checkBatch(len(keys)); err != nil {
+		return nil, err
+	}
+	hs := make([]pagehash.Hash, len(keys))
+	ok := make([]bool, len(keys))
+	d.hashKeys(ses, keys, hs, ok)
+	n := len(keys)
+	for i := range keys {
+		if !ok[i] {
+			n = i
+			break
+		}
+	}
+	inL2 := make([]bool, n)
+	d.mu.Lock()
+	d.st.existsCalls++
+	for i := range n {
+		e := d.entries[hs[i]]
+		inL2[i] = e != nil && e.state == stCommitted
+	}
+	d.mu.Unlock()
+	out := &pb.ExistsReply{BootId: d.opt.BootID}
+	for i := 0; i < n; {
+		if inL2[i] {
+			out.Tiers = append(out.Tiers, pb.Tier_TIER_L2)
+			i++
+			continue
+		}
+		if d.opt.Store == nil {
+			break
+		}
+		j := i
+		for j < n && !inL2[j] {
+			j++
+		}
+		m := j - i
+		for k := range d.kinds {
+			c, err := d.opt.Store.LongestPrefix(ctx, tiers.PayloadKind(k), hs[i:i+m])
+			if err != nil {
+				d.log.Warn("kvtier store: exists: store lookup failed", "store", d.opt.StoreName, "err", err)
+				c = 0
+			}
+			m = min(m, c)
+		}
+		for range m {
+			out.Tiers = append(out.Tiers, pb.Tier_TIER_L3)
+		}
+		i += m
+		if i < j {
+			break
+		}
+	}
+	out.Present = uint32(len(out.Tiers))
+	return out, nil
+}
+
+// load is one BatchGet's reload from the store.
+type load struct {
+	idx   []int   // the keys' positions in the call
+	slots []int32 // the slots reserved for them
+	hs    []pagehash.Hash
+	hit   []bool
+	crc   [][]uint32
+	// finished: the handler takes the results; abandoned: the handler
+	// left (deadline), the goroutine installs them unpinned. Under d.mu.
+	finished, abandoned bool
+	done                chan struct{}
+}
+
+// deadline returns how long a BatchGet may wait for reloads.
+func (d *Door) deadline(ctx context.Context, ms uint32) time.Duration {
+	l := d.opt.Limits
+	t := l.DefaultDeadline
+	if ms > 0 {
+		t = min(time.Duration(ms)*time.Millisecond, l.MaxDeadline)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		t = min(t, time.Until(dl))
+	}
+	return max(t, 0)
+}
+
+// BatchGet pins the keys' pages in the slab, reloading them from the
+// store first where needed (bounded by the deadline), and says where
+// they lie.
+func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, error) {
+	ses, err := d.session(q.GetSession())
+	if err != nil {
+		return nil, err
+	}
+	keys := q.GetKeys()
+	if err := d.checkBatch(len(keys)); err != nil {
+		return nil, err
+	}
+	wait := d.deadline(ctx, q.GetDeadlineMs())
+	hs := make([]pagehash.Hash, len(keys))
+	ok := make([]bool, len(keys))
+	d.hashKeys(ses, keys, hs, ok)
+	out := &pb.GetReply{BootId: d.opt.BootID, Pages: make([]*pb.GetPage, len(keys))}
+	l := &lease{ses: ses, pinned: make([]*entry, len(keys)), expires: time.Now().Add(d.opt.Limits.Lease)}
+	var ld *load
+	var check []int // L2 hits to verify
+	d.mu.Lock()
+	if _, open := d.sessions[ses.id]; !open {
+		d.mu.Unlock()
+		return nil, status.Errorf(codes.NotFound, "session %q: %v", ses.id, errUnknownSession)
+	}
+	d.nextLease++
+	l.id = d.nextLease
+	d.leases[l.id] = l
+	ses.leases[l.id] = l
+	d.st.getPages += uint64(len(keys))
+	for i := range keys {
+		if !ok[i] {
+			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_INVALID}
+			continue
+		}
+		if e := d.entries[hs[i]]; e != nil {
+			if e.state != stCommitted {
+				// Being set by a client: not readable yet.
+				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_MISS}
+				d.st.miss++
+				continue
+			}
+			e.pins++
+			d.updateEvictable(e)
+			d.hit(e)
+			l.pinned[i] = e
+			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_HIT, Tier: pb.Tier_TIER_L2, Spans: d.spansOf(e.slot)}
+			check = append(check, i)
+			continue
+		}
+		if d.opt.Store == nil {
+			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_MISS}
+			d.st.miss++
+			continue
+		}
+		s := d.alloc()
+		if s < 0 {
+			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_NO_SPACE}
+			d.st.noSpace++
+			continue
+		}
+		if ld == nil {
+			ld = &load{done: make(chan struct{})}
+		}
+		ld.idx = append(ld.idx, i)
+		ld.slots = append(ld.slots, s)
+		ld.hs = append(ld.hs, hs[i])
+		d.loading++
+	}
+	d.mu.Unlock()
+	if ld != nil {
+		d.startLoad(ld)
+	}
+	if !d.opt.SkipVerify && len(check) > 0 {
+		bad := make([]bool, len(check))
+		d.forPages(len(check), func(j int) {
+			e := l.pinned[check[j]]
+			bad[j] = !d.verify(e.slot, e.crc)
+		})
+		d.mu.Lock()
+		for j, i := range check {
+			e := l.pinned[i]
+			if !bad[j] {
+				d.st.hitL2++
+				d.st.readBytes += uint64(d.pageBytes)
+				continue
+			}
+			d.st.corrupt++
+			d.st.verifyFailures++
+			d.log.Error("kvtier store: slab page failed its checksum: dropped, answered as a miss", "session", ses.id, "key", keys[i], "slot", e.slot)
+			if !l.ended {
+				l.pinned[i] = nil
+				e.pins--
+			}
+			d.drop(e)
+			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_CORRUPT}
+		}
+		d.mu.Unlock()
+	} else if len(check) > 0 {
+		d.mu.Lock()
+		d.st.hitL2 += uint64(len(check))
+		d.st.readBytes += uint64(len(check)) * uint64(d.pageBytes)
+		d.mu.Unlock()
+	}
+	if ld != nil {
+		timer := time.NewTimer(wait)
+		select {
+		case <-ld.done:
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+		timer.Stop()
+		d.mu.Lock()
+		if !ld.finished {
+			ld.abandoned = true
+			for _, i := range ld.idx {
+				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_TIMEOUT}
+			}
+			d.st.timeout += uint64(len(ld.idx))
+		} else {
+			for j, i := range ld.idx {
+				if !ld.hit[j] {
+					d.free = append(d.free, ld.slots[j])
+					out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_MISS}
+					d.st.miss++
+					continue
+				}
+				slot := d.install(ld.hs[j], ld.slots[j], ld.crc[j], l, i)
+				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_HIT, Tier: pb.Tier_TIER_L3, Spans: d.spansOf(slot)}
+				d.st.hitL3++
+				d.st.readBytes += uint64(d.pageBytes)
+			}
+		}
+		d.mu.Unlock()
+	}
+	d.mu.Lock()
+	held := len(l.detached) > 0
+	for _, e := range l.pinned {
+		held = held || e != nil
+	}
+	switch {
+	case l.ended:
+		// The session ended meanwhile: its pins are gone, and so are
+		// the hits.
+		for i, p := range out.Pages {
+			if p.GetStatus() == pb.GetStatus_GET_STATUS_HIT {
+				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_MISS}
+			}
+		}
+	case !held:
+		d.endLease(l, false)
+	default:
+		out.Lease = l.id
+	}
+	d.mu.Unlock()
+	return out, nil
+}
+
+// install makes a reloaded page readable (under d.mu) and, with a live
+// lease l, pins it for key i; it returns the slot the page lies in. A key
+// that is already committed keeps its entry (the reloaded slot is freed);
+// one that another client is setting pins the reloaded slot outside the
+// map.
+func (d *Door) install(h pagehash.Hash, slot int32, crc []uint32, l *lease, i int) int32 {
+	pin := l != nil && !l.ended
+	if e := d.entries[h]; e != nil {
+		if e.state == stCommitted {
+			d.free = append(d.free, slot)
+			if pin {
+				e.pins++
+				d.updateEvictable(e)
+				l.pinned[i] = e
+			}
+			d.hit(e)
+			return e.slot
+		}
+		if pin {
+			l.detached = append(l.detached, slot)
+		} else {
+			d.free = append(d.free, slot)
+		}
+		return slot
+	}
+	e := &entry{hash: h, slot: slot, state: stCommitted, crc: crc}
+	if pin {
+		e.pins = 1
+		l.pinned[i] = e
+	}
+	d.insert(e)
+	return slot
+}
+
+// startLoad reads ld's pages from the store into their slots on a
+// goroutine. A late finish (the handler gave up) installs the hits
+// unpinned, so the client's retry finds them in the slab, and frees the
+// rest: a slot is reused only after the store's Get returned.
+func (d *Door) startLoad(ld *load) {
+	nk := len(d.kinds)
+	batch := make([]tiers.GetRequest, 0, len(ld.slots)*nk)
+	for j, s := range ld.slots {
+		for k := range nk {
+			batch = append(batch, tiers.GetRequest{Key: tiers.Key{Hash: ld.hs[j], Kind: tiers.PayloadKind(k)}, Dst: d.span(s, k)})
+		}
+	}
+	go func() {
+		res := make([]error, len(batch))
+		err := d.opt.Store.Get(context.Background(), batch, res)
+		ld.hit = make([]bool, len(ld.slots))
+		ld.crc = make([][]uint32, len(ld.slots))
+		for j := range ld.slots {
+			ld.hit[j] = err == nil
+			for k := range nk {
+				ld.hit[j] = ld.hit[j] && res[j*nk+k] == nil
+			}
+		}
+		if err != nil {
+			d.log.Warn("kvtier store: reload failed", "store", d.opt.StoreName, "pages", len(ld.slots), "err", err)
+		}
+		d.forPages(len(ld.slots), func(j int) {
+			if ld.hit[j] {
+				ld.crc[j] = d.checksum(ld.slots[j])
+			}
+		})
+		d.mu.Lock()
+		d.loading -= len(ld.slots)
+		if ld.abandoned {
+			for j := range ld.slots {
+				if ld.hit[j] {
+					d.install(ld.hs[j], ld.slots[j], ld.crc[j], nil, 0)
+				} else {
+					d.free = append(d.free, ld.slots[j])
+				}
+			}
+		} else {
+			ld.finished = true
+		}
+		d.mu.Unlock()
+		close(ld.done)
+	}()
+}
+
+// Release ends a BatchGet's lease.
+func (d *Door) Release(_ context.Context, q *pb.ReleaseRequest) (*pb.ReleaseReply, error) {
+	ses, err := d.session(q.GetSession())
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	l := ses.leases[q.GetLease()]
+	if l == nil || l.set {
+		return nil, status.Errorf(codes.NotFound, "lease %d: no BatchGet lease of this session (released, expired, or never given)", q.GetLease())
+	}
+	d.endLease(l, false)
+	return &pb.ReleaseReply{BootId: d.opt.BootID}, nil
+}
+
+// BatchSet reserves a slot for each key not stored yet.
+func (d *Door) BatchSet(_ context.Context, q *pb.SetRequest) (*pb.SetReply, error) {
+	ses, err := d.session(q.GetSession())
+	if err != nil {
+		return nil, err
+	}
+	keys := q.GetKeys()
+	if err := d.checkBatch(len(keys)); err != nil {
+		return nil, err
+	}
+	hs := make([]pagehash.Hash, len(keys))
+	ok := make([]bool, len(keys))
+	d.hashKeys(ses, keys, hs, ok)
+	if len(keys) > 1 {
+		seen := make(map[string]struct{}, len(keys))
+		for i, k := range keys {
+			if _, dup := seen[k]; dup {
+				ok[i] = false
+			}
+			seen[k] = struct{}{}
+		}
+	}
+	out := &pb.SetReply{BootId: d.opt.BootID, Pages: make([]*pb.SetPage, len(keys))}
+	l := &lease{ses: ses, set: true, res: make([]*entry, len(keys)), status: make([]pb.SetStatus, len(keys)), expires: time.Now().Add(d.opt.Limits.Lease)}
+	reserved := 0
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, open := d.sessions[ses.id]; !open {
+		return nil, status.Errorf(codes.NotFound, "session %q: %v", ses.id, errUnknownSession)
+	}
+	d.st.setPages += uint64(len(keys))
+	for i := range keys {
+		st := pb.SetStatus_SET_STATUS_INVALID
+		switch {
+		case !ok[i]:
+		case d.entries[hs[i]] != nil:
+			st = pb.SetStatus_SET_STATUS_EXISTS
+			d.st.exists++
+		default:
+			s := d.alloc()
+			if s < 0 {
+				st = pb.SetStatus_SET_STATUS_NO_SPACE
+				d.st.noSpace++
+				break
+			}
+			e := &entry{hash: hs[i], slot: s, state: stReserved}
+			d.entries[hs[i]] = e
+			l.res[i] = e
+			st = pb.SetStatus_SET_STATUS_RESERVED
+			reserved++
+		}
+		l.status[i] = st
+		out.Pages[i] = &pb.SetPage{Status: st}
+		if st == pb.SetStatus_SET_STATUS_RESERVED {
+			out.Pages[i].Spans = d.spansOf(l.res[i].slot)
+		}
+	}
+	if reserved > 0 {
+		d.nextLease++
+		l.id = d.nextLease
+		d.leases[l.id] = l
+		ses.leases[l.id] = l
+		out.Lease = l.id
+	}
+	return out, nil
+}
+
+// Commit makes the written pages of a BatchSet readable (checksummed
+// first), writes them through to the store, and frees the others.
+func (d *Door) Commit(_ context.Context, q *pb.CommitRequest) (*pb.CommitReply, error) {
+	ses, err := d.session(q.GetSession())
+	if err != nil {
+		return nil, err
+	}
+	written := q.GetWritten()
+	d.mu.Lock()
+	l := ses.leases[q.GetLease()]
+	if q.GetLease() == 0 || l == nil || !l.set {
+		d.mu.Unlock()
+		return nil, status.Errorf(codes.NotFound, "lease %d: no BatchSet lease of this session (committed, expired, or never given): its reservations are gone, nothing of it is stored", q.GetLease())
+	}
+	if len(written) != len(l.status) {
+		d.mu.Unlock()
+		return nil, status.Errorf(codes.InvalidArgument, "written: %d entries, the BatchSet had %d keys", len(written), len(l.status))
+	}
+	// The lease is ours now: take it out, so expiry cannot free what we
+	// commit.
+	l.ended = true
+	delete(d.leases, l.id)
+	delete(ses.leases, l.id)
+	var commit []*entry
+	var at []int
+	for i, e := range l.res {
+		if e == nil {
+			continue
+		}
+		if written[i] {
+			commit = append(commit, e)
+			at = append(at, i)
+		} else {
+			d.abandon(e, false)
+		}
+	}
+	d.mu.Unlock()
+	crcs := make([][]uint32, len(commit))
+	d.forPages(len(commit), func(j int) { crcs[j] = d.checksum(commit[j].slot) })
+	out := &pb.CommitReply{Stored: make([]bool, len(l.status))}
+	for i, st := range l.status {
+		out.Stored[i] = st == pb.SetStatus_SET_STATUS_EXISTS
+	}
+	nk := len(d.kinds)
+	var puts []tiers.PutRequest
+	var items []putItem
+	d.mu.Lock()
+	for j, e := range commit {
+		e.crc = crcs[j]
+		e.state = stCommitted
+		if d.opt.Store != nil {
+			e.putPending = int32(nk)
+			for k := range nk {
+				puts = append(puts, tiers.PutRequest{Key: tiers.Key{Hash: e.hash, Kind: tiers.PayloadKind(k)}, Src: d.span(e.slot, k)})
+				items = append(items, putItem{e: e})
+			}
+		}
+		d.insert(e)
+		out.Stored[at[j]] = true
+		d.st.stored++
+		d.st.writtenBytes += uint64(d.pageBytes)
+	}
+	d.mu.Unlock()
+	if len(puts) > 0 {
+		d.writeThrough(puts, items)
+	}
+	out.BootId = d.opt.BootID
+	return out, nil
+}
+
+// writeThrough puts committed pages to the store from their slab spans
+// (no copy here: the store gathers them).
+func (d *Door) writeThrough(puts []tiers.PutRequest, items []putItem) {
+	id, err := d.opt.Store.Put(context.Background(), puts)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err != nil {
+		d.log.Warn("kvtier store: write-through refused", "store", d.opt.StoreName, "items", len(puts), "err", err)
+		d.st.putFailures += uint64(len(puts))
+		for _, it := range items {
+			it.e.putPending--
+			if it.e.dead {
+				d.maybeFree(it.e)
+			} else {
+				d.updateEvictable(it.e)
+			}
+		}
+		return
+	}
+	b := &putBatch{items: items}
+	d.puts[id] = b
+	for _, a := range d.early[id] {
+		if d.puts[id] == nil {
+			break
+		}
+		d.applyAck(id, b, a)
+	}
+	delete(d.early, id)
+}
+
+// Clear forgets every page of the session's namespace: its generation is
+// bumped (and kept across restarts), so no key hashes to an old page
+// again; the old pages age out by eviction.
+func (d *Door) Clear(_ context.Context, q *pb.ClearRequest) (*pb.ClearReply, error) {
+	ses, err := d.session(q.GetSession())
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	ses.ns.gen++
+	d.mu.Unlock()
+	if err := d.saveGenerations(); err != nil {
+		d.log.Error("kvtier store: clear: the generation was not saved; a restart would bring the cleared pages back", "err", err)
+		return nil, status.Errorf(codes.Internal, "clear: %v", err)
+	}
+	return &pb.ClearReply{BootId: d.opt.BootID}, nil
+}
+
+// Snapshot returns the door's counters.
+func (d *Door) Snapshot() *pb.StatsReply {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c := d.st
+	return &pb.StatsReply{BootId: d.opt.BootID, ExistsCalls: c.existsCalls, GetPages: c.getPages, HitPagesL2: c.hitL2, HitPagesL3: c.hitL3,
+		MissPages: c.miss, CorruptPages: c.corrupt, TimeoutPages: c.timeout, SetPages: c.setPages, StoredPages: c.stored,
+		ExistsPages: c.exists, NoSpacePages: c.noSpace, ReadBytes: c.readBytes, WrittenBytes: c.writtenBytes,
+		L2UsedPages: uint64(d.nslots - len(d.free)), L2CapacityPages: uint64(d.nslots), EvictedPages: c.evict}
+}
+
+// Gauges are the door's point-in-time figures beyond Stats, for metrics.
+type Gauges struct {
+	Sessions, Leases, Loading, Quarantined, Entries int
+	PutFailures, VerifyFailures                     uint64
+}
+
+// Gauges returns them.
+func (d *Door) Gauges() Gauges {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return Gauges{Sessions: len(d.sessions), Leases: len(d.leases), Loading: d.loading, Quarantined: len(d.quarantine),
+		Entries: len(d.entries), PutFailures: d.st.putFailures, VerifyFailures: d.st.verifyFailures}
+}
+
+// Stats returns the door's counters.
+func (d *Door) Stats(_ context.Context, q *pb.StatsRequest) (*pb.StatsReply, error) {
+	if _, err := d.session(q.GetSession()); err != nil {
+		return nil, err
+	}
+	return d.Snapshot(), nil
+}
+
+// Close ends the session.
+func (d *Door) Close(_ context.Context, q *pb.CloseRequest) (*pb.CloseReply, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.sessions[q.GetSession()]
+	if s == nil {
+		return nil, status.Errorf(codes.NotFound, "session %q: %v", q.GetSession(), errUnknownSession)
+	}
+	d.endSession(s)
+	return &pb.CloseReply{}, nil
+}
+
+// Ping does nothing.
+func (d *Door) Ping(context.Context, *pb.PingRequest) (*pb.PingReply, error) {
+	return &pb.PingReply{}, nil
+}
+
+// check verifies the door's invariants (tests and fuzzing): every slot is
+// exactly one of free, quarantined, loading, or held by one entry or one
+// lease's detached pin; pins equal the leases' pins.
+func (d *Door) check() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	owner := make([]string, d.nslots)
+	claim := func(s int32, who string) error {
+		if s < 0 || int(s) >= d.nslots {
+			return fmt.Errorf("%s holds slot %d of %d", who, s, d.nslots)
+		}
+		if owner[s] != "" {
+			return fmt.Errorf("slot %d held twice: %s and %s", s, owner[s], who)
+		}
+		owner[s] = who
+		return nil
+	}
+	for _, s := range d.free {
+		if err := claim(s, "free list"); err != nil {
+			return err
+		}
+	}
+	for _, q := range d.quarantine {
+		if err := claim(q.slot, "quarantine"); err != nil {
+			return err
+		}
+	}
+	pins := map[*entry]int32{}
+	seen := map[*entry]bool{}
+	for h, e := range d.entries {
+		if e.hash != h || e.dead {
+			return fmt.Errorf("entry %s in the map is dead or misfiled", h.Short())
+		}
+		seen[e] = true
+		if err := claim(e.slot, "entry "+h.Short()); err != nil {
+			return err
+		}
+		if (e.node != 0) != (e.state == stCommitted) {
+			return fmt.Errorf("entry %s: state %d with evictor node %d", h.Short(), e.state, e.node)
+		}
+	}
+	for id, l := range d.leases {
+		if l.ended || l.id != id || l.ses.leases[id] != l {
+			return fmt.Errorf("lease %d misfiled", id)
+		}
+		for _, e := range l.pinned {
+			if e != nil {
+				pins[e]++
+			}
+		}
+		for _, s := range l.detached {
+			if err := claim(s, fmt.Sprintf("lease %d detached", id)); err != nil {
+				return err
+			}
+		}
+		for _, e := range l.res {
+			if e != nil && (e.state != stReserved || d.entries[e.hash] != e) {
+				return fmt.Errorf("lease %d reserves an entry that is not reserved in the map", id)
+			}
+		}
+	}
+	for e, n := range pins {
+		if e.pins < n {
+			return fmt.Errorf("entry %s: %d pins, leases hold %d", e.hash.Short(), e.pins, n)
+		}
+	}
+	for e := range seen {
+		if e.pins != pins[e] && d.loading == 0 {
+			return fmt.Errorf("entry %s: %d pins, leases hold %d", e.hash.Short(), e.pins, pins[e])
+		}
+		if want := e.state == stCommitted && e.pins == 0 && e.putPending == 0; want != e.evictable {
+			return fmt.Errorf("entry %s: evictable %v, want %v", e.hash.Short(), e.evictable, want)
+		}
+	}
+	free := 0
+	for _, o := range owner {
+		if o == "" {
+			free++
+		}
+	}
+	// Unclaimed slots are held by reloads in flight or by dead entries a
+	// store or a client still reads.
+	if free < d.loading {
+		return fmt.Errorf("%d slots unaccounted, %d loading", free, d.loading)
+	}
+	return nil
+}
