@@ -472,9 +472,7 @@ func (d *Door) endLease(l *lease, expired bool) {
 			l.pinned[i] = nil
 		}
 	}
-	for _, s := range l.detached {
-		d.free = append(d.free, s)
-	}
+	d.free = append(d.free, l.detached...)
 	l.detached = nil
 	for i, e := range l.res {
 		if e == nil {
@@ -528,6 +526,17 @@ func (d *Door) janitor() {
 func (d *Door) sweep(now time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	// NB: the quarantine first: slots quarantined below wait a lease
+	// from now.
+	q := d.quarantine[:0]
+	for _, x := range d.quarantine {
+		if now.After(x.until) {
+			d.free = append(d.free, x.slot)
+		} else {
+			q = append(q, x)
+		}
+	}
+	d.quarantine = q
 	for _, l := range d.leases {
 		if now.After(l.expires) {
 			d.log.Warn("kvtier store: lease expired", "session", l.ses.id, "lease", l.id, "set", l.set)
@@ -540,15 +549,6 @@ func (d *Door) sweep(now time.Time) {
 			d.endSession(s)
 		}
 	}
-	q := d.quarantine[:0]
-	for _, x := range d.quarantine {
-		if now.After(x.until) {
-			d.free = append(d.free, x.slot)
-		} else {
-			q = append(q, x)
-		}
-	}
-	d.quarantine = q
 }
 
 // drainAcks applies the store's write-through acks: a page's slot may be

@@ -1,0 +1,150 @@
+package pagestore
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	pb "github.com/kvtier/kvtier/api/storev1"
+)
+
+// FuzzDoor drives an in-process door (real slab, memstore below) with
+// random batches of gets, sets, commits, releases, clears, closes, lease
+// expiries and scribbled slab bytes. It must never panic, every hit must
+// carry the key's bytes, and the slot and pin accounting must hold after
+// every call (Door.check: no slot held twice, pins equal the leases').
+func FuzzDoor(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11})
+	f.Add([]byte{1, 0x0f, 0x33, 2, 0, 0xff, 3, 0x0f, 1, 0, 5, 0x0f, 3, 0})
+	f.Add(bytes.Repeat([]byte{1, 0xff, 0x12, 2, 0, 0xaa, 3, 0xff, 4, 0}, 8))
+	f.Add(bytes.Repeat([]byte{1, 0x3c, 0x77, 9, 3, 0xc3, 2, 1, 0x55, 8, 6, 7}, 6))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) > 4096 {
+			return
+		}
+		h := newHarness(t, 6, false, nil, Limits{MaxBatchPages: 8, MaxKeyBytes: 8})
+		ctx := context.Background()
+		sessions := []string{h.register(t), h.register(t)}
+		type setLease struct {
+			ses  string
+			id   uint64
+			keys []string
+			res  []*pb.SetPage
+		}
+		var sets []setLease
+		type getLease struct {
+			ses string
+			id  uint64
+		}
+		var gets []getLease
+		pos := 0
+		next := func() byte {
+			if pos >= len(data) {
+				return 0
+			}
+			pos++
+			return data[pos-1]
+		}
+		keysOf := func(mask byte, salt byte) []string {
+			var ks []string
+			for i := range 8 {
+				if mask&(1<<i) != 0 {
+					ks = append(ks, fmt.Sprintf("k%d", (i+int(salt))%12))
+				}
+			}
+			if salt%7 == 3 {
+				ks = append(ks, "") // invalid
+			}
+			return ks
+		}
+		for pos < len(data) {
+			op := next() % 10
+			ses := sessions[int(next())%len(sessions)]
+			switch op {
+			case 0: // register another
+				if len(sessions) < 4 {
+					sessions = append(sessions, h.register(t))
+				}
+			case 1: // set
+				ks := keysOf(next(), next())
+				r, err := h.d.BatchSet(ctx, &pb.SetRequest{Session: ses, Keys: ks})
+				if err != nil {
+					continue
+				}
+				for i, p := range r.GetPages() {
+					for k, s := range p.GetSpans() {
+						copy(h.bytesOf(t, s), page(ks[i], k, int64(s.GetLength())))
+					}
+				}
+				if r.GetLease() != 0 {
+					sets = append(sets, setLease{ses, r.GetLease(), ks, r.GetPages()})
+				}
+			case 2: // commit
+				if len(sets) == 0 {
+					continue
+				}
+				i := int(next()) % len(sets)
+				l := sets[i]
+				sets = append(sets[:i], sets[i+1:]...)
+				mask := next()
+				w := make([]bool, len(l.keys))
+				for j := range w {
+					w[j] = mask&(1<<(j%8)) != 0
+				}
+				_, _ = h.d.Commit(ctx, &pb.CommitRequest{Session: l.ses, Lease: l.id, Written: w})
+			case 3: // get
+				ks := keysOf(next(), next())
+				r, err := h.d.BatchGet(ctx, &pb.GetRequest{Session: ses, Keys: ks, DeadlineMs: 2000})
+				if err != nil {
+					continue
+				}
+				for i, p := range r.GetPages() {
+					if p.GetStatus() != pb.GetStatus_GET_STATUS_HIT {
+						continue
+					}
+					for k, s := range p.GetSpans() {
+						if !bytes.Equal(h.bytesOf(t, s), page(ks[i], k, int64(s.GetLength()))) {
+							t.Fatalf("key %q kind %d: wrong bytes on a hit", ks[i], k)
+						}
+					}
+				}
+				if r.GetLease() != 0 {
+					gets = append(gets, getLease{ses, r.GetLease()})
+				}
+			case 4: // release
+				if len(gets) == 0 {
+					continue
+				}
+				i := int(next()) % len(gets)
+				_, _ = h.d.Release(ctx, &pb.ReleaseRequest{Session: gets[i].ses, Lease: gets[i].id})
+				gets = append(gets[:i], gets[i+1:]...)
+			case 5: // exists
+				_, _ = h.d.BatchExists(ctx, &pb.ExistsRequest{Session: ses, Keys: keysOf(next(), next())})
+			case 6: // close
+				_, _ = h.d.Close(ctx, &pb.CloseRequest{Session: ses})
+			case 7: // clear
+				_, _ = h.d.Clear(ctx, &pb.ClearRequest{Session: ses})
+			case 8: // every lease expires
+				h.d.sweep(time.Now().Add(h.d.opt.Limits.Lease + time.Second))
+			case 9: // scribble on a committed page
+				h.d.mu.Lock()
+				var victim *entry
+				for _, e := range h.d.entries {
+					if e.state == stCommitted && (victim == nil || bytes.Compare(e.hash[:], victim.hash[:]) < 0) {
+						victim = e
+					}
+				}
+				if victim != nil {
+					h.d.view(victim.slot, int(next())%len(testKinds))[int(next())] ^= 0x5a
+				}
+				h.d.mu.Unlock()
+			}
+			waitEvictable(t, h.d)
+			if err := h.d.check(); err != nil {
+				t.Fatalf("after op %d at byte %d: %v", op, pos, err)
+			}
+		}
+	})
+}
