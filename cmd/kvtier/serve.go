@@ -9,8 +9,10 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
+	"github.com/kvtier/kvtier/host/pagestore"
 	"github.com/kvtier/kvtier/host/serve"
 	"github.com/kvtier/kvtier/tiers"
 )
@@ -61,6 +63,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cold := fs.String("cold-start", "load", "what stores do with a previous run's data: load or clear")
 	ttl := fs.Duration("session-ttl", 30*time.Second, "expire a session silent this long")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	doorsFlag := fs.String("doors", "engine,store", "the doors served on the socket: engine (kvtier.engine.v1), store (kvtier.store.v1, the page store of SGLang's HiCache backend) or both; with store alone serve hosts no engine ranks")
+	storeCfg := fs.String("store-config", "", "the store door's stack config `file` (a slab and stores, no pool; {{DIR}} = --data-dir; default: the embedded demo store stack under DIR/store)")
+	storeVerify := fs.Bool("store-verify", true, "check each slab page's CRC32C at every store BatchGet (a page that fails is a miss, never wrong bytes)")
+	storeLease := fs.Duration("store-lease", 30*time.Second, "a store get's pins and a set's reservations end this long after the call if not released or committed")
+	storeTTL := fs.Duration("store-session-ttl", 10*time.Minute, "close a store session without a call for this long (a dropped connection ends its sessions at once)")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, serveUsage)
 		fs.PrintDefaults()
@@ -95,6 +102,16 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *ttl < time.Second || *ttl > 24*time.Hour {
 		return fmt.Errorf("serve: --session-ttl %s: want 1s..24h: %w", *ttl, errUsage)
 	}
+	doors, err := serve.ParseDoors(*doorsFlag)
+	if err != nil {
+		return fmt.Errorf("serve: --doors: %w: %w", err, errUsage)
+	}
+	if *storeLease < 100*time.Millisecond || *storeLease > time.Hour {
+		return fmt.Errorf("serve: --store-lease %s: want 100ms..1h: %w", *storeLease, errUsage)
+	}
+	if *storeTTL < time.Second || *storeTTL > 24*time.Hour {
+		return fmt.Errorf("serve: --store-session-ttl %s: want 1s..24h: %w", *storeTTL, errUsage)
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("serve: --log-level %q: %w", *logLevel, errUsage)
@@ -127,18 +144,27 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		text = string(b)
 	}
+	var storeText string
+	if *storeCfg != "" {
+		b, err := readBounded(*storeCfg, maxConfigBytes)
+		if err != nil {
+			return fmt.Errorf("serve: --store-config: %w", err)
+		}
+		storeText = string(b)
+	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	s, err := serve.Open(ctx, serve.Config{YAML: text, ConfigName: *cfgPath, DataDir: dir, Ranks: *ranks, Socket: sock,
 		Listen: *listen, AllowRemote: *allowRemote, Metrics: *metricsAddr, ColdStart: cs, SessionTTL: *ttl, Group: *group,
 		GroupRank: *groupRank, GroupSize: *groupSize, GroupHub: *groupHub, GroupName: *groupName, GroupTimeout: *groupTimeout, OwnerLanes: *ownerLanes,
-		Version: version, Logger: logger})
+		Version: version, Logger: logger, Doors: doors, StoreYAML: storeText, StoreConfigName: *storeCfg, StoreSkipVerify: !*storeVerify,
+		StoreLimits: pagestore.Limits{Lease: *storeLease, SessionTTL: *storeTTL}})
 	if err != nil {
 		return err
 	}
 	if *group == serve.GroupTCP {
 		fmt.Fprintf(stdout, "kvtier serve: rank %d of a tcp group of %d (hub %s), socket %s, data %s, boot_id %s\n", *groupRank, *groupSize, *groupHub, sock, dir, s.BootID())
 	} else {
-		fmt.Fprintf(stdout, "kvtier serve: %d rank(s), socket %s, data %s, boot_id %s\n", s.Ranks(), sock, dir, s.BootID())
+		fmt.Fprintf(stdout, "kvtier serve: %d rank(s), doors %s, socket %s, data %s, boot_id %s\n", s.Ranks(), strings.Join(doors, ","), sock, dir, s.BootID())
 	}
 	return s.Serve(ctx)
 }

@@ -46,6 +46,9 @@ func (s *Server) connEnded(id uint64) {
 	if id == 0 {
 		return
 	}
+	if s.store != nil {
+		s.store.door.ConnEnded(id)
+	}
 	s.mu.Lock()
 	var ends []string
 	for sid, c := range s.conns {

@@ -51,6 +51,7 @@ func newMetrics(s *Server) *metrics {
 	m.step = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvtier_step_duration_seconds", Help: "Time serve spends on one Step call of an engine rank, queueing excluded.", Buckets: latencyBuckets}, []string{"rank"})
 	m.exchange = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvtier_group_exchange_duration_seconds", Help: "Time of one rank-group exchange (contribution to frontier).", Buckets: latencyBuckets}, []string{"rank"})
 	m.reg.MustRegister(m.step, m.exchange, collector{m}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.reg.MustRegister(storeCollector{s})
 	return m
 }
 

@@ -44,6 +44,7 @@ import (
 	"github.com/kvtier/kvtier/host/consensus/inproc"
 	"github.com/kvtier/kvtier/host/consensus/tcpgroup"
 	"github.com/kvtier/kvtier/host/control"
+	"github.com/kvtier/kvtier/host/pagestore"
 	"github.com/kvtier/kvtier/host/stack"
 	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/tiers"
@@ -140,6 +141,24 @@ type Config struct {
 	// stack opened and may replace its stores (a store over errorfs);
 	// the returned function closes what it opened, before the stack.
 	Stores func(ctx context.Context, rank int, s *stack.Stack) (func() error, error)
+	// Doors lists the doors served on the socket: DoorEngine
+	// (kvtier.engine.v1, over the ranks' stacks) and DoorStore
+	// (kvtier.store.v1, over its own stack); nil: the engine door only
+	// (`kvtier serve --doors` defaults to both). With only the store
+	// door, serve hosts no engine ranks (an SGLang-only node).
+	Doors []string
+	// StoreYAML is the store door's stack config (empty: the embedded
+	// store.yaml); StoreConfigName names it in errors. {{DIR}} is
+	// replaced by DataDir, {{DIRHASH}} by its digest.
+	StoreYAML, StoreConfigName string
+	// StoreLimits bound the store door's calls (zero fields: defaults).
+	StoreLimits pagestore.Limits
+	// StoreSkipVerify turns off the CRC check of slab hits at BatchGet.
+	StoreSkipVerify bool
+	// StoreStores, for fault injection in tests only, may replace the
+	// store door's stores after its stack opened; the returned function
+	// closes what it opened, before the stack.
+	StoreStores func(ctx context.Context, s *stack.Stack) (func() error, error)
 }
 
 // Group transports of Config.Group.
@@ -162,6 +181,8 @@ type Server struct {
 	shared  *stack.Shared
 	log     *slog.Logger
 	metrics *metrics
+	// store is the page-store door, or nil when it is off.
+	store *storeDoor
 
 	emu   sync.Mutex // guards epoch
 	epoch *epoch
@@ -207,6 +228,11 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	if cfg.GroupTimeout <= 0 {
 		cfg.GroupTimeout = 30 * time.Second
+	}
+	for _, d := range cfg.Doors {
+		if d != DoorEngine && d != DoorStore {
+			return nil, fmt.Errorf("serve: door %q: want %q or %q", d, DoorEngine, DoorStore)
+		}
 	}
 	switch cfg.Group {
 	case "":
@@ -282,11 +308,19 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 		}
 	}()
 	for i := range cfg.Ranks {
+		if !s.door(DoorEngine) {
+			break
+		}
 		r, err := s.openRank(ctx, i)
 		if err != nil {
 			return nil, fmt.Errorf("serve: rank %d: %w", i, err)
 		}
 		s.ranks = append(s.ranks, r)
+	}
+	if s.door(DoorStore) {
+		if err := s.openStoreDoor(ctx); err != nil {
+			return nil, fmt.Errorf("serve: %w", err)
+		}
 	}
 	return s, nil
 }
@@ -629,7 +663,10 @@ func (s *Server) Serve(ctx context.Context) (err error) {
 	// when connections are accepted.
 	close(s.listening)
 	gs := grpc.NewServer(grpc.MaxRecvMsgSize(256<<20), grpc.MaxSendMsgSize(256<<20), grpc.StatsHandler(&connTracker{s: s}))
-	pb.RegisterEngineServer(gs, s)
+	if s.door(DoorEngine) {
+		pb.RegisterEngineServer(gs, s)
+	}
+	s.registerStore(gs)
 	errc := make(chan error, 3)
 	go func() { errc <- gs.Serve(lis) }()
 	if s.cfg.Listen != "" {
@@ -726,6 +763,9 @@ func (s *Server) closeRanks(ctx context.Context) error {
 		if err := r.st.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("rank %d: %w", r.idx, err))
 		}
+	}
+	if err := s.closeStore(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
