@@ -65,7 +65,15 @@ proto:
 	PATH=$(CURDIR)/$(BIN)/tools:$$PATH $(PROTOC) -I api \
 		--go_out=. --go_opt=module=github.com/kvtier/kvtier \
 		--go-grpc_out=. --go-grpc_opt=module=github.com/kvtier/kvtier \
-		$(API_PROTO)
+		api/kvtier/engine/v1/engine.proto
+	# NB: -I api/kvtier for the store API's Go code: its file registers as
+	# store/v1/store.proto, because the plugin protocol's file registers
+	# as kvtier/store/v1/store.proto and one Go binary links both (the
+	# registry refuses a path twice). Python keeps kvtier/store/v1.
+	PATH=$(CURDIR)/$(BIN)/tools:$$PATH $(PROTOC) -I api/kvtier \
+		--go_out=. --go_opt=module=github.com/kvtier/kvtier \
+		--go-grpc_out=. --go-grpc_opt=module=github.com/kvtier/kvtier \
+		api/kvtier/store/v1/store.proto
 	$(PROTOC) -I api --python_out=clients/python \
 		--grpc_out=clients/python --plugin=protoc-gen-grpc=$$(command -v grpc_python_plugin) \
 		$(API_PROTO)

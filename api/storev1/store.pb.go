@@ -1,4 +1,6 @@
-// kvtier.store.v1: the page-store door of `kvtier serve`. An engine that
+// kvtier.store.v1: the page-store door of `kvtier serve` (protobuf package
+// kvtier.pagestore.v1: the plugin protocol's package is kvtier.store.v1,
+// and one Go binary holds both). An engine that
 // keeps its own L1 (GPU) and L2 (host memory) — SGLang's HiCache storage
 // backend, vLLM's KV connector — asks kvtier, by page key, what exists, and
 // gets and sets pages between its host memory and kvtier's L2 slab, which
@@ -19,7 +21,7 @@
 // versions:
 // 	protoc-gen-go v1.36.12
 // 	protoc        v3.21.12
-// source: kvtier/store/v1/store.proto
+// source: store/v1/store.proto
 
 package storev1
 
@@ -74,11 +76,11 @@ func (x Tier) String() string {
 }
 
 func (Tier) Descriptor() protoreflect.EnumDescriptor {
-	return file_kvtier_store_v1_store_proto_enumTypes[0].Descriptor()
+	return file_store_v1_store_proto_enumTypes[0].Descriptor()
 }
 
 func (Tier) Type() protoreflect.EnumType {
-	return &file_kvtier_store_v1_store_proto_enumTypes[0]
+	return &file_store_v1_store_proto_enumTypes[0]
 }
 
 func (x Tier) Number() protoreflect.EnumNumber {
@@ -87,7 +89,7 @@ func (x Tier) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Tier.Descriptor instead.
 func (Tier) EnumDescriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{0}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{0}
 }
 
 type GetStatus int32
@@ -141,11 +143,11 @@ func (x GetStatus) String() string {
 }
 
 func (GetStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_kvtier_store_v1_store_proto_enumTypes[1].Descriptor()
+	return file_store_v1_store_proto_enumTypes[1].Descriptor()
 }
 
 func (GetStatus) Type() protoreflect.EnumType {
-	return &file_kvtier_store_v1_store_proto_enumTypes[1]
+	return &file_store_v1_store_proto_enumTypes[1]
 }
 
 func (x GetStatus) Number() protoreflect.EnumNumber {
@@ -154,7 +156,7 @@ func (x GetStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use GetStatus.Descriptor instead.
 func (GetStatus) EnumDescriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{1}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{1}
 }
 
 type SetStatus int32
@@ -202,11 +204,11 @@ func (x SetStatus) String() string {
 }
 
 func (SetStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_kvtier_store_v1_store_proto_enumTypes[2].Descriptor()
+	return file_store_v1_store_proto_enumTypes[2].Descriptor()
 }
 
 func (SetStatus) Type() protoreflect.EnumType {
-	return &file_kvtier_store_v1_store_proto_enumTypes[2]
+	return &file_store_v1_store_proto_enumTypes[2]
 }
 
 func (x SetStatus) Number() protoreflect.EnumNumber {
@@ -215,7 +217,7 @@ func (x SetStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SetStatus.Descriptor instead.
 func (SetStatus) EnumDescriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{2}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{2}
 }
 
 // PayloadKind is one payload of a page: for an MHA model "k" and "v", for
@@ -230,7 +232,7 @@ type PayloadKind struct {
 
 func (x *PayloadKind) Reset() {
 	*x = PayloadKind{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[0]
+	mi := &file_store_v1_store_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -242,7 +244,7 @@ func (x *PayloadKind) String() string {
 func (*PayloadKind) ProtoMessage() {}
 
 func (x *PayloadKind) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[0]
+	mi := &file_store_v1_store_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -255,7 +257,7 @@ func (x *PayloadKind) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PayloadKind.ProtoReflect.Descriptor instead.
 func (*PayloadKind) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{0}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *PayloadKind) GetName() string {
@@ -311,7 +313,7 @@ type Namespace struct {
 
 func (x *Namespace) Reset() {
 	*x = Namespace{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[1]
+	mi := &file_store_v1_store_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -323,7 +325,7 @@ func (x *Namespace) String() string {
 func (*Namespace) ProtoMessage() {}
 
 func (x *Namespace) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[1]
+	mi := &file_store_v1_store_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -336,7 +338,7 @@ func (x *Namespace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Namespace.ProtoReflect.Descriptor instead.
 func (*Namespace) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{1}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *Namespace) GetModel() string {
@@ -465,7 +467,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[2]
+	mi := &file_store_v1_store_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -477,7 +479,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[2]
+	mi := &file_store_v1_store_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -490,7 +492,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{2}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *RegisterRequest) GetClientId() string {
@@ -527,7 +529,7 @@ type SlabFile struct {
 
 func (x *SlabFile) Reset() {
 	*x = SlabFile{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[3]
+	mi := &file_store_v1_store_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -539,7 +541,7 @@ func (x *SlabFile) String() string {
 func (*SlabFile) ProtoMessage() {}
 
 func (x *SlabFile) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[3]
+	mi := &file_store_v1_store_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -552,7 +554,7 @@ func (x *SlabFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlabFile.ProtoReflect.Descriptor instead.
 func (*SlabFile) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{3}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SlabFile) GetId() uint32 {
@@ -589,7 +591,7 @@ type SlabGeometry struct {
 
 func (x *SlabGeometry) Reset() {
 	*x = SlabGeometry{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[4]
+	mi := &file_store_v1_store_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -601,7 +603,7 @@ func (x *SlabGeometry) String() string {
 func (*SlabGeometry) ProtoMessage() {}
 
 func (x *SlabGeometry) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[4]
+	mi := &file_store_v1_store_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -614,7 +616,7 @@ func (x *SlabGeometry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlabGeometry.ProtoReflect.Descriptor instead.
 func (*SlabGeometry) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{4}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SlabGeometry) GetFiles() []*SlabFile {
@@ -662,7 +664,7 @@ type Limits struct {
 
 func (x *Limits) Reset() {
 	*x = Limits{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[5]
+	mi := &file_store_v1_store_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +676,7 @@ func (x *Limits) String() string {
 func (*Limits) ProtoMessage() {}
 
 func (x *Limits) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[5]
+	mi := &file_store_v1_store_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +689,7 @@ func (x *Limits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Limits.ProtoReflect.Descriptor instead.
 func (*Limits) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{5}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Limits) GetMaxBatchPages() uint32 {
@@ -761,7 +763,7 @@ type RegisterReply struct {
 
 func (x *RegisterReply) Reset() {
 	*x = RegisterReply{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[6]
+	mi := &file_store_v1_store_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -773,7 +775,7 @@ func (x *RegisterReply) String() string {
 func (*RegisterReply) ProtoMessage() {}
 
 func (x *RegisterReply) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[6]
+	mi := &file_store_v1_store_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -786,7 +788,7 @@ func (x *RegisterReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterReply.ProtoReflect.Descriptor instead.
 func (*RegisterReply) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{6}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RegisterReply) GetSession() string {
@@ -857,7 +859,7 @@ type Span struct {
 
 func (x *Span) Reset() {
 	*x = Span{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[7]
+	mi := &file_store_v1_store_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -869,7 +871,7 @@ func (x *Span) String() string {
 func (*Span) ProtoMessage() {}
 
 func (x *Span) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[7]
+	mi := &file_store_v1_store_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -882,7 +884,7 @@ func (x *Span) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Span.ProtoReflect.Descriptor instead.
 func (*Span) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{7}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Span) GetSlab() uint32 {
@@ -917,7 +919,7 @@ type ExistsRequest struct {
 
 func (x *ExistsRequest) Reset() {
 	*x = ExistsRequest{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[8]
+	mi := &file_store_v1_store_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -929,7 +931,7 @@ func (x *ExistsRequest) String() string {
 func (*ExistsRequest) ProtoMessage() {}
 
 func (x *ExistsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[8]
+	mi := &file_store_v1_store_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -942,7 +944,7 @@ func (x *ExistsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistsRequest.ProtoReflect.Descriptor instead.
 func (*ExistsRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{8}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExistsRequest) GetSession() string {
@@ -972,14 +974,14 @@ type ExistsReply struct {
 	// present is the number of leading keys whose pages are stored.
 	Present uint32 `protobuf:"varint,2,opt,name=present,proto3" json:"present,omitempty"`
 	// tiers has one entry per present page.
-	Tiers         []Tier `protobuf:"varint,3,rep,packed,name=tiers,proto3,enum=kvtier.store.v1.Tier" json:"tiers,omitempty"`
+	Tiers         []Tier `protobuf:"varint,3,rep,packed,name=tiers,proto3,enum=kvtier.pagestore.v1.Tier" json:"tiers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExistsReply) Reset() {
 	*x = ExistsReply{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[9]
+	mi := &file_store_v1_store_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -991,7 +993,7 @@ func (x *ExistsReply) String() string {
 func (*ExistsReply) ProtoMessage() {}
 
 func (x *ExistsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[9]
+	mi := &file_store_v1_store_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1004,7 +1006,7 @@ func (x *ExistsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistsReply.ProtoReflect.Descriptor instead.
 func (*ExistsReply) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{9}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExistsReply) GetBootId() string {
@@ -1041,7 +1043,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[10]
+	mi := &file_store_v1_store_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1053,7 +1055,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[10]
+	mi := &file_store_v1_store_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1066,7 +1068,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{10}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetRequest) GetSession() string {
@@ -1099,9 +1101,9 @@ func (x *GetRequest) GetDeadlineMs() uint32 {
 
 type GetPage struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
-	Status GetStatus              `protobuf:"varint,1,opt,name=status,proto3,enum=kvtier.store.v1.GetStatus" json:"status,omitempty"`
+	Status GetStatus              `protobuf:"varint,1,opt,name=status,proto3,enum=kvtier.pagestore.v1.GetStatus" json:"status,omitempty"`
 	// tier is where the page was when the call started (a hit).
-	Tier Tier `protobuf:"varint,2,opt,name=tier,proto3,enum=kvtier.store.v1.Tier" json:"tier,omitempty"`
+	Tier Tier `protobuf:"varint,2,opt,name=tier,proto3,enum=kvtier.pagestore.v1.Tier" json:"tier,omitempty"`
 	// spans has one span per payload kind, in RegisterReply.kinds order.
 	Spans         []*Span `protobuf:"bytes,3,rep,name=spans,proto3" json:"spans,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1110,7 +1112,7 @@ type GetPage struct {
 
 func (x *GetPage) Reset() {
 	*x = GetPage{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[11]
+	mi := &file_store_v1_store_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1122,7 +1124,7 @@ func (x *GetPage) String() string {
 func (*GetPage) ProtoMessage() {}
 
 func (x *GetPage) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[11]
+	mi := &file_store_v1_store_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1135,7 +1137,7 @@ func (x *GetPage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPage.ProtoReflect.Descriptor instead.
 func (*GetPage) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{11}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetPage) GetStatus() GetStatus {
@@ -1172,7 +1174,7 @@ type GetReply struct {
 
 func (x *GetReply) Reset() {
 	*x = GetReply{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[12]
+	mi := &file_store_v1_store_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1184,7 +1186,7 @@ func (x *GetReply) String() string {
 func (*GetReply) ProtoMessage() {}
 
 func (x *GetReply) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[12]
+	mi := &file_store_v1_store_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1197,7 +1199,7 @@ func (x *GetReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReply.ProtoReflect.Descriptor instead.
 func (*GetReply) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{12}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetReply) GetBootId() string {
@@ -1232,7 +1234,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[13]
+	mi := &file_store_v1_store_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1244,7 +1246,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[13]
+	mi := &file_store_v1_store_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1257,7 +1259,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{13}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReleaseRequest) GetSession() string {
@@ -1290,7 +1292,7 @@ type ReleaseReply struct {
 
 func (x *ReleaseReply) Reset() {
 	*x = ReleaseReply{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[14]
+	mi := &file_store_v1_store_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1302,7 +1304,7 @@ func (x *ReleaseReply) String() string {
 func (*ReleaseReply) ProtoMessage() {}
 
 func (x *ReleaseReply) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[14]
+	mi := &file_store_v1_store_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1315,7 +1317,7 @@ func (x *ReleaseReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseReply.ProtoReflect.Descriptor instead.
 func (*ReleaseReply) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{14}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReleaseReply) GetBootId() string {
@@ -1336,7 +1338,7 @@ type SetRequest struct {
 
 func (x *SetRequest) Reset() {
 	*x = SetRequest{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[15]
+	mi := &file_store_v1_store_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1348,7 +1350,7 @@ func (x *SetRequest) String() string {
 func (*SetRequest) ProtoMessage() {}
 
 func (x *SetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[15]
+	mi := &file_store_v1_store_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1361,7 +1363,7 @@ func (x *SetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetRequest.ProtoReflect.Descriptor instead.
 func (*SetRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{15}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SetRequest) GetSession() string {
@@ -1387,7 +1389,7 @@ func (x *SetRequest) GetKeys() []string {
 
 type SetPage struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
-	Status SetStatus              `protobuf:"varint,1,opt,name=status,proto3,enum=kvtier.store.v1.SetStatus" json:"status,omitempty"`
+	Status SetStatus              `protobuf:"varint,1,opt,name=status,proto3,enum=kvtier.pagestore.v1.SetStatus" json:"status,omitempty"`
 	// spans has one span per payload kind (RESERVED only).
 	Spans         []*Span `protobuf:"bytes,2,rep,name=spans,proto3" json:"spans,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1396,7 +1398,7 @@ type SetPage struct {
 
 func (x *SetPage) Reset() {
 	*x = SetPage{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[16]
+	mi := &file_store_v1_store_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1408,7 +1410,7 @@ func (x *SetPage) String() string {
 func (*SetPage) ProtoMessage() {}
 
 func (x *SetPage) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[16]
+	mi := &file_store_v1_store_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1421,7 +1423,7 @@ func (x *SetPage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPage.ProtoReflect.Descriptor instead.
 func (*SetPage) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{16}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SetPage) GetStatus() SetStatus {
@@ -1451,7 +1453,7 @@ type SetReply struct {
 
 func (x *SetReply) Reset() {
 	*x = SetReply{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[17]
+	mi := &file_store_v1_store_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1463,7 +1465,7 @@ func (x *SetReply) String() string {
 func (*SetReply) ProtoMessage() {}
 
 func (x *SetReply) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[17]
+	mi := &file_store_v1_store_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1476,7 +1478,7 @@ func (x *SetReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetReply.ProtoReflect.Descriptor instead.
 func (*SetReply) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{17}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetReply) GetBootId() string {
@@ -1514,7 +1516,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[18]
+	mi := &file_store_v1_store_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1526,7 +1528,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[18]
+	mi := &file_store_v1_store_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1539,7 +1541,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{18}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CommitRequest) GetSession() string {
@@ -1582,7 +1584,7 @@ type CommitReply struct {
 
 func (x *CommitReply) Reset() {
 	*x = CommitReply{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[19]
+	mi := &file_store_v1_store_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1594,7 +1596,7 @@ func (x *CommitReply) String() string {
 func (*CommitReply) ProtoMessage() {}
 
 func (x *CommitReply) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[19]
+	mi := &file_store_v1_store_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1607,7 +1609,7 @@ func (x *CommitReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitReply.ProtoReflect.Descriptor instead.
 func (*CommitReply) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{19}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CommitReply) GetBootId() string {
@@ -1634,7 +1636,7 @@ type ClearRequest struct {
 
 func (x *ClearRequest) Reset() {
 	*x = ClearRequest{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[20]
+	mi := &file_store_v1_store_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1646,7 +1648,7 @@ func (x *ClearRequest) String() string {
 func (*ClearRequest) ProtoMessage() {}
 
 func (x *ClearRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[20]
+	mi := &file_store_v1_store_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1659,7 +1661,7 @@ func (x *ClearRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClearRequest.ProtoReflect.Descriptor instead.
 func (*ClearRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{20}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ClearRequest) GetSession() string {
@@ -1685,7 +1687,7 @@ type ClearReply struct {
 
 func (x *ClearReply) Reset() {
 	*x = ClearReply{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[21]
+	mi := &file_store_v1_store_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1697,7 +1699,7 @@ func (x *ClearReply) String() string {
 func (*ClearReply) ProtoMessage() {}
 
 func (x *ClearReply) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[21]
+	mi := &file_store_v1_store_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1710,7 +1712,7 @@ func (x *ClearReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClearReply.ProtoReflect.Descriptor instead.
 func (*ClearReply) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{21}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ClearReply) GetBootId() string {
@@ -1730,7 +1732,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[22]
+	mi := &file_store_v1_store_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1742,7 +1744,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[22]
+	mi := &file_store_v1_store_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1755,7 +1757,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{22}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StatsRequest) GetSession() string {
@@ -1799,7 +1801,7 @@ type StatsReply struct {
 
 func (x *StatsReply) Reset() {
 	*x = StatsReply{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[23]
+	mi := &file_store_v1_store_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1811,7 +1813,7 @@ func (x *StatsReply) String() string {
 func (*StatsReply) ProtoMessage() {}
 
 func (x *StatsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[23]
+	mi := &file_store_v1_store_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1824,7 +1826,7 @@ func (x *StatsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsReply.ProtoReflect.Descriptor instead.
 func (*StatsReply) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{23}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StatsReply) GetBootId() string {
@@ -1956,7 +1958,7 @@ type CloseRequest struct {
 
 func (x *CloseRequest) Reset() {
 	*x = CloseRequest{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[24]
+	mi := &file_store_v1_store_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1968,7 +1970,7 @@ func (x *CloseRequest) String() string {
 func (*CloseRequest) ProtoMessage() {}
 
 func (x *CloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[24]
+	mi := &file_store_v1_store_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1981,7 +1983,7 @@ func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
 func (*CloseRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{24}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CloseRequest) GetSession() string {
@@ -2006,7 +2008,7 @@ type CloseReply struct {
 
 func (x *CloseReply) Reset() {
 	*x = CloseReply{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[25]
+	mi := &file_store_v1_store_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2018,7 +2020,7 @@ func (x *CloseReply) String() string {
 func (*CloseReply) ProtoMessage() {}
 
 func (x *CloseReply) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[25]
+	mi := &file_store_v1_store_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2031,7 +2033,7 @@ func (x *CloseReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseReply.ProtoReflect.Descriptor instead.
 func (*CloseReply) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{25}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{25}
 }
 
 type PingRequest struct {
@@ -2042,7 +2044,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[26]
+	mi := &file_store_v1_store_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2054,7 +2056,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[26]
+	mi := &file_store_v1_store_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2067,7 +2069,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{26}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{26}
 }
 
 type PingReply struct {
@@ -2078,7 +2080,7 @@ type PingReply struct {
 
 func (x *PingReply) Reset() {
 	*x = PingReply{}
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[27]
+	mi := &file_store_v1_store_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2090,7 +2092,7 @@ func (x *PingReply) String() string {
 func (*PingReply) ProtoMessage() {}
 
 func (x *PingReply) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_store_v1_store_proto_msgTypes[27]
+	mi := &file_store_v1_store_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2103,26 +2105,26 @@ func (x *PingReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingReply.ProtoReflect.Descriptor instead.
 func (*PingReply) Descriptor() ([]byte, []int) {
-	return file_kvtier_store_v1_store_proto_rawDescGZIP(), []int{27}
+	return file_store_v1_store_proto_rawDescGZIP(), []int{27}
 }
 
-var File_kvtier_store_v1_store_proto protoreflect.FileDescriptor
+var File_store_v1_store_proto protoreflect.FileDescriptor
 
-const file_kvtier_store_v1_store_proto_rawDesc = "" +
+const file_store_v1_store_proto_rawDesc = "" +
 	"\n" +
-	"\x1bkvtier/store/v1/store.proto\x12\x0fkvtier.store.v1\"@\n" +
+	"\x14store/v1/store.proto\x12\x13kvtier.pagestore.v1\"@\n" +
 	"\vPayloadKind\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
-	"page_bytes\x18\x02 \x01(\x04R\tpageBytes\"\xd6\x03\n" +
+	"page_bytes\x18\x02 \x01(\x04R\tpageBytes\"\xda\x03\n" +
 	"\tNamespace\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12%\n" +
 	"\x0emodel_revision\x18\x02 \x01(\tR\rmodelRevision\x12\x1b\n" +
 	"\tkv_layout\x18\x03 \x01(\tR\bkvLayout\x12\x14\n" +
 	"\x05dtype\x18\x04 \x01(\tR\x05dtype\x12\x1f\n" +
 	"\vpage_tokens\x18\x05 \x01(\rR\n" +
-	"pageTokens\x122\n" +
-	"\x05kinds\x18\x06 \x03(\v2\x1c.kvtier.store.v1.PayloadKindR\x05kinds\x12\x17\n" +
+	"pageTokens\x126\n" +
+	"\x05kinds\x18\x06 \x03(\v2 .kvtier.pagestore.v1.PayloadKindR\x05kinds\x12\x17\n" +
 	"\atp_rank\x18\a \x01(\rR\x06tpRank\x12\x17\n" +
 	"\atp_size\x18\b \x01(\rR\x06tpSize\x12\x17\n" +
 	"\acp_rank\x18\t \x01(\rR\x06cpRank\x12\x17\n" +
@@ -2133,17 +2135,17 @@ const file_kvtier_store_v1_store_proto_rawDesc = "" +
 	"\adp_rank\x18\r \x01(\rR\x06dpRank\x12\x17\n" +
 	"\adp_size\x18\x0e \x01(\rR\x06dpSize\x12(\n" +
 	"\x10shared_across_tp\x18\x0f \x01(\bR\x0esharedAcrossTp\x12\x12\n" +
-	"\x04salt\x18\x10 \x01(\tR\x04salt\"\x95\x01\n" +
+	"\x04salt\x18\x10 \x01(\tR\x04salt\"\x99\x01\n" +
 	"\x0fRegisterRequest\x12\x1b\n" +
-	"\tclient_id\x18\x01 \x01(\tR\bclientId\x128\n" +
-	"\tnamespace\x18\x02 \x01(\v2\x1a.kvtier.store.v1.NamespaceR\tnamespace\x12+\n" +
+	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12<\n" +
+	"\tnamespace\x18\x02 \x01(\v2\x1e.kvtier.pagestore.v1.NamespaceR\tnamespace\x12+\n" +
 	"\x11protocol_versions\x18\x03 \x03(\rR\x10protocolVersions\"B\n" +
 	"\bSlabFile\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
-	"\x04size\x18\x03 \x01(\x04R\x04size\"v\n" +
-	"\fSlabGeometry\x12/\n" +
-	"\x05files\x18\x01 \x03(\v2\x19.kvtier.store.v1.SlabFileR\x05files\x12\x1b\n" +
+	"\x04size\x18\x03 \x01(\x04R\x04size\"z\n" +
+	"\fSlabGeometry\x123\n" +
+	"\x05files\x18\x01 \x03(\v2\x1d.kvtier.pagestore.v1.SlabFileR\x05files\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x04R\bpageSize\x12\x18\n" +
 	"\abacking\x18\x03 \x01(\tR\abacking\"\x8c\x02\n" +
 	"\x06Limits\x12&\n" +
@@ -2154,14 +2156,14 @@ const file_kvtier_store_v1_store_proto_rawDesc = "" +
 	"\x13default_deadline_ms\x18\x05 \x01(\rR\x11defaultDeadlineMs\x12&\n" +
 	"\x0fmax_deadline_ms\x18\x06 \x01(\rR\rmaxDeadlineMs\x12\x1d\n" +
 	"\n" +
-	"slab_pages\x18\a \x01(\x04R\tslabPages\"\xbe\x02\n" +
+	"slab_pages\x18\a \x01(\x04R\tslabPages\"\xca\x02\n" +
 	"\rRegisterReply\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12)\n" +
-	"\x10protocol_version\x18\x03 \x01(\rR\x0fprotocolVersion\x121\n" +
-	"\x04slab\x18\x04 \x01(\v2\x1d.kvtier.store.v1.SlabGeometryR\x04slab\x122\n" +
-	"\x05kinds\x18\x05 \x03(\v2\x1c.kvtier.store.v1.PayloadKindR\x05kinds\x12/\n" +
-	"\x06limits\x18\x06 \x01(\v2\x17.kvtier.store.v1.LimitsR\x06limits\x12!\n" +
+	"\x10protocol_version\x18\x03 \x01(\rR\x0fprotocolVersion\x125\n" +
+	"\x04slab\x18\x04 \x01(\v2!.kvtier.pagestore.v1.SlabGeometryR\x04slab\x126\n" +
+	"\x05kinds\x18\x05 \x03(\v2 .kvtier.pagestore.v1.PayloadKindR\x05kinds\x123\n" +
+	"\x06limits\x18\x06 \x01(\v2\x1b.kvtier.pagestore.v1.LimitsR\x06limits\x12!\n" +
 	"\fnamespace_id\x18\a \x01(\fR\vnamespaceId\x12\x14\n" +
 	"\x05tiers\x18\b \x03(\tR\x05tiers\"J\n" +
 	"\x04Span\x12\x12\n" +
@@ -2171,26 +2173,26 @@ const file_kvtier_store_v1_store_proto_rawDesc = "" +
 	"\rExistsRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12\x12\n" +
-	"\x04keys\x18\x03 \x03(\tR\x04keys\"m\n" +
+	"\x04keys\x18\x03 \x03(\tR\x04keys\"q\n" +
 	"\vExistsReply\x12\x17\n" +
 	"\aboot_id\x18\x01 \x01(\tR\x06bootId\x12\x18\n" +
-	"\apresent\x18\x02 \x01(\rR\apresent\x12+\n" +
-	"\x05tiers\x18\x03 \x03(\x0e2\x15.kvtier.store.v1.TierR\x05tiers\"t\n" +
+	"\apresent\x18\x02 \x01(\rR\apresent\x12/\n" +
+	"\x05tiers\x18\x03 \x03(\x0e2\x19.kvtier.pagestore.v1.TierR\x05tiers\"t\n" +
 	"\n" +
 	"GetRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12\x12\n" +
 	"\x04keys\x18\x03 \x03(\tR\x04keys\x12\x1f\n" +
 	"\vdeadline_ms\x18\x04 \x01(\rR\n" +
-	"deadlineMs\"\x95\x01\n" +
-	"\aGetPage\x122\n" +
-	"\x06status\x18\x01 \x01(\x0e2\x1a.kvtier.store.v1.GetStatusR\x06status\x12)\n" +
-	"\x04tier\x18\x02 \x01(\x0e2\x15.kvtier.store.v1.TierR\x04tier\x12+\n" +
-	"\x05spans\x18\x03 \x03(\v2\x15.kvtier.store.v1.SpanR\x05spans\"i\n" +
+	"deadlineMs\"\xa1\x01\n" +
+	"\aGetPage\x126\n" +
+	"\x06status\x18\x01 \x01(\x0e2\x1e.kvtier.pagestore.v1.GetStatusR\x06status\x12-\n" +
+	"\x04tier\x18\x02 \x01(\x0e2\x19.kvtier.pagestore.v1.TierR\x04tier\x12/\n" +
+	"\x05spans\x18\x03 \x03(\v2\x19.kvtier.pagestore.v1.SpanR\x05spans\"m\n" +
 	"\bGetReply\x12\x17\n" +
 	"\aboot_id\x18\x01 \x01(\tR\x06bootId\x12\x14\n" +
-	"\x05lease\x18\x02 \x01(\x04R\x05lease\x12.\n" +
-	"\x05pages\x18\x03 \x03(\v2\x18.kvtier.store.v1.GetPageR\x05pages\"Y\n" +
+	"\x05lease\x18\x02 \x01(\x04R\x05lease\x122\n" +
+	"\x05pages\x18\x03 \x03(\v2\x1c.kvtier.pagestore.v1.GetPageR\x05pages\"Y\n" +
 	"\x0eReleaseRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12\x14\n" +
@@ -2201,14 +2203,14 @@ const file_kvtier_store_v1_store_proto_rawDesc = "" +
 	"SetRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12\x12\n" +
-	"\x04keys\x18\x03 \x03(\tR\x04keys\"j\n" +
-	"\aSetPage\x122\n" +
-	"\x06status\x18\x01 \x01(\x0e2\x1a.kvtier.store.v1.SetStatusR\x06status\x12+\n" +
-	"\x05spans\x18\x02 \x03(\v2\x15.kvtier.store.v1.SpanR\x05spans\"i\n" +
+	"\x04keys\x18\x03 \x03(\tR\x04keys\"r\n" +
+	"\aSetPage\x126\n" +
+	"\x06status\x18\x01 \x01(\x0e2\x1e.kvtier.pagestore.v1.SetStatusR\x06status\x12/\n" +
+	"\x05spans\x18\x02 \x03(\v2\x19.kvtier.pagestore.v1.SpanR\x05spans\"m\n" +
 	"\bSetReply\x12\x17\n" +
 	"\aboot_id\x18\x01 \x01(\tR\x06bootId\x12\x14\n" +
-	"\x05lease\x18\x02 \x01(\x04R\x05lease\x12.\n" +
-	"\x05pages\x18\x03 \x03(\v2\x18.kvtier.store.v1.SetPageR\x05pages\"r\n" +
+	"\x05lease\x18\x02 \x01(\x04R\x05lease\x122\n" +
+	"\x05pages\x18\x03 \x03(\v2\x1c.kvtier.pagestore.v1.SetPageR\x05pages\"r\n" +
 	"\rCommitRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12\x14\n" +
@@ -2274,101 +2276,101 @@ const file_kvtier_store_v1_store_proto_rawDesc = "" +
 	"\x13SET_STATUS_RESERVED\x10\x01\x12\x15\n" +
 	"\x11SET_STATUS_EXISTS\x10\x02\x12\x17\n" +
 	"\x13SET_STATUS_NO_SPACE\x10\x03\x12\x16\n" +
-	"\x12SET_STATUS_INVALID\x10\x042\xce\x05\n" +
-	"\x05Store\x12L\n" +
-	"\bRegister\x12 .kvtier.store.v1.RegisterRequest\x1a\x1e.kvtier.store.v1.RegisterReply\x12K\n" +
-	"\vBatchExists\x12\x1e.kvtier.store.v1.ExistsRequest\x1a\x1c.kvtier.store.v1.ExistsReply\x12B\n" +
-	"\bBatchGet\x12\x1b.kvtier.store.v1.GetRequest\x1a\x19.kvtier.store.v1.GetReply\x12I\n" +
-	"\aRelease\x12\x1f.kvtier.store.v1.ReleaseRequest\x1a\x1d.kvtier.store.v1.ReleaseReply\x12B\n" +
-	"\bBatchSet\x12\x1b.kvtier.store.v1.SetRequest\x1a\x19.kvtier.store.v1.SetReply\x12F\n" +
-	"\x06Commit\x12\x1e.kvtier.store.v1.CommitRequest\x1a\x1c.kvtier.store.v1.CommitReply\x12C\n" +
-	"\x05Clear\x12\x1d.kvtier.store.v1.ClearRequest\x1a\x1b.kvtier.store.v1.ClearReply\x12C\n" +
-	"\x05Stats\x12\x1d.kvtier.store.v1.StatsRequest\x1a\x1b.kvtier.store.v1.StatsReply\x12C\n" +
-	"\x05Close\x12\x1d.kvtier.store.v1.CloseRequest\x1a\x1b.kvtier.store.v1.CloseReply\x12@\n" +
-	"\x04Ping\x12\x1c.kvtier.store.v1.PingRequest\x1a\x1a.kvtier.store.v1.PingReplyB.Z,github.com/kvtier/kvtier/api/storev1;storev1b\x06proto3"
+	"\x12SET_STATUS_INVALID\x10\x042\x9e\x06\n" +
+	"\x05Store\x12T\n" +
+	"\bRegister\x12$.kvtier.pagestore.v1.RegisterRequest\x1a\".kvtier.pagestore.v1.RegisterReply\x12S\n" +
+	"\vBatchExists\x12\".kvtier.pagestore.v1.ExistsRequest\x1a .kvtier.pagestore.v1.ExistsReply\x12J\n" +
+	"\bBatchGet\x12\x1f.kvtier.pagestore.v1.GetRequest\x1a\x1d.kvtier.pagestore.v1.GetReply\x12Q\n" +
+	"\aRelease\x12#.kvtier.pagestore.v1.ReleaseRequest\x1a!.kvtier.pagestore.v1.ReleaseReply\x12J\n" +
+	"\bBatchSet\x12\x1f.kvtier.pagestore.v1.SetRequest\x1a\x1d.kvtier.pagestore.v1.SetReply\x12N\n" +
+	"\x06Commit\x12\".kvtier.pagestore.v1.CommitRequest\x1a .kvtier.pagestore.v1.CommitReply\x12K\n" +
+	"\x05Clear\x12!.kvtier.pagestore.v1.ClearRequest\x1a\x1f.kvtier.pagestore.v1.ClearReply\x12K\n" +
+	"\x05Stats\x12!.kvtier.pagestore.v1.StatsRequest\x1a\x1f.kvtier.pagestore.v1.StatsReply\x12K\n" +
+	"\x05Close\x12!.kvtier.pagestore.v1.CloseRequest\x1a\x1f.kvtier.pagestore.v1.CloseReply\x12H\n" +
+	"\x04Ping\x12 .kvtier.pagestore.v1.PingRequest\x1a\x1e.kvtier.pagestore.v1.PingReplyB.Z,github.com/kvtier/kvtier/api/storev1;storev1b\x06proto3"
 
 var (
-	file_kvtier_store_v1_store_proto_rawDescOnce sync.Once
-	file_kvtier_store_v1_store_proto_rawDescData []byte
+	file_store_v1_store_proto_rawDescOnce sync.Once
+	file_store_v1_store_proto_rawDescData []byte
 )
 
-func file_kvtier_store_v1_store_proto_rawDescGZIP() []byte {
-	file_kvtier_store_v1_store_proto_rawDescOnce.Do(func() {
-		file_kvtier_store_v1_store_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_kvtier_store_v1_store_proto_rawDesc), len(file_kvtier_store_v1_store_proto_rawDesc)))
+func file_store_v1_store_proto_rawDescGZIP() []byte {
+	file_store_v1_store_proto_rawDescOnce.Do(func() {
+		file_store_v1_store_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_store_v1_store_proto_rawDesc), len(file_store_v1_store_proto_rawDesc)))
 	})
-	return file_kvtier_store_v1_store_proto_rawDescData
+	return file_store_v1_store_proto_rawDescData
 }
 
-var file_kvtier_store_v1_store_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_kvtier_store_v1_store_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
-var file_kvtier_store_v1_store_proto_goTypes = []any{
-	(Tier)(0),               // 0: kvtier.store.v1.Tier
-	(GetStatus)(0),          // 1: kvtier.store.v1.GetStatus
-	(SetStatus)(0),          // 2: kvtier.store.v1.SetStatus
-	(*PayloadKind)(nil),     // 3: kvtier.store.v1.PayloadKind
-	(*Namespace)(nil),       // 4: kvtier.store.v1.Namespace
-	(*RegisterRequest)(nil), // 5: kvtier.store.v1.RegisterRequest
-	(*SlabFile)(nil),        // 6: kvtier.store.v1.SlabFile
-	(*SlabGeometry)(nil),    // 7: kvtier.store.v1.SlabGeometry
-	(*Limits)(nil),          // 8: kvtier.store.v1.Limits
-	(*RegisterReply)(nil),   // 9: kvtier.store.v1.RegisterReply
-	(*Span)(nil),            // 10: kvtier.store.v1.Span
-	(*ExistsRequest)(nil),   // 11: kvtier.store.v1.ExistsRequest
-	(*ExistsReply)(nil),     // 12: kvtier.store.v1.ExistsReply
-	(*GetRequest)(nil),      // 13: kvtier.store.v1.GetRequest
-	(*GetPage)(nil),         // 14: kvtier.store.v1.GetPage
-	(*GetReply)(nil),        // 15: kvtier.store.v1.GetReply
-	(*ReleaseRequest)(nil),  // 16: kvtier.store.v1.ReleaseRequest
-	(*ReleaseReply)(nil),    // 17: kvtier.store.v1.ReleaseReply
-	(*SetRequest)(nil),      // 18: kvtier.store.v1.SetRequest
-	(*SetPage)(nil),         // 19: kvtier.store.v1.SetPage
-	(*SetReply)(nil),        // 20: kvtier.store.v1.SetReply
-	(*CommitRequest)(nil),   // 21: kvtier.store.v1.CommitRequest
-	(*CommitReply)(nil),     // 22: kvtier.store.v1.CommitReply
-	(*ClearRequest)(nil),    // 23: kvtier.store.v1.ClearRequest
-	(*ClearReply)(nil),      // 24: kvtier.store.v1.ClearReply
-	(*StatsRequest)(nil),    // 25: kvtier.store.v1.StatsRequest
-	(*StatsReply)(nil),      // 26: kvtier.store.v1.StatsReply
-	(*CloseRequest)(nil),    // 27: kvtier.store.v1.CloseRequest
-	(*CloseReply)(nil),      // 28: kvtier.store.v1.CloseReply
-	(*PingRequest)(nil),     // 29: kvtier.store.v1.PingRequest
-	(*PingReply)(nil),       // 30: kvtier.store.v1.PingReply
+var file_store_v1_store_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_store_v1_store_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_store_v1_store_proto_goTypes = []any{
+	(Tier)(0),               // 0: kvtier.pagestore.v1.Tier
+	(GetStatus)(0),          // 1: kvtier.pagestore.v1.GetStatus
+	(SetStatus)(0),          // 2: kvtier.pagestore.v1.SetStatus
+	(*PayloadKind)(nil),     // 3: kvtier.pagestore.v1.PayloadKind
+	(*Namespace)(nil),       // 4: kvtier.pagestore.v1.Namespace
+	(*RegisterRequest)(nil), // 5: kvtier.pagestore.v1.RegisterRequest
+	(*SlabFile)(nil),        // 6: kvtier.pagestore.v1.SlabFile
+	(*SlabGeometry)(nil),    // 7: kvtier.pagestore.v1.SlabGeometry
+	(*Limits)(nil),          // 8: kvtier.pagestore.v1.Limits
+	(*RegisterReply)(nil),   // 9: kvtier.pagestore.v1.RegisterReply
+	(*Span)(nil),            // 10: kvtier.pagestore.v1.Span
+	(*ExistsRequest)(nil),   // 11: kvtier.pagestore.v1.ExistsRequest
+	(*ExistsReply)(nil),     // 12: kvtier.pagestore.v1.ExistsReply
+	(*GetRequest)(nil),      // 13: kvtier.pagestore.v1.GetRequest
+	(*GetPage)(nil),         // 14: kvtier.pagestore.v1.GetPage
+	(*GetReply)(nil),        // 15: kvtier.pagestore.v1.GetReply
+	(*ReleaseRequest)(nil),  // 16: kvtier.pagestore.v1.ReleaseRequest
+	(*ReleaseReply)(nil),    // 17: kvtier.pagestore.v1.ReleaseReply
+	(*SetRequest)(nil),      // 18: kvtier.pagestore.v1.SetRequest
+	(*SetPage)(nil),         // 19: kvtier.pagestore.v1.SetPage
+	(*SetReply)(nil),        // 20: kvtier.pagestore.v1.SetReply
+	(*CommitRequest)(nil),   // 21: kvtier.pagestore.v1.CommitRequest
+	(*CommitReply)(nil),     // 22: kvtier.pagestore.v1.CommitReply
+	(*ClearRequest)(nil),    // 23: kvtier.pagestore.v1.ClearRequest
+	(*ClearReply)(nil),      // 24: kvtier.pagestore.v1.ClearReply
+	(*StatsRequest)(nil),    // 25: kvtier.pagestore.v1.StatsRequest
+	(*StatsReply)(nil),      // 26: kvtier.pagestore.v1.StatsReply
+	(*CloseRequest)(nil),    // 27: kvtier.pagestore.v1.CloseRequest
+	(*CloseReply)(nil),      // 28: kvtier.pagestore.v1.CloseReply
+	(*PingRequest)(nil),     // 29: kvtier.pagestore.v1.PingRequest
+	(*PingReply)(nil),       // 30: kvtier.pagestore.v1.PingReply
 }
-var file_kvtier_store_v1_store_proto_depIdxs = []int32{
-	3,  // 0: kvtier.store.v1.Namespace.kinds:type_name -> kvtier.store.v1.PayloadKind
-	4,  // 1: kvtier.store.v1.RegisterRequest.namespace:type_name -> kvtier.store.v1.Namespace
-	6,  // 2: kvtier.store.v1.SlabGeometry.files:type_name -> kvtier.store.v1.SlabFile
-	7,  // 3: kvtier.store.v1.RegisterReply.slab:type_name -> kvtier.store.v1.SlabGeometry
-	3,  // 4: kvtier.store.v1.RegisterReply.kinds:type_name -> kvtier.store.v1.PayloadKind
-	8,  // 5: kvtier.store.v1.RegisterReply.limits:type_name -> kvtier.store.v1.Limits
-	0,  // 6: kvtier.store.v1.ExistsReply.tiers:type_name -> kvtier.store.v1.Tier
-	1,  // 7: kvtier.store.v1.GetPage.status:type_name -> kvtier.store.v1.GetStatus
-	0,  // 8: kvtier.store.v1.GetPage.tier:type_name -> kvtier.store.v1.Tier
-	10, // 9: kvtier.store.v1.GetPage.spans:type_name -> kvtier.store.v1.Span
-	14, // 10: kvtier.store.v1.GetReply.pages:type_name -> kvtier.store.v1.GetPage
-	2,  // 11: kvtier.store.v1.SetPage.status:type_name -> kvtier.store.v1.SetStatus
-	10, // 12: kvtier.store.v1.SetPage.spans:type_name -> kvtier.store.v1.Span
-	19, // 13: kvtier.store.v1.SetReply.pages:type_name -> kvtier.store.v1.SetPage
-	5,  // 14: kvtier.store.v1.Store.Register:input_type -> kvtier.store.v1.RegisterRequest
-	11, // 15: kvtier.store.v1.Store.BatchExists:input_type -> kvtier.store.v1.ExistsRequest
-	13, // 16: kvtier.store.v1.Store.BatchGet:input_type -> kvtier.store.v1.GetRequest
-	16, // 17: kvtier.store.v1.Store.Release:input_type -> kvtier.store.v1.ReleaseRequest
-	18, // 18: kvtier.store.v1.Store.BatchSet:input_type -> kvtier.store.v1.SetRequest
-	21, // 19: kvtier.store.v1.Store.Commit:input_type -> kvtier.store.v1.CommitRequest
-	23, // 20: kvtier.store.v1.Store.Clear:input_type -> kvtier.store.v1.ClearRequest
-	25, // 21: kvtier.store.v1.Store.Stats:input_type -> kvtier.store.v1.StatsRequest
-	27, // 22: kvtier.store.v1.Store.Close:input_type -> kvtier.store.v1.CloseRequest
-	29, // 23: kvtier.store.v1.Store.Ping:input_type -> kvtier.store.v1.PingRequest
-	9,  // 24: kvtier.store.v1.Store.Register:output_type -> kvtier.store.v1.RegisterReply
-	12, // 25: kvtier.store.v1.Store.BatchExists:output_type -> kvtier.store.v1.ExistsReply
-	15, // 26: kvtier.store.v1.Store.BatchGet:output_type -> kvtier.store.v1.GetReply
-	17, // 27: kvtier.store.v1.Store.Release:output_type -> kvtier.store.v1.ReleaseReply
-	20, // 28: kvtier.store.v1.Store.BatchSet:output_type -> kvtier.store.v1.SetReply
-	22, // 29: kvtier.store.v1.Store.Commit:output_type -> kvtier.store.v1.CommitReply
-	24, // 30: kvtier.store.v1.Store.Clear:output_type -> kvtier.store.v1.ClearReply
-	26, // 31: kvtier.store.v1.Store.Stats:output_type -> kvtier.store.v1.StatsReply
-	28, // 32: kvtier.store.v1.Store.Close:output_type -> kvtier.store.v1.CloseReply
-	30, // 33: kvtier.store.v1.Store.Ping:output_type -> kvtier.store.v1.PingReply
+var file_store_v1_store_proto_depIdxs = []int32{
+	3,  // 0: kvtier.pagestore.v1.Namespace.kinds:type_name -> kvtier.pagestore.v1.PayloadKind
+	4,  // 1: kvtier.pagestore.v1.RegisterRequest.namespace:type_name -> kvtier.pagestore.v1.Namespace
+	6,  // 2: kvtier.pagestore.v1.SlabGeometry.files:type_name -> kvtier.pagestore.v1.SlabFile
+	7,  // 3: kvtier.pagestore.v1.RegisterReply.slab:type_name -> kvtier.pagestore.v1.SlabGeometry
+	3,  // 4: kvtier.pagestore.v1.RegisterReply.kinds:type_name -> kvtier.pagestore.v1.PayloadKind
+	8,  // 5: kvtier.pagestore.v1.RegisterReply.limits:type_name -> kvtier.pagestore.v1.Limits
+	0,  // 6: kvtier.pagestore.v1.ExistsReply.tiers:type_name -> kvtier.pagestore.v1.Tier
+	1,  // 7: kvtier.pagestore.v1.GetPage.status:type_name -> kvtier.pagestore.v1.GetStatus
+	0,  // 8: kvtier.pagestore.v1.GetPage.tier:type_name -> kvtier.pagestore.v1.Tier
+	10, // 9: kvtier.pagestore.v1.GetPage.spans:type_name -> kvtier.pagestore.v1.Span
+	14, // 10: kvtier.pagestore.v1.GetReply.pages:type_name -> kvtier.pagestore.v1.GetPage
+	2,  // 11: kvtier.pagestore.v1.SetPage.status:type_name -> kvtier.pagestore.v1.SetStatus
+	10, // 12: kvtier.pagestore.v1.SetPage.spans:type_name -> kvtier.pagestore.v1.Span
+	19, // 13: kvtier.pagestore.v1.SetReply.pages:type_name -> kvtier.pagestore.v1.SetPage
+	5,  // 14: kvtier.pagestore.v1.Store.Register:input_type -> kvtier.pagestore.v1.RegisterRequest
+	11, // 15: kvtier.pagestore.v1.Store.BatchExists:input_type -> kvtier.pagestore.v1.ExistsRequest
+	13, // 16: kvtier.pagestore.v1.Store.BatchGet:input_type -> kvtier.pagestore.v1.GetRequest
+	16, // 17: kvtier.pagestore.v1.Store.Release:input_type -> kvtier.pagestore.v1.ReleaseRequest
+	18, // 18: kvtier.pagestore.v1.Store.BatchSet:input_type -> kvtier.pagestore.v1.SetRequest
+	21, // 19: kvtier.pagestore.v1.Store.Commit:input_type -> kvtier.pagestore.v1.CommitRequest
+	23, // 20: kvtier.pagestore.v1.Store.Clear:input_type -> kvtier.pagestore.v1.ClearRequest
+	25, // 21: kvtier.pagestore.v1.Store.Stats:input_type -> kvtier.pagestore.v1.StatsRequest
+	27, // 22: kvtier.pagestore.v1.Store.Close:input_type -> kvtier.pagestore.v1.CloseRequest
+	29, // 23: kvtier.pagestore.v1.Store.Ping:input_type -> kvtier.pagestore.v1.PingRequest
+	9,  // 24: kvtier.pagestore.v1.Store.Register:output_type -> kvtier.pagestore.v1.RegisterReply
+	12, // 25: kvtier.pagestore.v1.Store.BatchExists:output_type -> kvtier.pagestore.v1.ExistsReply
+	15, // 26: kvtier.pagestore.v1.Store.BatchGet:output_type -> kvtier.pagestore.v1.GetReply
+	17, // 27: kvtier.pagestore.v1.Store.Release:output_type -> kvtier.pagestore.v1.ReleaseReply
+	20, // 28: kvtier.pagestore.v1.Store.BatchSet:output_type -> kvtier.pagestore.v1.SetReply
+	22, // 29: kvtier.pagestore.v1.Store.Commit:output_type -> kvtier.pagestore.v1.CommitReply
+	24, // 30: kvtier.pagestore.v1.Store.Clear:output_type -> kvtier.pagestore.v1.ClearReply
+	26, // 31: kvtier.pagestore.v1.Store.Stats:output_type -> kvtier.pagestore.v1.StatsReply
+	28, // 32: kvtier.pagestore.v1.Store.Close:output_type -> kvtier.pagestore.v1.CloseReply
+	30, // 33: kvtier.pagestore.v1.Store.Ping:output_type -> kvtier.pagestore.v1.PingReply
 	24, // [24:34] is the sub-list for method output_type
 	14, // [14:24] is the sub-list for method input_type
 	14, // [14:14] is the sub-list for extension type_name
@@ -2376,27 +2378,27 @@ var file_kvtier_store_v1_store_proto_depIdxs = []int32{
 	0,  // [0:14] is the sub-list for field type_name
 }
 
-func init() { file_kvtier_store_v1_store_proto_init() }
-func file_kvtier_store_v1_store_proto_init() {
-	if File_kvtier_store_v1_store_proto != nil {
+func init() { file_store_v1_store_proto_init() }
+func file_store_v1_store_proto_init() {
+	if File_store_v1_store_proto != nil {
 		return
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
-			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvtier_store_v1_store_proto_rawDesc), len(file_kvtier_store_v1_store_proto_rawDesc)),
+			RawDescriptor: unsafe.Slice(unsafe.StringData(file_store_v1_store_proto_rawDesc), len(file_store_v1_store_proto_rawDesc)),
 			NumEnums:      3,
 			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
-		GoTypes:           file_kvtier_store_v1_store_proto_goTypes,
-		DependencyIndexes: file_kvtier_store_v1_store_proto_depIdxs,
-		EnumInfos:         file_kvtier_store_v1_store_proto_enumTypes,
-		MessageInfos:      file_kvtier_store_v1_store_proto_msgTypes,
+		GoTypes:           file_store_v1_store_proto_goTypes,
+		DependencyIndexes: file_store_v1_store_proto_depIdxs,
+		EnumInfos:         file_store_v1_store_proto_enumTypes,
+		MessageInfos:      file_store_v1_store_proto_msgTypes,
 	}.Build()
-	File_kvtier_store_v1_store_proto = out.File
-	file_kvtier_store_v1_store_proto_goTypes = nil
-	file_kvtier_store_v1_store_proto_depIdxs = nil
+	File_store_v1_store_proto = out.File
+	file_store_v1_store_proto_goTypes = nil
+	file_store_v1_store_proto_depIdxs = nil
 }

@@ -1,4 +1,6 @@
-// kvtier.store.v1: the page-store door of `kvtier serve`. An engine that
+// kvtier.store.v1: the page-store door of `kvtier serve` (protobuf package
+// kvtier.pagestore.v1: the plugin protocol's package is kvtier.store.v1,
+// and one Go binary holds both). An engine that
 // keeps its own L1 (GPU) and L2 (host memory) — SGLang's HiCache storage
 // backend, vLLM's KV connector — asks kvtier, by page key, what exists, and
 // gets and sets pages between its host memory and kvtier's L2 slab, which
@@ -19,7 +21,7 @@
 // versions:
 // - protoc-gen-go-grpc v1.5.1
 // - protoc             v3.21.12
-// source: kvtier/store/v1/store.proto
+// source: store/v1/store.proto
 
 package storev1
 
@@ -36,16 +38,16 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Store_Register_FullMethodName    = "/kvtier.store.v1.Store/Register"
-	Store_BatchExists_FullMethodName = "/kvtier.store.v1.Store/BatchExists"
-	Store_BatchGet_FullMethodName    = "/kvtier.store.v1.Store/BatchGet"
-	Store_Release_FullMethodName     = "/kvtier.store.v1.Store/Release"
-	Store_BatchSet_FullMethodName    = "/kvtier.store.v1.Store/BatchSet"
-	Store_Commit_FullMethodName      = "/kvtier.store.v1.Store/Commit"
-	Store_Clear_FullMethodName       = "/kvtier.store.v1.Store/Clear"
-	Store_Stats_FullMethodName       = "/kvtier.store.v1.Store/Stats"
-	Store_Close_FullMethodName       = "/kvtier.store.v1.Store/Close"
-	Store_Ping_FullMethodName        = "/kvtier.store.v1.Store/Ping"
+	Store_Register_FullMethodName    = "/kvtier.pagestore.v1.Store/Register"
+	Store_BatchExists_FullMethodName = "/kvtier.pagestore.v1.Store/BatchExists"
+	Store_BatchGet_FullMethodName    = "/kvtier.pagestore.v1.Store/BatchGet"
+	Store_Release_FullMethodName     = "/kvtier.pagestore.v1.Store/Release"
+	Store_BatchSet_FullMethodName    = "/kvtier.pagestore.v1.Store/BatchSet"
+	Store_Commit_FullMethodName      = "/kvtier.pagestore.v1.Store/Commit"
+	Store_Clear_FullMethodName       = "/kvtier.pagestore.v1.Store/Clear"
+	Store_Stats_FullMethodName       = "/kvtier.pagestore.v1.Store/Stats"
+	Store_Close_FullMethodName       = "/kvtier.pagestore.v1.Store/Close"
+	Store_Ping_FullMethodName        = "/kvtier.pagestore.v1.Store/Ping"
 )
 
 // StoreClient is the client API for Store service.
@@ -467,7 +469,7 @@ func _Store_Ping_Handler(srv interface{}, ctx context.Context, dec func(interfac
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
 var Store_ServiceDesc = grpc.ServiceDesc{
-	ServiceName: "kvtier.store.v1.Store",
+	ServiceName: "kvtier.pagestore.v1.Store",
 	HandlerType: (*StoreServer)(nil),
 	Methods: []grpc.MethodDesc{
 		{
@@ -512,5 +514,5 @@ var Store_ServiceDesc = grpc.ServiceDesc{
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
-	Metadata: "kvtier/store/v1/store.proto",
+	Metadata: "store/v1/store.proto",
 }

@@ -15,52 +15,52 @@ class StoreStub(object):
             channel: A grpc.Channel.
         """
         self.Register = channel.unary_unary(
-                '/kvtier.store.v1.Store/Register',
+                '/kvtier.pagestore.v1.Store/Register',
                 request_serializer=kvtier_dot_store_dot_v1_dot_store__pb2.RegisterRequest.SerializeToString,
                 response_deserializer=kvtier_dot_store_dot_v1_dot_store__pb2.RegisterReply.FromString,
                 )
         self.BatchExists = channel.unary_unary(
-                '/kvtier.store.v1.Store/BatchExists',
+                '/kvtier.pagestore.v1.Store/BatchExists',
                 request_serializer=kvtier_dot_store_dot_v1_dot_store__pb2.ExistsRequest.SerializeToString,
                 response_deserializer=kvtier_dot_store_dot_v1_dot_store__pb2.ExistsReply.FromString,
                 )
         self.BatchGet = channel.unary_unary(
-                '/kvtier.store.v1.Store/BatchGet',
+                '/kvtier.pagestore.v1.Store/BatchGet',
                 request_serializer=kvtier_dot_store_dot_v1_dot_store__pb2.GetRequest.SerializeToString,
                 response_deserializer=kvtier_dot_store_dot_v1_dot_store__pb2.GetReply.FromString,
                 )
         self.Release = channel.unary_unary(
-                '/kvtier.store.v1.Store/Release',
+                '/kvtier.pagestore.v1.Store/Release',
                 request_serializer=kvtier_dot_store_dot_v1_dot_store__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=kvtier_dot_store_dot_v1_dot_store__pb2.ReleaseReply.FromString,
                 )
         self.BatchSet = channel.unary_unary(
-                '/kvtier.store.v1.Store/BatchSet',
+                '/kvtier.pagestore.v1.Store/BatchSet',
                 request_serializer=kvtier_dot_store_dot_v1_dot_store__pb2.SetRequest.SerializeToString,
                 response_deserializer=kvtier_dot_store_dot_v1_dot_store__pb2.SetReply.FromString,
                 )
         self.Commit = channel.unary_unary(
-                '/kvtier.store.v1.Store/Commit',
+                '/kvtier.pagestore.v1.Store/Commit',
                 request_serializer=kvtier_dot_store_dot_v1_dot_store__pb2.CommitRequest.SerializeToString,
                 response_deserializer=kvtier_dot_store_dot_v1_dot_store__pb2.CommitReply.FromString,
                 )
         self.Clear = channel.unary_unary(
-                '/kvtier.store.v1.Store/Clear',
+                '/kvtier.pagestore.v1.Store/Clear',
                 request_serializer=kvtier_dot_store_dot_v1_dot_store__pb2.ClearRequest.SerializeToString,
                 response_deserializer=kvtier_dot_store_dot_v1_dot_store__pb2.ClearReply.FromString,
                 )
         self.Stats = channel.unary_unary(
-                '/kvtier.store.v1.Store/Stats',
+                '/kvtier.pagestore.v1.Store/Stats',
                 request_serializer=kvtier_dot_store_dot_v1_dot_store__pb2.StatsRequest.SerializeToString,
                 response_deserializer=kvtier_dot_store_dot_v1_dot_store__pb2.StatsReply.FromString,
                 )
         self.Close = channel.unary_unary(
-                '/kvtier.store.v1.Store/Close',
+                '/kvtier.pagestore.v1.Store/Close',
                 request_serializer=kvtier_dot_store_dot_v1_dot_store__pb2.CloseRequest.SerializeToString,
                 response_deserializer=kvtier_dot_store_dot_v1_dot_store__pb2.CloseReply.FromString,
                 )
         self.Ping = channel.unary_unary(
-                '/kvtier.store.v1.Store/Ping',
+                '/kvtier.pagestore.v1.Store/Ping',
                 request_serializer=kvtier_dot_store_dot_v1_dot_store__pb2.PingRequest.SerializeToString,
                 response_deserializer=kvtier_dot_store_dot_v1_dot_store__pb2.PingReply.FromString,
                 )
@@ -202,7 +202,7 @@ def add_StoreServicer_to_server(servicer, server):
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'kvtier.store.v1.Store', rpc_method_handlers)
+            'kvtier.pagestore.v1.Store', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
 
 
@@ -221,7 +221,7 @@ class Store(object):
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(request, target, '/kvtier.store.v1.Store/Register',
+        return grpc.experimental.unary_unary(request, target, '/kvtier.pagestore.v1.Store/Register',
             kvtier_dot_store_dot_v1_dot_store__pb2.RegisterRequest.SerializeToString,
             kvtier_dot_store_dot_v1_dot_store__pb2.RegisterReply.FromString,
             options, channel_credentials,
@@ -238,7 +238,7 @@ class Store(object):
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(request, target, '/kvtier.store.v1.Store/BatchExists',
+        return grpc.experimental.unary_unary(request, target, '/kvtier.pagestore.v1.Store/BatchExists',
             kvtier_dot_store_dot_v1_dot_store__pb2.ExistsRequest.SerializeToString,
             kvtier_dot_store_dot_v1_dot_store__pb2.ExistsReply.FromString,
             options, channel_credentials,
@@ -255,7 +255,7 @@ class Store(object):
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(request, target, '/kvtier.store.v1.Store/BatchGet',
+        return grpc.experimental.unary_unary(request, target, '/kvtier.pagestore.v1.Store/BatchGet',
             kvtier_dot_store_dot_v1_dot_store__pb2.GetRequest.SerializeToString,
             kvtier_dot_store_dot_v1_dot_store__pb2.GetReply.FromString,
             options, channel_credentials,
@@ -272,7 +272,7 @@ class Store(object):
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(request, target, '/kvtier.store.v1.Store/Release',
+        return grpc.experimental.unary_unary(request, target, '/kvtier.pagestore.v1.Store/Release',
             kvtier_dot_store_dot_v1_dot_store__pb2.ReleaseRequest.SerializeToString,
             kvtier_dot_store_dot_v1_dot_store__pb2.ReleaseReply.FromString,
             options, channel_credentials,
@@ -289,7 +289,7 @@ class Store(object):
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(request, target, '/kvtier.store.v1.Store/BatchSet',
+        return grpc.experimental.unary_unary(request, target, '/kvtier.pagestore.v1.Store/BatchSet',
             kvtier_dot_store_dot_v1_dot_store__pb2.SetRequest.SerializeToString,
             kvtier_dot_store_dot_v1_dot_store__pb2.SetReply.FromString,
             options, channel_credentials,
@@ -306,7 +306,7 @@ class Store(object):
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(request, target, '/kvtier.store.v1.Store/Commit',
+        return grpc.experimental.unary_unary(request, target, '/kvtier.pagestore.v1.Store/Commit',
             kvtier_dot_store_dot_v1_dot_store__pb2.CommitRequest.SerializeToString,
             kvtier_dot_store_dot_v1_dot_store__pb2.CommitReply.FromString,
             options, channel_credentials,
@@ -323,7 +323,7 @@ class Store(object):
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(request, target, '/kvtier.store.v1.Store/Clear',
+        return grpc.experimental.unary_unary(request, target, '/kvtier.pagestore.v1.Store/Clear',
             kvtier_dot_store_dot_v1_dot_store__pb2.ClearRequest.SerializeToString,
             kvtier_dot_store_dot_v1_dot_store__pb2.ClearReply.FromString,
             options, channel_credentials,
@@ -340,7 +340,7 @@ class Store(object):
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(request, target, '/kvtier.store.v1.Store/Stats',
+        return grpc.experimental.unary_unary(request, target, '/kvtier.pagestore.v1.Store/Stats',
             kvtier_dot_store_dot_v1_dot_store__pb2.StatsRequest.SerializeToString,
             kvtier_dot_store_dot_v1_dot_store__pb2.StatsReply.FromString,
             options, channel_credentials,
@@ -357,7 +357,7 @@ class Store(object):
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(request, target, '/kvtier.store.v1.Store/Close',
+        return grpc.experimental.unary_unary(request, target, '/kvtier.pagestore.v1.Store/Close',
             kvtier_dot_store_dot_v1_dot_store__pb2.CloseRequest.SerializeToString,
             kvtier_dot_store_dot_v1_dot_store__pb2.CloseReply.FromString,
             options, channel_credentials,
@@ -374,7 +374,7 @@ class Store(object):
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(request, target, '/kvtier.store.v1.Store/Ping',
+        return grpc.experimental.unary_unary(request, target, '/kvtier.pagestore.v1.Store/Ping',
             kvtier_dot_store_dot_v1_dot_store__pb2.PingRequest.SerializeToString,
             kvtier_dot_store_dot_v1_dot_store__pb2.PingReply.FromString,
             options, channel_credentials,
