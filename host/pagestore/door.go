@@ -229,6 +229,7 @@ type Door struct {
 	spaces     map[[32]byte]*nsState
 	puts       map[tiers.BatchID]*putBatch
 	early      map[tiers.BatchID][]tiers.Ack
+	gathered   []*entry // pages gathered by the store, to verify
 	loading    int // slots held by reloads in flight
 	st         counters
 	closed     bool
@@ -576,7 +577,56 @@ func (d *Door) drainAcks() {
 			}
 			d.applyAck(a.Batch, b, a)
 		}
+		check := d.takeGathered()
 		d.mu.Unlock()
+		d.checkGathered(check)
+	}
+}
+
+// takeGathered returns (under d.mu) the entries whose every kind the
+// store gathered: their last putPending count is the check below.
+func (d *Door) takeGathered() []*entry {
+	c := d.gathered
+	d.gathered = nil
+	return c
+}
+
+// checkGathered verifies, once the store copied a page out of the slab,
+// that the slab still held the committed bytes: a client that wrote into
+// a committed span before the store gathered it would otherwise have
+// given the store wrong bytes under a valid checksum of the store's own.
+// A page that fails is dropped from the slab and deleted from the store
+// (a miss, never wrong bytes); then its slot may go.
+func (d *Door) checkGathered(es []*entry) {
+	if len(es) == 0 {
+		return
+	}
+	bad := make([]bool, len(es))
+	d.forPages(len(es), func(i int) { bad[i] = !d.verify(es[i].slot, es[i].crc) })
+	var del []tiers.Key
+	d.mu.Lock()
+	for i, e := range es {
+		if bad[i] {
+			d.st.corrupt++
+			d.st.verifyFailures++
+			d.log.Error("kvtier store: a page changed in the slab before the store gathered it: dropped here and from the store", "key", e.hash.Short(), "slot", e.slot)
+			d.drop(e)
+			for k := range d.kinds {
+				del = append(del, tiers.Key{Hash: e.hash, Kind: tiers.PayloadKind(k)})
+			}
+		}
+		e.putPending--
+		if e.dead {
+			d.maybeFree(e)
+		} else {
+			d.updateEvictable(e)
+		}
+	}
+	d.mu.Unlock()
+	if len(del) > 0 {
+		if err := d.opt.Store.Delete(context.Background(), del); err != nil {
+			d.log.Error("kvtier store: deleting pages that changed before the store gathered them failed", "pages", len(del)/len(d.kinds), "err", err)
+		}
 	}
 }
 
@@ -590,6 +640,12 @@ func (d *Door) applyAck(id tiers.BatchID, b *putBatch, a tiers.Ack) {
 	case tiers.AckGathered, tiers.AckFailed, tiers.AckDurable:
 		if !it.done {
 			it.done = true
+			if it.e.putPending == 1 && a.Stage != tiers.AckFailed && !it.e.dead {
+				// The last kind is gathered: checkGathered takes the
+				// last count after verifying the slab's bytes.
+				d.gathered = append(d.gathered, it.e)
+				break
+			}
 			it.e.putPending--
 			if it.e.dead {
 				d.maybeFree(it.e)

@@ -538,3 +538,58 @@ func TestCloseEndsLeases(t *testing.T) {
 }
 
 func nopLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// heldAcks is a fault-injection fake: the real memstore underneath, but
+// its acks reach the door only once release is closed (a store slow to
+// gather).
+type heldAcks struct {
+	tiers.Store
+	release chan struct{}
+}
+
+func (h *heldAcks) AckReady() <-chan struct{} {
+	select {
+	case <-h.release:
+		return h.Store.AckReady()
+	default:
+		return h.release
+	}
+}
+
+func (h *heldAcks) DrainAcks(dst []tiers.Ack) []tiers.Ack {
+	select {
+	case <-h.release:
+		return h.Store.DrainAcks(dst)
+	default:
+		return dst
+	}
+}
+
+func TestScribbleBeforeGatherNeverReachesTheStore(t *testing.T) {
+	ha := &heldAcks{release: make(chan struct{})}
+	h := newHarness(t, 8, false, func(s tiers.Store) tiers.Store { ha.Store = s; return ha }, Limits{})
+	ses := h.register(t)
+	h.set(t, ses, "a", "b")
+	// A client writes into a's committed span before the store's ack:
+	// the door checks the slab again once the store says it gathered.
+	h.d.mu.Lock()
+	slot := h.d.entries[pageKey(h.d.sessions[ses].ns.id, 0, "a")].slot
+	h.d.mu.Unlock()
+	h.d.view(slot, 0)[7] ^= 0x80
+	close(ha.release)
+	waitEvictable(t, h.d)
+	for range 2000 {
+		if h.d.Snapshot().GetCorruptPages() == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if got := h.d.Snapshot().GetCorruptPages(); got != 1 {
+		t.Fatalf("corrupt pages %d, want 1", got)
+	}
+	// Neither the slab nor the store answers with a's changed bytes.
+	got := h.get(t, ses, 1000, "a", "b")
+	if got[0] != pb.GetStatus_GET_STATUS_MISS || got[1] != pb.GetStatus_GET_STATUS_HIT {
+		t.Fatalf("got %v", got)
+	}
+}

@@ -600,6 +600,10 @@ func (d *Door) writeThrough(puts []tiers.PutRequest, items []putItem) {
 		d.applyAck(id, b, a)
 	}
 	delete(d.early, id)
+	check := d.takeGathered()
+	d.mu.Unlock()
+	d.checkGathered(check)
+	d.mu.Lock()
 }
 
 // Clear forgets every page of the session's namespace: its generation is
@@ -643,6 +647,13 @@ func (d *Door) Gauges() Gauges {
 	defer d.mu.Unlock()
 	return Gauges{Sessions: len(d.sessions), Leases: len(d.leases), Loading: d.loading, Quarantined: len(d.quarantine),
 		Entries: len(d.entries), PutFailures: d.st.putFailures, VerifyFailures: d.st.verifyFailures}
+}
+
+// PendingPuts is the number of write-through batches not yet settled.
+func (d *Door) PendingPuts() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.puts)
 }
 
 // Stats returns the door's counters.
