@@ -63,7 +63,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cold := fs.String("cold-start", "load", "what stores do with a previous run's data: load or clear")
 	ttl := fs.Duration("session-ttl", 30*time.Second, "expire a session silent this long")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
-	doorsFlag := fs.String("doors", "engine,store", "the doors served on the socket: engine (kvtier.engine.v1), store (kvtier.store.v1, the page store of SGLang's HiCache backend) or both; with store alone serve hosts no engine ranks")
+	doorsFlag := fs.String("doors", "", "the doors served on the socket, comma-separated: engine (kvtier.engine.v1), store (kvtier.store.v1, the page store of SGLang's HiCache backend); with store alone serve hosts no engine ranks (default: engine,store; with --group tcp: engine, as the node's one store door belongs to one process)")
 	storeCfg := fs.String("store-config", "", "the store door's stack config `file` (a slab and stores, no pool; {{DIR}} = --data-dir; default: the embedded demo store stack under DIR/store)")
 	storeVerify := fs.Bool("store-verify", true, "check each slab page's CRC32C at every store BatchGet (a page that fails is a miss, never wrong bytes)")
 	storeLease := fs.Duration("store-lease", 30*time.Second, "a store get's pins and a set's reservations end this long after the call if not released or committed")
@@ -101,6 +101,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if *ttl < time.Second || *ttl > 24*time.Hour {
 		return fmt.Errorf("serve: --session-ttl %s: want 1s..24h: %w", *ttl, errUsage)
+	}
+	if *doorsFlag == "" {
+		*doorsFlag = "engine,store"
+		if *group == serve.GroupTCP {
+			*doorsFlag = "engine"
+		}
 	}
 	doors, err := serve.ParseDoors(*doorsFlag)
 	if err != nil {
