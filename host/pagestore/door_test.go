@@ -573,7 +573,8 @@ func TestScribbleBeforeGatherNeverReachesTheStore(t *testing.T) {
 	// A client writes into a's committed span before the store's ack:
 	// the door checks the slab again once the store says it gathered.
 	h.d.mu.Lock()
-	slot := h.d.entries[pageKey(h.d.sessions[ses].ns.id, 0, "a")].slot
+	k, _ := pageKey(h.d.sessions[ses].ns.id, 0, "a", nil)
+	slot := h.d.entries[k].slot
 	h.d.mu.Unlock()
 	h.d.view(slot, 0)[7] ^= 0x80
 	close(ha.release)

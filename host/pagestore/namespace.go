@@ -123,17 +123,12 @@ func (d *Door) kindList() string {
 }
 
 // pageKey is a page's key: SHA-256(namespace id || generation (8 bytes
-// little-endian) || key string).
-func pageKey(ns [32]byte, gen uint64, key string) pagehash.Hash {
-	h := sha256.New()
-	h.Write(ns[:])
-	var b [8]byte
-	binary.LittleEndian.PutUint64(b[:], gen)
-	h.Write(b[:])
-	h.Write([]byte(key))
-	var out pagehash.Hash
-	h.Sum(out[:0])
-	return out
+// little-endian) || key string). buf is scratch space (returned, grown).
+func pageKey(ns [32]byte, gen uint64, key string, buf []byte) (pagehash.Hash, []byte) {
+	buf = append(buf[:0], ns[:]...)
+	buf = binary.LittleEndian.AppendUint64(buf, gen)
+	buf = append(buf, key...)
+	return sha256.Sum256(buf), buf
 }
 
 // keyStatus checks one key: "" when valid, else why not.
@@ -153,13 +148,14 @@ func (d *Door) hashKeys(ses *session, keys []string, dst []pagehash.Hash, ok []b
 	d.mu.Lock()
 	ns, gen := ses.ns.id, ses.ns.gen
 	d.mu.Unlock()
+	var buf []byte
 	for i, k := range keys {
 		if d.keyStatus(k) != "" {
 			ok[i] = false
 			continue
 		}
 		ok[i] = true
-		dst[i] = pageKey(ns, gen, k)
+		dst[i], buf = pageKey(ns, gen, k, buf)
 	}
 }
 
