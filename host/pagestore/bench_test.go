@@ -179,3 +179,25 @@ func BenchmarkStoreSet(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkStoreExistsDoor is BatchExists of one batch of slab pages in
+// process (no gRPC): the door's own share of the call. Run:
+//
+//	go test -run '^$' -bench BenchmarkStoreExistsDoor ./host/pagestore/
+func BenchmarkStoreExistsDoor(b *testing.B) {
+	h := newHarness(b, 256, true, nil, Limits{})
+	ses := h.register(b)
+	keys := seedKeys()
+	for i := 0; i < len(keys); i += 32 {
+		h.set(b, ses, keys[i:i+32]...)
+	}
+	q := &pb.ExistsRequest{Session: ses, Keys: keys}
+	ctx := context.Background()
+	b.ResetTimer()
+	for range b.N {
+		r, err := h.d.BatchExists(ctx, q)
+		if err != nil || r.GetPresent() != seedBatch {
+			b.Fatalf("%v %v", r.GetPresent(), err)
+		}
+	}
+}
