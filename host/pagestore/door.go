@@ -36,6 +36,9 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	pb "github.com/kvtier/kvtier/api/storev1"
 	"github.com/kvtier/kvtier/host/placement"
 	"github.com/kvtier/kvtier/pagehash"
@@ -116,6 +119,9 @@ type Options struct {
 	ConnOf func(ctx context.Context) uint64
 	// Logger receives the door's lines (nil: discarded).
 	Logger *slog.Logger
+	// StopTimeout bounds Stop's wait for calls and reloads in flight
+	// (default 10 s).
+	StopTimeout time.Duration
 }
 
 // entry states.
@@ -237,6 +243,7 @@ type Door struct {
 
 	stop chan struct{}
 	wg   sync.WaitGroup
+	busy sync.WaitGroup // calls and reloads that touch slab bytes
 }
 
 // Open builds a Door over opt.Slab's whole page space and starts its
@@ -255,6 +262,9 @@ func Open(opt Options) (*Door, error) {
 		opt.Logger = slog.New(slog.DiscardHandler)
 	}
 	opt.Limits.defaults()
+	if opt.StopTimeout <= 0 {
+		opt.StopTimeout = 10 * time.Second
+	}
 	ev, err := opt.NewEvictor()
 	if err != nil {
 		return nil, fmt.Errorf("page store: eviction policy: %w", err)
@@ -328,8 +338,35 @@ func (d *Door) Stop() error {
 	d.mu.Unlock()
 	close(d.stop)
 	d.wg.Wait()
+	// NB: calls and reloads in flight read and write slab bytes; the
+	// caller unmaps the slab after Stop, so wait for them (bounded: a
+	// store that never returns must not hang the stop).
+	done := make(chan struct{})
+	go func() { d.busy.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-time.After(d.opt.StopTimeout):
+		return fmt.Errorf("page store: calls or reloads still touch the slab %s after the stop: %w", d.opt.StopTimeout, ErrBusy)
+	}
+}
+
+// ErrBusy: Stop gave up waiting for work that touches the slab; the
+// caller must not unmap it.
+var ErrBusy = errors.New("slab still in use")
+
+// enter admits a call that touches slab bytes; leave ends it.
+func (d *Door) enter() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return status.Errorf(codes.Unavailable, "serve is stopping")
+	}
+	d.busy.Add(1)
 	return nil
 }
+
+func (d *Door) leave() { d.busy.Done() }
 
 // Slots is the number of pages the slab holds.
 func (d *Door) Slots() int { return d.nslots }

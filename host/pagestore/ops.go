@@ -186,6 +186,10 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 	if err != nil {
 		return nil, err
 	}
+	if err := d.enter(); err != nil {
+		return nil, err
+	}
+	defer d.leave()
 	keys := q.GetKeys()
 	if err := d.checkBatch(len(keys)); err != nil {
 		return nil, err
@@ -382,7 +386,9 @@ func (d *Door) startLoad(ld *load) {
 			batch = append(batch, tiers.GetRequest{Key: tiers.Key{Hash: ld.hs[j], Kind: tiers.PayloadKind(k)}, Dst: d.span(s, k)})
 		}
 	}
+	d.busy.Add(1) // NB: inside the BatchGet's own enter, so never after Stop's wait began
 	go func() {
+		defer d.busy.Done()
 		res := make([]error, len(batch))
 		err := d.opt.Store.Get(context.Background(), batch, res)
 		ld.hit = make([]bool, len(ld.slots))
@@ -509,6 +515,10 @@ func (d *Door) Commit(_ context.Context, q *pb.CommitRequest) (*pb.CommitReply, 
 	if err != nil {
 		return nil, err
 	}
+	if err := d.enter(); err != nil {
+		return nil, err
+	}
+	defer d.leave()
 	written := q.GetWritten()
 	d.mu.Lock()
 	l := ses.leases[q.GetLease()]

@@ -147,13 +147,17 @@ func (s *Server) closeStore() error {
 	}
 	sd.once.Do(func() {
 		var errs []error
-		if err := sd.door.Stop(); err != nil {
-			errs = append(errs, err)
-		}
+		stopErr := sd.door.Stop()
 		if sd.closeHook != nil {
 			if err := sd.closeHook(); err != nil {
 				errs = append(errs, fmt.Errorf("store door: stores hook: %w", err))
 			}
+		}
+		if errors.Is(stopErr, pagestore.ErrBusy) {
+			// A store never returned: leave the slab mapped (the
+			// process is ending) rather than unmap bytes in use.
+			sd.err = fmt.Errorf("store door: %w (its stack is left open)", stopErr)
+			return
 		}
 		if err := sd.st.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("store door: %w", err))
