@@ -364,6 +364,15 @@ func TestReloadAfterEviction(t *testing.T) {
 	if ex.GetPresent() != 32 || ex.GetTiers()[0] != pb.Tier_TIER_L3 || ex.GetTiers()[31] != pb.Tier_TIER_L2 {
 		t.Fatalf("exists %d %v", ex.GetPresent(), ex.GetTiers())
 	}
+	// A page only in the store is not written again: EXISTS.
+	used := h.d.Snapshot().GetL2UsedPages()
+	if got := h.set(t, ses, keys[0], keys[1], "new"); got[0] != pb.SetStatus_SET_STATUS_EXISTS || got[1] != pb.SetStatus_SET_STATUS_EXISTS || got[2] != pb.SetStatus_SET_STATUS_RESERVED {
+		t.Fatalf("set of store-only pages: %v", got)
+	}
+	waitEvictable(t, h.d)
+	if h.d.Snapshot().GetL2UsedPages() > used+1 {
+		t.Fatalf("used %d slab pages, was %d", h.d.Snapshot().GetL2UsedPages(), used)
+	}
 	for i := 0; i < len(keys); i += 4 {
 		for j, st := range h.get(t, ses, 5000, keys[i:i+4]...) {
 			if st != pb.GetStatus_GET_STATUS_HIT {

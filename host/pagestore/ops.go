@@ -442,7 +442,7 @@ func (d *Door) Release(_ context.Context, q *pb.ReleaseRequest) (*pb.ReleaseRepl
 }
 
 // BatchSet reserves a slot for each key not stored yet.
-func (d *Door) BatchSet(_ context.Context, q *pb.SetRequest) (*pb.SetReply, error) {
+func (d *Door) BatchSet(ctx context.Context, q *pb.SetRequest) (*pb.SetReply, error) {
 	ses, err := d.session(q.GetSession())
 	if err != nil {
 		return nil, err
@@ -463,6 +463,7 @@ func (d *Door) BatchSet(_ context.Context, q *pb.SetRequest) (*pb.SetReply, erro
 			seen[k] = struct{}{}
 		}
 	}
+	inStore := d.storeHas(ctx, hs, ok)
 	out := &pb.SetReply{BootId: d.opt.BootID, Pages: make([]*pb.SetPage, len(keys))}
 	l := &lease{ses: ses, set: true, res: make([]*entry, len(keys)), status: make([]pb.SetStatus, len(keys)), expires: time.Now().Add(d.opt.Limits.Lease)}
 	reserved := 0
@@ -476,7 +477,9 @@ func (d *Door) BatchSet(_ context.Context, q *pb.SetRequest) (*pb.SetReply, erro
 		st := pb.SetStatus_SET_STATUS_INVALID
 		switch {
 		case !ok[i]:
-		case d.entries[hs[i]] != nil:
+		case d.entries[hs[i]] != nil, inStore[i]:
+			// In the slab (or being set by another client), or in the
+			// store already: one copy is kept.
 			st = pb.SetStatus_SET_STATUS_EXISTS
 			d.st.exists++
 		default:
@@ -506,6 +509,43 @@ func (d *Door) BatchSet(_ context.Context, q *pb.SetRequest) (*pb.SetReply, erro
 		out.Lease = l.id
 	}
 	return out, nil
+}
+
+// storeHas marks the leading valid keys, among those the slab lacks,
+// whose pages the store holds (every kind): a set of them is EXISTS, not
+// a second write of the same bytes. One index lookup per kind, outside
+// the lock.
+func (d *Door) storeHas(ctx context.Context, hs []pagehash.Hash, ok []bool) []bool {
+	if d.opt.Store == nil {
+		return make([]bool, len(hs))
+	}
+	var idx []int
+	var chain []pagehash.Hash
+	d.mu.Lock()
+	for i := range hs {
+		if ok[i] && d.entries[hs[i]] == nil {
+			idx = append(idx, i)
+			chain = append(chain, hs[i])
+		}
+	}
+	d.mu.Unlock()
+	m := len(chain)
+	for k := range d.kinds {
+		if m == 0 {
+			break
+		}
+		c, err := d.opt.Store.LongestPrefix(ctx, tiers.PayloadKind(k), chain[:m])
+		if err != nil {
+			d.log.Warn("kvtier store: set: store lookup failed", "store", d.opt.StoreName, "err", err)
+			c = 0
+		}
+		m = min(m, c)
+	}
+	out := make([]bool, len(hs))
+	for _, i := range idx[:m] {
+		out[i] = true
+	}
+	return out
 }
 
 // Commit makes the written pages of a BatchSet readable (checksummed
