@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -145,6 +146,37 @@ func FuzzDoor(f *testing.F) {
 			if err := h.d.check(); err != nil {
 				t.Fatalf("after op %d at byte %d: %v", op, pos, err)
 			}
+		}
+	})
+}
+
+// FuzzRegister feeds Register arbitrary namespaces: it must never panic,
+// a refusal names the namespace field (or protocol_versions), and an
+// accepted namespace gets the same id every time.
+func FuzzRegister(f *testing.F) {
+	f.Add("m", "", "page_first", "bfloat16", "", uint32(16), "k", uint64(8192), "v", uint64(8192), uint32(0), uint32(1), true, uint32(1))
+	f.Add("", "r", "", "", "salt", uint32(0), "kv", uint64(1), "", uint64(0), uint32(3), uint32(2), false, uint32(2))
+	f.Add("m", "", "", "", "", uint32(1), "k", uint64(8192), "v", uint64(4096), uint32(7), uint32(8), false, uint32(1))
+	f.Fuzz(func(t *testing.T, model, rev, layout, dtype, salt string, tokens uint32, k0 string, b0 uint64, k1 string, b1 uint64, tpRank, tpSize uint32, mla bool, version uint32) {
+		h := newHarness(t, 4, true, nil, Limits{})
+		ns := &pb.Namespace{Model: model, ModelRevision: rev, KvLayout: layout, Dtype: dtype, Salt: salt, PageTokens: tokens,
+			TpRank: tpRank, TpSize: tpSize, SharedAcrossTp: mla}
+		if k0 != "" || b0 != 0 {
+			ns.Kinds = append(ns.Kinds, &pb.PayloadKind{Name: k0, PageBytes: b0})
+		}
+		if k1 != "" || b1 != 0 {
+			ns.Kinds = append(ns.Kinds, &pb.PayloadKind{Name: k1, PageBytes: b1})
+		}
+		r, err := h.d.Register(context.Background(), &pb.RegisterRequest{Namespace: ns, ProtocolVersions: []uint32{version}})
+		if err != nil {
+			if msg := err.Error(); !strings.Contains(msg, "namespace") && !strings.Contains(msg, "protocol_versions") {
+				t.Fatalf("refusal names no field: %v", err)
+			}
+			return
+		}
+		id := namespaceID(ns)
+		if !bytes.Equal(r.GetNamespaceId(), id[:]) {
+			t.Fatalf("namespace id %x, recomputed %x", r.GetNamespaceId(), id)
 		}
 	})
 }
