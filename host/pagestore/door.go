@@ -236,6 +236,7 @@ type Door struct {
 	puts       map[tiers.BatchID]*putBatch
 	early      map[tiers.BatchID][]tiers.Ack
 	gathered   []*entry // pages gathered by the store, to verify
+	checking   int      // pages taken from gathered, being verified
 	loading    int // slots held by reloads in flight
 	st         counters
 	closed     bool
@@ -625,6 +626,7 @@ func (d *Door) drainAcks() {
 func (d *Door) takeGathered() []*entry {
 	c := d.gathered
 	d.gathered = nil
+	d.checking += len(c)
 	return c
 }
 
@@ -659,6 +661,7 @@ func (d *Door) checkGathered(es []*entry) {
 			d.updateEvictable(e)
 		}
 	}
+	d.checking -= len(es)
 	d.mu.Unlock()
 	if len(del) > 0 {
 		if err := d.opt.Store.Delete(context.Background(), del); err != nil {

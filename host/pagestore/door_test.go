@@ -388,11 +388,8 @@ func TestReloadAfterEviction(t *testing.T) {
 // waitEvictable waits until no write-through is pending.
 func waitEvictable(t testing.TB, d *Door) {
 	t.Helper()
-	for range 2000 {
-		d.mu.Lock()
-		n := len(d.puts)
-		d.mu.Unlock()
-		if n == 0 {
+	for range 5000 {
+		if d.PendingPuts() == 0 {
 			return
 		}
 		time.Sleep(time.Millisecond)

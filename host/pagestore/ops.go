@@ -699,11 +699,13 @@ func (d *Door) Gauges() Gauges {
 		Entries: len(d.entries), PutFailures: d.st.putFailures, VerifyFailures: d.st.verifyFailures}
 }
 
-// PendingPuts is the number of write-through batches not yet settled.
+// PendingPuts is the number of write-through batches not yet settled
+// plus the pages whose gathered bytes are being verified: 0 means every
+// committed, unpinned page is evictable.
 func (d *Door) PendingPuts() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return len(d.puts)
+	return len(d.puts) + len(d.gathered) + d.checking
 }
 
 // Stats returns the door's counters.
