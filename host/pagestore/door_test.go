@@ -600,3 +600,77 @@ func TestScribbleBeforeGatherNeverReachesTheStore(t *testing.T) {
 		t.Fatalf("got %v", got)
 	}
 }
+
+// TestConcurrentClients runs clients at once (sets, gets, releases,
+// closes and re-registrations, a slab smaller than the working set, a
+// store below) and checks every hit's bytes and the door's accounting at
+// the end. Run it with -race.
+func TestConcurrentClients(t *testing.T) {
+	const seed = 24
+	h := newHarness(t, 16, false, nil, Limits{})
+	var wg sync.WaitGroup
+	for c := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(seed, uint64(c)))
+			ctx := context.Background()
+			ses := h.register(t)
+			for op := range 150 {
+				keys := make([]string, 1+r.IntN(6))
+				for i := range keys {
+					keys[i] = fmt.Sprintf("c%02d", r.IntN(40))
+				}
+				switch r.IntN(5) {
+				case 0, 1:
+					rs, err := h.d.BatchSet(ctx, &pb.SetRequest{Session: ses, Keys: keys})
+					if err != nil {
+						t.Errorf("seed %d client %d op %d: %v", seed, c, op, err)
+						return
+					}
+					w := make([]bool, len(keys))
+					for i, p := range rs.GetPages() {
+						for k, s := range p.GetSpans() {
+							copy(h.bytesOf(t, s), page(keys[i], k, int64(s.GetLength())))
+							w[i] = true
+						}
+					}
+					if rs.GetLease() != 0 {
+						_, _ = h.d.Commit(ctx, &pb.CommitRequest{Session: ses, Lease: rs.GetLease(), Written: w})
+					}
+				case 2, 3:
+					g, err := h.d.BatchGet(ctx, &pb.GetRequest{Session: ses, Keys: keys, DeadlineMs: 5000})
+					if err != nil {
+						t.Errorf("seed %d client %d op %d: %v", seed, c, op, err)
+						return
+					}
+					for i, p := range g.GetPages() {
+						if p.GetStatus() != pb.GetStatus_GET_STATUS_HIT {
+							continue
+						}
+						for k, s := range p.GetSpans() {
+							if !bytes.Equal(h.bytesOf(t, s), page(keys[i], k, int64(s.GetLength()))) {
+								t.Errorf("seed %d client %d op %d: key %s kind %d: wrong bytes", seed, c, op, keys[i], k)
+							}
+						}
+					}
+					if g.GetLease() != 0 {
+						_, _ = h.d.Release(ctx, &pb.ReleaseRequest{Session: ses, Lease: g.GetLease()})
+					}
+				case 4:
+					if r.IntN(4) == 0 {
+						_, _ = h.d.Close(ctx, &pb.CloseRequest{Session: ses})
+						ses = h.register(t)
+					} else {
+						_, _ = h.d.BatchExists(ctx, &pb.ExistsRequest{Session: ses, Keys: keys})
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	waitEvictable(t, h.d)
+	if err := h.d.check(); err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+}

@@ -201,7 +201,12 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 	out := &pb.GetReply{BootId: d.opt.BootID, Pages: make([]*pb.GetPage, len(keys))}
 	l := &lease{ses: ses, pinned: make([]*entry, len(keys)), expires: time.Now().Add(d.opt.Limits.Lease)}
 	var ld *load
-	var check []int // L2 hits to verify
+	// L2 hits to verify: positions, and their entries, slots and CRCs as
+	// pinned (the lease may end meanwhile: a Close, a dropped connection).
+	var check []int
+	var checkE []*entry
+	var checkSlot []int32
+	var checkCRC [][]uint32
 	d.mu.Lock()
 	if _, open := d.sessions[ses.id]; !open {
 		d.mu.Unlock()
@@ -230,6 +235,7 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 			l.pinned[i] = e
 			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_HIT, Tier: pb.Tier_TIER_L2, Spans: d.spansOf(e.slot)}
 			check = append(check, i)
+			checkE, checkSlot, checkCRC = append(checkE, e), append(checkSlot, e.slot), append(checkCRC, e.crc)
 			continue
 		}
 		if d.opt.Store == nil {
@@ -257,13 +263,10 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 	}
 	if !d.opt.SkipVerify && len(check) > 0 {
 		bad := make([]bool, len(check))
-		d.forPages(len(check), func(j int) {
-			e := l.pinned[check[j]]
-			bad[j] = !d.verify(e.slot, e.crc)
-		})
+		d.forPages(len(check), func(j int) { bad[j] = !d.verify(checkSlot[j], checkCRC[j]) })
 		d.mu.Lock()
 		for j, i := range check {
-			e := l.pinned[i]
+			e := checkE[j]
 			if !bad[j] {
 				d.st.hitL2++
 				d.st.readBytes += uint64(d.pageBytes)
@@ -271,8 +274,8 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 			}
 			d.st.corrupt++
 			d.st.verifyFailures++
-			d.log.Error("kvtier store: slab page failed its checksum: dropped, answered as a miss", "session", ses.id, "key", keys[i], "slot", e.slot)
-			if !l.ended {
+			d.log.Error("kvtier store: slab page failed its checksum: dropped, answered as a miss", "session", ses.id, "key", keys[i], "slot", checkSlot[j])
+			if !l.ended && l.pinned[i] == e {
 				l.pinned[i] = nil
 				e.pins--
 			}
