@@ -674,3 +674,26 @@ func TestConcurrentClients(t *testing.T) {
 		t.Fatalf("seed %d: %v", seed, err)
 	}
 }
+
+func TestReloadNoSpaceWhenEveryPageIsPinned(t *testing.T) {
+	h := newHarness(t, 4, false, nil, Limits{})
+	ses := h.register(t)
+	for _, ks := range [][]string{{"a", "b", "c", "d"}, {"e", "f"}} {
+		h.set(t, ses, ks...)
+		waitEvictable(t, h.d)
+	}
+	pins, err := h.d.BatchGet(context.Background(), &pb.GetRequest{Session: ses, Keys: []string{"c", "d", "e", "f"}})
+	if err != nil || pins.GetLease() == 0 {
+		t.Fatalf("pin: %v %v", pins, err)
+	}
+	got := h.get(t, ses, 1000, "a")
+	if got[0] != pb.GetStatus_GET_STATUS_NO_SPACE {
+		t.Fatalf("reload into a pinned slab: %v", got)
+	}
+	if _, err := h.d.Release(context.Background(), &pb.ReleaseRequest{Session: ses, Lease: pins.GetLease()}); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.get(t, ses, 1000, "a"); got[0] != pb.GetStatus_GET_STATUS_HIT {
+		t.Fatalf("after release: %v", got)
+	}
+}
