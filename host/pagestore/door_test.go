@@ -697,3 +697,23 @@ func TestReloadNoSpaceWhenEveryPageIsPinned(t *testing.T) {
 		t.Fatalf("after release: %v", got)
 	}
 }
+
+func TestGetOfAbsentKeysEvictsNothing(t *testing.T) {
+	h := newHarness(t, 4, false, nil, Limits{})
+	ses := h.register(t)
+	h.set(t, ses, "a", "b", "c", "d")
+	waitEvictable(t, h.d)
+	h.set(t, ses, "e") // evicts a: in the store only now
+	waitEvictable(t, h.d)
+	before := h.d.Snapshot().GetEvictedPages()
+	got := h.get(t, ses, 1000, "x", "y", "a", "z")
+	want := []pb.GetStatus{pb.GetStatus_GET_STATUS_MISS, pb.GetStatus_GET_STATUS_MISS, pb.GetStatus_GET_STATUS_HIT, pb.GetStatus_GET_STATUS_MISS}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("get %v, want %v", got, want)
+		}
+	}
+	if ev := h.d.Snapshot().GetEvictedPages() - before; ev != 1 {
+		t.Fatalf("%d pages evicted, want 1 (for a's reload only)", ev)
+	}
+}

@@ -152,6 +152,32 @@ func (d *Door) BatchExists(ctx context.Context, q *pb.ExistsRequest) (*pb.Exists
 	return out, nil
 }
 
+// storeHolds says which of chain's pages the store holds (every kind), by
+// index lookups alone: LongestPrefix runs, each resumed after the page
+// that ended the previous one.
+func (d *Door) storeHolds(ctx context.Context, chain []pagehash.Hash) []bool {
+	out := make([]bool, len(chain))
+	for pos := 0; pos < len(chain); {
+		m := len(chain) - pos
+		for k := range d.kinds {
+			c, err := d.opt.Store.LongestPrefix(ctx, tiers.PayloadKind(k), chain[pos:pos+m])
+			if err != nil {
+				d.log.Warn("kvtier store: get: store lookup failed", "store", d.opt.StoreName, "err", err)
+				return out
+			}
+			m = min(m, c)
+			if m == 0 {
+				break
+			}
+		}
+		for j := pos; j < pos+m; j++ {
+			out[j] = true
+		}
+		pos += m + 1 // NB: chain[pos+m] is absent
+	}
+	return out
+}
+
 // load is one BatchGet's reload from the store.
 type load struct {
 	idx   []int   // the keys' positions in the call
@@ -207,6 +233,7 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 	var checkE []*entry
 	var checkSlot []int32
 	var checkCRC [][]uint32
+	var cand []int // keys the slab lacks: reloads, if the store holds them
 	d.mu.Lock()
 	if _, open := d.sessions[ses.id]; !open {
 		d.mu.Unlock()
@@ -243,21 +270,51 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 			d.st.miss++
 			continue
 		}
-		s := d.alloc()
-		if s < 0 {
-			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_NO_SPACE}
-			d.st.noSpace++
-			continue
-		}
-		if ld == nil {
-			ld = &load{done: make(chan struct{})}
-		}
-		ld.idx = append(ld.idx, i)
-		ld.slots = append(ld.slots, s)
-		ld.hs = append(ld.hs, hs[i])
-		d.loading++
+		cand = append(cand, i)
 	}
 	d.mu.Unlock()
+	if len(cand) > 0 {
+		// Only pages the store holds take a slot (and may evict): a get
+		// of absent keys must not empty the slab.
+		chain := make([]pagehash.Hash, len(cand))
+		for j, i := range cand {
+			chain[j] = hs[i]
+		}
+		held := d.storeHolds(ctx, chain)
+		d.mu.Lock()
+		for j, i := range cand {
+			if e := d.entries[hs[i]]; e != nil && e.state == stCommitted && !l.ended {
+				// Reloaded by another call meanwhile: a slab hit now.
+				e.pins++
+				d.updateEvictable(e)
+				d.hit(e)
+				l.pinned[i] = e
+				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_HIT, Tier: pb.Tier_TIER_L2, Spans: d.spansOf(e.slot)}
+				check = append(check, i)
+				checkE, checkSlot, checkCRC = append(checkE, e), append(checkSlot, e.slot), append(checkCRC, e.crc)
+				continue
+			}
+			if !held[j] {
+				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_MISS}
+				d.st.miss++
+				continue
+			}
+			s := d.alloc()
+			if s < 0 {
+				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_NO_SPACE}
+				d.st.noSpace++
+				continue
+			}
+			if ld == nil {
+				ld = &load{done: make(chan struct{})}
+			}
+			ld.idx = append(ld.idx, i)
+			ld.slots = append(ld.slots, s)
+			ld.hs = append(ld.hs, hs[i])
+			d.loading++
+		}
+		d.mu.Unlock()
+	}
 	if ld != nil {
 		d.startLoad(ld)
 	}
