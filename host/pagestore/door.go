@@ -156,6 +156,10 @@ type entry struct {
 type nsState struct {
 	id  [32]byte
 	gen uint64 // guarded by Door.mu
+	// cache maps key strings to page keys of generation cacheGen
+	// (guarded by Door.mu).
+	cache    map[string]pagehash.Hash
+	cacheGen uint64
 }
 
 type session struct {

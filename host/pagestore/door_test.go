@@ -16,6 +16,7 @@ import (
 
 	pb "github.com/kvtier/kvtier/api/storev1"
 	"github.com/kvtier/kvtier/internal/slabfile"
+	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/policy/lru"
 	"github.com/kvtier/kvtier/tiers"
@@ -715,5 +716,43 @@ func TestGetOfAbsentKeysEvictsNothing(t *testing.T) {
 	}
 	if ev := h.d.Snapshot().GetEvictedPages() - before; ev != 1 {
 		t.Fatalf("%d pages evicted, want 1 (for a's reload only)", ev)
+	}
+}
+
+func TestKeyCacheBoundedAndPerGeneration(t *testing.T) {
+	h := newHarness(t, 4, true, nil, Limits{})
+	ses := h.register(t)
+	s := h.d.sessions[ses]
+	keys := make([]string, 1000)
+	hs := make([]pagehash.Hash, len(keys))
+	ok := make([]bool, len(keys))
+	for round := range 20 {
+		for i := range keys {
+			keys[i] = fmt.Sprintf("r%d-%d", round, i)
+		}
+		h.d.hashKeys(s, keys, hs, ok)
+		for i, k := range keys {
+			if want, _ := pageKey(s.ns.id, 0, k, nil); hs[i] != want {
+				t.Fatalf("round %d key %s: cached key differs", round, k)
+			}
+		}
+		// Again: from the cache, the same keys.
+		h.d.hashKeys(s, keys, hs, ok)
+		if want, _ := pageKey(s.ns.id, 0, keys[7], nil); hs[7] != want {
+			t.Fatalf("round %d: cache hit differs", round)
+		}
+		h.d.mu.Lock()
+		n := len(s.ns.cache)
+		h.d.mu.Unlock()
+		if n > keyCacheSize {
+			t.Fatalf("cache holds %d keys, bound %d", n, keyCacheSize)
+		}
+	}
+	if _, err := h.d.Clear(context.Background(), &pb.ClearRequest{Session: ses}); err != nil {
+		t.Fatal(err)
+	}
+	h.d.hashKeys(s, keys, hs, ok)
+	if want, _ := pageKey(s.ns.id, 1, keys[0], nil); hs[0] != want {
+		t.Fatal("after Clear the cache answered the old generation's key")
 	}
 }

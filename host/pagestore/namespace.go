@@ -145,19 +145,56 @@ func (d *Door) keyStatus(k string) string {
 // hashKeys returns the keys' page keys under the session's namespace and
 // generation; ok[i] is false for an invalid key.
 func (d *Door) hashKeys(ses *session, keys []string, dst []pagehash.Hash, ok []bool) {
+	ns := ses.ns
+	known := make([]bool, len(keys))
+	miss := 0
 	d.mu.Lock()
-	ns, gen := ses.ns.id, ses.ns.gen
-	d.mu.Unlock()
-	var buf []byte
+	id, gen := ns.id, ns.gen
+	if ns.cacheGen != gen {
+		ns.cache, ns.cacheGen = nil, gen
+	}
 	for i, k := range keys {
 		if d.keyStatus(k) != "" {
 			ok[i] = false
 			continue
 		}
 		ok[i] = true
-		dst[i], buf = pageKey(ns, gen, k, buf)
+		if h, hit := ns.cache[k]; hit {
+			dst[i], known[i] = h, true
+		} else {
+			miss++
+		}
+	}
+	d.mu.Unlock()
+	if miss == 0 {
+		return
+	}
+	var buf []byte
+	for i, k := range keys {
+		if ok[i] && !known[i] {
+			dst[i], buf = pageKey(id, gen, k, buf)
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if ns.cacheGen != gen {
+		return // cleared meanwhile
+	}
+	if ns.cache == nil || len(ns.cache)+miss > keyCacheSize {
+		ns.cache = make(map[string]pagehash.Hash, min(keyCacheSize, 4*len(keys)))
+	}
+	for i, k := range keys {
+		if ok[i] && !known[i] {
+			ns.cache[k] = dst[i]
+		}
 	}
 }
+
+// keyCacheSize bounds a namespace's cache of page keys (key string to
+// SHA-256 page key, for the current generation): the same keys come back
+// in an exists, a get and a set, and a lookup costs a fifth of a hash.
+// When full it starts over.
+const keyCacheSize = 1 << 14
 
 // Register opens a session for one client in a namespace.
 func (d *Door) Register(ctx context.Context, q *pb.RegisterRequest) (*pb.RegisterReply, error) {
