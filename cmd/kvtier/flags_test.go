@@ -68,6 +68,9 @@ func TestFlagLimits(t *testing.T) {
 		{"serve group tcp rank outside", []string{"serve", "--data-dir", dir, "--group", "tcp", "--group-size", "2", "--group-rank", "2", "--group-hub", "127.0.0.1:1"}, []string{"--group-rank in 0..N-1"}},
 		{"serve group-hub without tcp", []string{"serve", "--data-dir", dir, "--group-hub", "127.0.0.1:1"}, []string{"go with --group tcp"}},
 		{"serve group-timeout 0", []string{"serve", "--data-dir", dir, "--group-timeout", "0s"}, []string{"--group-timeout 0s: want 100ms..1h"}},
+		{"serve plan-timeout 0", []string{"serve", "--data-dir", dir, "--plan-timeout", "0s"}, []string{"--plan-timeout 0s: want 100ms..24h"}},
+		{"serve max-message-bytes 1000", []string{"serve", "--data-dir", dir, "--max-message-bytes", "1000"}, []string{"--max-message-bytes 1000: want 1048576..1073741824"}},
+		{"serve max-message-bytes 2GiB", []string{"serve", "--data-dir", dir, "--max-message-bytes", "2147483648"}, []string{"--max-message-bytes 2147483648: want"}},
 		// bench planner
 		{"planner candidates 2e9", []string{"bench", "planner", "--candidates", "2e9"}, []string{"--candidates 2000000000: at most 1048576", "2.0 KiB of memory per candidate"}},
 		{"planner candidates 0", []string{"bench", "planner", "--candidates", "0"}, []string{"--candidates 0: must be at least 1"}},

@@ -60,6 +60,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	ownerLanes := fs.Bool("owner-lanes", false, "the ranks are a context-parallel group: page i of a key is rank i mod the group size's, and each rank moves only its own pages (lets a node's ranks share one slab and one index)")
 	cold := fs.String("cold-start", "load", "what stores do with a previous run's data: load or clear")
 	ttl := fs.Duration("session-ttl", 30*time.Second, "expire a session silent this long")
+	planTimeout := fs.Duration("plan-timeout", 30*time.Second, "fail (and roll back) a copy plan the engine has not reported this long after the reply that carried it")
+	maxMsg := fs.Int("max-message-bytes", serve.DefaultMaxMessageBytes, "largest gRPC message serve receives (a larger Step is refused with ResourceExhausted)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, serveUsage)
@@ -95,6 +97,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *ttl < time.Second || *ttl > 24*time.Hour {
 		return fmt.Errorf("serve: --session-ttl %s: want 1s..24h: %w", *ttl, errUsage)
 	}
+	if *planTimeout < 100*time.Millisecond || *planTimeout > 24*time.Hour {
+		return fmt.Errorf("serve: --plan-timeout %s: want 100ms..24h: %w", *planTimeout, errUsage)
+	}
+	if *maxMsg < 1<<20 || *maxMsg > 1<<30 {
+		return fmt.Errorf("serve: --max-message-bytes %d: want 1048576..1073741824 (1 MiB..1 GiB): %w", *maxMsg, errUsage)
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("serve: --log-level %q: %w", *logLevel, errUsage)
@@ -129,7 +137,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	s, err := serve.Open(ctx, serve.Config{YAML: text, ConfigName: *cfgPath, DataDir: dir, Ranks: *ranks, Socket: sock,
-		Listen: *listen, AllowRemote: *allowRemote, Metrics: *metricsAddr, ColdStart: cs, SessionTTL: *ttl, Group: *group,
+		Listen: *listen, AllowRemote: *allowRemote, Metrics: *metricsAddr, ColdStart: cs, SessionTTL: *ttl, PlanTimeout: *planTimeout, MaxMessageBytes: *maxMsg, Group: *group,
 		GroupRank: *groupRank, GroupSize: *groupSize, GroupHub: *groupHub, GroupName: *groupName, GroupTimeout: *groupTimeout, OwnerLanes: *ownerLanes,
 		Version: version, Logger: logger})
 	if err != nil {
