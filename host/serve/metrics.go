@@ -2,6 +2,7 @@ package serve
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvtier/kvtier/host"
+	"github.com/kvtier/kvtier/host/control"
 )
 
 // snapshot is what a rank publishes after every call for the metrics (the
@@ -172,6 +174,18 @@ var (
 var allDescs = []desc{mTierUsed, mTierTotal, mTierHits, mTierMisses, mTierCorrupt, mTierBytes, mTierInflight, mTierQueue, mTierGC, mTierWriteErr,
 	mSkips, mFailedOps, mFallbacks, mSteps, mItemErrors, mSessions, mSessionEnds, mRolledBack, mLookupPages, mDigests, mMismatch, mOverdue, mTicks, mHeld, mUnknownSess}
 
+// failedKinds are the kinds of host.Stats.FailedOps.
+var failedKinds = []string{"copy", "put", "get", "lookup", "timeout"}
+
+func knownSkip(name string) bool {
+	for r := control.SkipCapacity; r <= control.SkipWatermark; r++ {
+		if r.String() == name {
+			return true
+		}
+	}
+	return false
+}
+
 type collector struct{ m *metrics }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
@@ -228,11 +242,23 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			emit(mTierGC, float64(ss.Evictions), rk, t.Name)
 			emit(mTierWriteErr, float64(ss.PutFailures), rk, t.Name)
 		}
+		// Every known reason and kind, 0 until it happens, so a series
+		// exists from the first scrape (and rate() sees its first step).
+		for reason := control.SkipCapacity; reason <= control.SkipWatermark; reason++ {
+			emit(mSkips, float64(sn.node.Skips[reason.String()]), rk, reason.String())
+		}
 		for reason, n := range sn.node.Skips {
-			emit(mSkips, float64(n), rk, reason)
+			if !knownSkip(reason) {
+				emit(mSkips, float64(n), rk, reason)
+			}
+		}
+		for _, kind := range failedKinds {
+			emit(mFailedOps, float64(sn.node.FailedOps[kind]), rk, kind)
 		}
 		for kind, n := range sn.node.FailedOps {
-			emit(mFailedOps, float64(n), rk, kind)
+			if !slices.Contains(failedKinds, kind) {
+				emit(mFailedOps, float64(n), rk, kind)
+			}
 		}
 		emit(mSteps, float64(st.steps.Load()), rk)
 		for code := 1; code < len(st.itemErrors); code++ {
