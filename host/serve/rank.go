@@ -90,7 +90,7 @@ type rankStats struct {
 	// mismatches counts exchanges that failed on differing digests.
 	mismatches atomic.Int64
 	// overduePlans counts plans failed by the plan deadline.
-	overduePlans atomic.Int64
+	overduePlans                       atomic.Int64
 	lookups, hitPages, missPages       atomic.Int64
 	hitByTier                          [4]atomic.Int64
 	stores, placedPages, refusedStores atomic.Int64
