@@ -98,10 +98,7 @@ func TestGrafanaDashboard(t *testing.T) {
 	}
 	used := map[string]bool{}
 	for _, q := range qs {
-		var names []string
-		for _, n := range reName.FindAllString(q, -1) {
-			names = append(names, n)
-		}
+		names := reName.FindAllString(q, -1)
 		for _, m := range reSelector.FindAllStringSubmatch(q, -1) {
 			names = append(names, m[1])
 			ls := labels[m[1]]
