@@ -161,7 +161,7 @@ var (
 	mItemErrors   = d("kvtier_item_errors_total", "Step items refused, by code.", prometheus.CounterValue, "rank", "code")
 	mSessions     = d("kvtier_sessions", "Open engine sessions.", prometheus.GaugeValue)
 	mSessionEnds  = d("kvtier_session_ends_total", "Sessions ended, by why: closed, disconnected, expired, replaced, group_stopped (a tick of the group failed), group_ended (another rank's session ended).", prometheus.CounterValue, "rank", "why")
-	mRolledBack   = d("kvtier_rolled_back_plans_total", "Copy plans failed because their session ended or their deadline passed.", prometheus.CounterValue, "rank")
+	mRolledBack   = d("kvtier_rolled_back_plans_total", "Copy plans failed because their session ended (kvtier_overdue_plans_total counts those failed by the deadline).", prometheus.CounterValue, "rank")
 	mLookupPages  = d("kvtier_lookup_pages_total", "Looked-up pages by outcome (hit, miss).", prometheus.CounterValue, "rank", "outcome")
 	mDigests      = d("kvtier_digest_checks_total", "Digests of the replicated state computed and offered for comparison (group exchanges on digest ticks; a rank of one: digests in Step replies).", prometheus.CounterValue, "rank")
 	mMismatch     = d("kvtier_digest_mismatches_total", "Group exchanges that failed because the ranks' digests differed.", prometheus.CounterValue, "rank")
