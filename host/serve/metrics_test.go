@@ -437,3 +437,41 @@ func damagedDigest(t *testing.T, frontier []byte) []byte {
 	}
 	return b
 }
+
+// TestGroupStopCounted: with serve's in-process group, a rank whose peer
+// never steps stops the group at the exchange deadline: its step's reply
+// says so (item "step", UNAVAILABLE), its session ends as group_stopped,
+// and the other rank's as group_ended.
+func TestGroupStopCounted(t *testing.T) {
+	ctx := context.Background()
+	maddr := freePort(t)
+	_, sock, _ := startWith(t, Config{DataDir: t.TempDir(), Ranks: 2, Metrics: maddr, GroupTimeout: 300 * time.Millisecond, SessionTTL: time.Minute})
+	es := []*testEngine{dialEngine(t, sock, 0, 2), dialEngine(t, sock, 1, 2)}
+	for _, e := range es {
+		if err := e.register(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := scrapeMetrics(t, maddr)
+	out, err := es[0].run(ctx, &pb.StepRequest{}, nil) // rank 1 never steps
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Errors) != 1 || out.Errors[0].Item != "step" || out.Errors[0].Code != pb.ErrorCode_ERROR_CODE_UNAVAILABLE {
+		t.Fatalf("a step whose peer never stepped: %v, want item step, UNAVAILABLE", out.Errors)
+	}
+	t.Logf("group stop: %s", out.Errors[0].Message)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		after := scrapeMetrics(t, maddr)
+		stopped := after.value("kvtier_session_ends_total", map[string]string{"rank": "0", "why": "group_stopped"}) - before.value("kvtier_session_ends_total", map[string]string{"rank": "0", "why": "group_stopped"})
+		ended := after.value("kvtier_session_ends_total", map[string]string{"rank": "1", "why": "group_ended"}) - before.value("kvtier_session_ends_total", map[string]string{"rank": "1", "why": "group_ended"})
+		if stopped == 1 && ended == 1 {
+			break
+		}
+		if time.Now().After(deadline) || stopped > 1 || ended > 1 {
+			t.Fatalf("session ends: group_stopped on rank 0 +%v, group_ended on rank 1 +%v; want +1 each", stopped, ended)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
