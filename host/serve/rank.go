@@ -82,6 +82,13 @@ type tickResult struct {
 type rankStats struct {
 	steps, sessions, expired, replaced atomic.Int64
 	disconnected, closed               atomic.Int64
+	lookups, hitPages, missPages       atomic.Int64
+	hitByTier                          [4]atomic.Int64
+	stores, placedPages, refusedStores atomic.Int64
+	itemErrors                         [8]atomic.Int64 // by pb.ErrorCode
+	rolledBack                         atomic.Int64
+	digests                            atomic.Int64
+
 	// groupStopped: the session ended because its group stopped (a tick
 	// failed: a peer timed out or left, a digest mismatch, a bad
 	// frontier); groupEnded: another rank's session ended and took this
@@ -90,13 +97,7 @@ type rankStats struct {
 	// mismatches counts exchanges that failed on differing digests.
 	mismatches atomic.Int64
 	// overduePlans counts plans failed by the plan deadline.
-	overduePlans                       atomic.Int64
-	lookups, hitPages, missPages       atomic.Int64
-	hitByTier                          [4]atomic.Int64
-	stores, placedPages, refusedStores atomic.Int64
-	itemErrors                         [8]atomic.Int64 // by pb.ErrorCode
-	rolledBack                         atomic.Int64
-	digests                            atomic.Int64
+	overduePlans atomic.Int64
 }
 
 // session is the engine rank connected to this rank.
