@@ -240,6 +240,10 @@ func clone(m map[string]int64) map[string]int64 {
 // Outstanding reports how many Pool and Store batches are in flight.
 func (n *Node) Outstanding() int { return len(n.pool) + len(n.puts) }
 
+// InFlight reports the batches in flight by tier: Pool copies (L1<->L2)
+// and Store operations.
+func (n *Node) InFlight() (pool, store int) { return len(n.pool), len(n.puts) }
+
 // Apply hands one replicated engine event to the Machine and carries out
 // what it asks; the returned Ready holds the Machine's answers (matches,
 // placements, holds) for the driver. A refused event is the Machine's

@@ -320,8 +320,9 @@ type RegisterRequest struct {
 	// world_size is the group size; it must equal the server's rank count.
 	WorldSize uint32     `protobuf:"varint,3,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
 	Namespace *Namespace `protobuf:"bytes,4,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	// protocol_versions lists the versions the client speaks; the server
-	// picks the highest it also speaks (1 today).
+	// protocol_versions lists the versions the client speaks (at least one:
+	// an empty list is refused); the server picks the highest it also speaks
+	// (1 today).
 	ProtocolVersions []uint32 `protobuf:"varint,5,rep,packed,name=protocol_versions,json=protocolVersions,proto3" json:"protocol_versions,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache

@@ -72,6 +72,9 @@ func TestFlagLimits(t *testing.T) {
 		{"serve door unknown", []string{"serve", "--data-dir", dir, "--doors", "engine,kv"}, []string{`door "kv": want "engine" or "store"`}},
 		{"serve doors empty list", []string{"serve", "--data-dir", dir, "--doors", ","}, []string{"name at least one"}},
 		{"serve store lease 0", []string{"serve", "--data-dir", dir, "--store-lease", "0s"}, []string{"--store-lease 0s: want 100ms..1h"}},
+		{"serve plan-timeout 0", []string{"serve", "--data-dir", dir, "--plan-timeout", "0s"}, []string{"--plan-timeout 0s: want 100ms..24h"}},
+		{"serve max-message-bytes 1000", []string{"serve", "--data-dir", dir, "--max-message-bytes", "1000"}, []string{"--max-message-bytes 1000: want 1048576..1073741824"}},
+		{"serve max-message-bytes 2GiB", []string{"serve", "--data-dir", dir, "--max-message-bytes", "2147483648"}, []string{"--max-message-bytes 2147483648: want"}},
 		// bench planner
 		{"planner candidates 2e9", []string{"bench", "planner", "--candidates", "2e9"}, []string{"--candidates 2000000000: at most 1048576", "2.0 KiB of memory per candidate"}},
 		{"planner candidates 0", []string{"bench", "planner", "--candidates", "0"}, []string{"--candidates 0: must be at least 1"}},

@@ -62,6 +62,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	ownerLanes := fs.Bool("owner-lanes", false, "the ranks are a context-parallel group: page i of a key is rank i mod the group size's, and each rank moves only its own pages (lets a node's ranks share one slab and one index)")
 	cold := fs.String("cold-start", "load", "what stores do with a previous run's data: load or clear")
 	ttl := fs.Duration("session-ttl", 30*time.Second, "expire a session silent this long")
+	planTimeout := fs.Duration("plan-timeout", 30*time.Second, "fail (and roll back) a copy plan the engine has not reported this long after the reply that carried it")
+	maxMsg := fs.Int("max-message-bytes", serve.DefaultMaxMessageBytes, "largest gRPC message serve receives (a larger Step is refused with ResourceExhausted)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	doorsFlag := fs.String("doors", "", "the doors served on the socket, comma-separated: engine (kvtier.engine.v1), store (kvtier.store.v1, the page store of SGLang's HiCache backend); with store alone serve hosts no engine ranks (default: engine,store; with --group tcp: engine, as the node's one store door belongs to one process)")
 	storeCfg := fs.String("store-config", "", "the store door's stack config `file` (a slab and stores, no pool; {{DIR}} = --data-dir; default: the embedded demo store stack under DIR/store)")
@@ -118,6 +120,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *storeTTL < time.Second || *storeTTL > 24*time.Hour {
 		return fmt.Errorf("serve: --store-session-ttl %s: want 1s..24h: %w", *storeTTL, errUsage)
 	}
+	if *planTimeout < 100*time.Millisecond || *planTimeout > 24*time.Hour {
+		return fmt.Errorf("serve: --plan-timeout %s: want 100ms..24h: %w", *planTimeout, errUsage)
+	}
+	if *maxMsg < 1<<20 || *maxMsg > 1<<30 {
+		return fmt.Errorf("serve: --max-message-bytes %d: want 1048576..1073741824 (1 MiB..1 GiB): %w", *maxMsg, errUsage)
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("serve: --log-level %q: %w", *logLevel, errUsage)
@@ -160,7 +168,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	s, err := serve.Open(ctx, serve.Config{YAML: text, ConfigName: *cfgPath, DataDir: dir, Ranks: *ranks, Socket: sock,
-		Listen: *listen, AllowRemote: *allowRemote, Metrics: *metricsAddr, ColdStart: cs, SessionTTL: *ttl, Group: *group,
+		Listen: *listen, AllowRemote: *allowRemote, Metrics: *metricsAddr, ColdStart: cs, SessionTTL: *ttl, PlanTimeout: *planTimeout, MaxMessageBytes: *maxMsg, Group: *group,
 		GroupRank: *groupRank, GroupSize: *groupSize, GroupHub: *groupHub, GroupName: *groupName, GroupTimeout: *groupTimeout, OwnerLanes: *ownerLanes,
 		Version: version, Logger: logger, Doors: doors, StoreYAML: storeText, StoreConfigName: *storeCfg, StoreSkipVerify: !*storeVerify,
 		StoreLimits: pagestore.Limits{Lease: *storeLease, SessionTTL: *storeTTL}})

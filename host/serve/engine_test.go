@@ -112,6 +112,14 @@ func (e *testEngine) run(ctx context.Context, q *pb.StepRequest, keys map[string
 	if err != nil {
 		return nil, err
 	}
+	// A reply carries at most one result per req_id (docs/engine-api.md).
+	seen := map[string]bool{}
+	for _, l := range out.Lookups {
+		if seen[l.ReqId] {
+			e.t.Errorf("rank %d step %d: two results for %q in one reply: %v", e.rank, q.Step, l.ReqId, out.Lookups)
+		}
+		seen[l.ReqId] = true
+	}
 	for _, p := range out.Placements {
 		hs := keys[p.ReqId]
 		i := p.FirstPage

@@ -71,7 +71,7 @@ func FuzzStep(f *testing.F) {
 func FuzzRegister(f *testing.F) {
 	ctx := context.Background()
 	s, _, _ := startServer(f, f.TempDir(), 1)
-	good := &pb.RegisterRequest{EngineId: "f", WorldSize: 1, Namespace: &pb.Namespace{Model: "m", PageTokens: 512, PageBytes: []uint64{16 << 10}}}
+	good := &pb.RegisterRequest{EngineId: "f", WorldSize: 1, ProtocolVersions: []uint32{1}, Namespace: &pb.Namespace{Model: "m", PageTokens: 512, PageBytes: []uint64{16 << 10}}}
 	b, _ := proto.Marshal(good)
 	f.Add(b)
 	f.Add([]byte{})

@@ -2,6 +2,7 @@ package serve
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -11,26 +12,76 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvtier/kvtier/host"
+	"github.com/kvtier/kvtier/host/control"
 )
 
 // snapshot is what a rank publishes after every call for the metrics (the
 // Node and Machine belong to the rank's goroutine; a scrape reads this).
 type snapshot struct {
-	node               host.Stats
-	l1Total, l2Total   int64
-	l1Free, l2Free     int64
-	inflight, queue    int
-	held, liveRequests int
-	ticks              uint64
+	// node and ticks are totals over every epoch of the rank (the
+	// current Node's plus past): counters never go back.
+	node                        host.Stats
+	ticks                       uint64
+	l1Total, l2Total            int64
+	l1Free, l2Free              int64
+	poolInflight, storeInflight int
+	queue                       int
+	held, liveRequests          int
+}
+
+// epochTotals are the counters of a rank's retired Nodes and Machines.
+type epochTotals struct {
+	node  host.Stats
+	ticks uint64
+}
+
+// add returns t plus a Node's stats and its Machine's ticks.
+func (t epochTotals) add(st host.Stats, ticks uint64) epochTotals {
+	out := epochTotals{ticks: t.ticks + ticks}
+	out.node = host.Stats{L1ToL2: t.node.L1ToL2 + st.L1ToL2, L2ToL3: t.node.L2ToL3 + st.L2ToL3,
+		L3ToL2: t.node.L3ToL2 + st.L3ToL2, L2ToL1: t.node.L2ToL1 + st.L2ToL1, Ticks: t.node.Ticks + st.Ticks,
+		Skips: map[string]int64{}, FailedOps: map[string]int64{}}
+	for _, m := range []map[string]int64{t.node.Skips, st.Skips} {
+		for k, v := range m {
+			out.node.Skips[k] += v
+		}
+	}
+	for _, m := range []map[string]int64{t.node.FailedOps, st.FailedOps} {
+		for k, v := range m {
+			out.node.FailedOps[k] += v
+		}
+	}
+	return out
+}
+
+// retire adds the counters of the rank's Node and Machine to its past
+// totals; reset calls it before it replaces them with a new epoch's.
+func (r *rank) retire() {
+	if r.node == nil || r.m == nil {
+		return
+	}
+	r.past = r.past.add(r.node.Stats(), r.m.Ticks())
 }
 
 func (r *rank) publish() {
 	l1, l2 := r.m.Free()
 	o := r.m.Options()
-	sn := &snapshot{node: r.node.Stats(), l1Total: o.L1Pages, l2Total: o.L2.Kinds[0].Pages(), l1Free: l1, l2Free: l2,
-		inflight: r.node.Outstanding(), queue: len(r.m.SpillQueue()), held: len(r.m.Held()), ticks: r.m.Ticks()}
+	tot := r.past.add(r.node.Stats(), r.m.Ticks())
+	pool, store := r.node.InFlight()
+	sn := &snapshot{node: tot.node, ticks: tot.ticks, l1Total: o.L1Pages, l2Total: o.L2.Kinds[0].Pages(), l1Free: l1, l2Free: l2,
+		poolInflight: pool, storeInflight: store, queue: len(r.m.SpillQueue())}
 	if r.sess != nil {
 		sn.liveRequests = len(r.sess.reqs)
+		// Held: live requests whose lookup is still PENDING (waiting
+		// for an L3 lookup or reload, or for the load-back plan into
+		// L1), what the engine sees as held. The Machine's Held set
+		// alone misses the load-backs: a request whose pages came back
+		// from L3 waits for its FROM_SLAB plan, not for a reload.
+		for _, rq := range r.sess.reqs {
+			if !rq.done {
+				sn.held++
+			}
+		}
 	}
 	r.snap.Store(sn)
 }
@@ -100,7 +151,7 @@ var (
 	mTierMisses   = d("kvtier_tier_misses_total", "Store Get items that missed.", prometheus.CounterValue, "rank", "tier")
 	mTierCorrupt  = d("kvtier_tier_corrupt_reads_total", "Store Get items refused by verification.", prometheus.CounterValue, "rank", "tier")
 	mTierBytes    = d("kvtier_tier_bytes_total", "Bytes moved into (in) and out of (out) a tier.", prometheus.CounterValue, "rank", "tier", "direction")
-	mTierInflight = d("kvtier_tier_inflight_operations", "Copy and put batches in flight below the rank.", prometheus.GaugeValue, "rank")
+	mTierInflight = d("kvtier_tier_inflight_operations", "Batches in flight on a tier: copy plans the engine owes (l1) and store operations (the store's name).", prometheus.GaugeValue, "rank", "tier")
 	mTierQueue    = d("kvtier_tier_queue_depth", "Nodes waiting in the L2 to L3 spill queue.", prometheus.GaugeValue, "rank")
 	mTierGC       = d("kvtier_tier_gc_reclaimed_pages_total", "Pages the store's garbage collection reclaimed.", prometheus.CounterValue, "rank", "tier")
 	mTierWriteErr = d("kvtier_tier_write_errors_total", "Store put items that failed.", prometheus.CounterValue, "rank", "tier")
@@ -110,18 +161,31 @@ var (
 	mSteps        = d("kvtier_steps_total", "Step calls served.", prometheus.CounterValue, "rank")
 	mItemErrors   = d("kvtier_item_errors_total", "Step items refused, by code.", prometheus.CounterValue, "rank", "code")
 	mSessions     = d("kvtier_sessions", "Open engine sessions.", prometheus.GaugeValue)
-	mSessionEnds  = d("kvtier_session_ends_total", "Sessions ended other than by Close, by why.", prometheus.CounterValue, "rank", "why")
-	mRolledBack   = d("kvtier_rolled_back_plans_total", "Copy plans failed because their session ended.", prometheus.CounterValue, "rank")
+	mSessionEnds  = d("kvtier_session_ends_total", "Sessions ended, by why: closed, disconnected, expired, replaced, group_stopped (a tick of the group failed), group_ended (another rank's session ended).", prometheus.CounterValue, "rank", "why")
+	mRolledBack   = d("kvtier_rolled_back_plans_total", "Copy plans failed because their session ended (kvtier_overdue_plans_total counts those failed by the deadline).", prometheus.CounterValue, "rank")
 	mLookupPages  = d("kvtier_lookup_pages_total", "Looked-up pages by outcome (hit, miss).", prometheus.CounterValue, "rank", "outcome")
-	mDigests      = d("kvtier_digest_checks_total", "Digests of the replicated state computed and offered for comparison.", prometheus.CounterValue, "rank")
-	mMismatch     = d("kvtier_digest_mismatches_total", "Digest comparisons that differed.", prometheus.CounterValue, "rank")
+	mDigests      = d("kvtier_digest_checks_total", "Digests of the replicated state computed and offered for comparison (group exchanges on digest ticks; a rank of one: digests in Step replies).", prometheus.CounterValue, "rank")
+	mMismatch     = d("kvtier_digest_mismatches_total", "Group exchanges that failed because the ranks' digests differed.", prometheus.CounterValue, "rank")
+	mOverdue      = d("kvtier_overdue_plans_total", "Copy plans failed because the engine did not report them within the plan deadline.", prometheus.CounterValue, "rank")
 	mTicks        = d("kvtier_ticks_total", "Machine ticks.", prometheus.CounterValue, "rank")
-	mHeld         = d("kvtier_held_requests", "Requests waiting for an L3 reload.", prometheus.GaugeValue, "rank")
+	mHeld         = d("kvtier_held_requests", "Live requests whose lookup is PENDING (waiting for an L3 lookup or reload, or a load-back into L1).", prometheus.GaugeValue, "rank")
 	mUnknownSess  = d("kvtier_unknown_session_steps_total", "Steps naming a session serve does not have.", prometheus.CounterValue)
 )
 
 var allDescs = []desc{mTierUsed, mTierTotal, mTierHits, mTierMisses, mTierCorrupt, mTierBytes, mTierInflight, mTierQueue, mTierGC, mTierWriteErr,
-	mSkips, mFailedOps, mFallbacks, mSteps, mItemErrors, mSessions, mSessionEnds, mRolledBack, mLookupPages, mDigests, mMismatch, mTicks, mHeld, mUnknownSess}
+	mSkips, mFailedOps, mFallbacks, mSteps, mItemErrors, mSessions, mSessionEnds, mRolledBack, mLookupPages, mDigests, mMismatch, mOverdue, mTicks, mHeld, mUnknownSess}
+
+// failedKinds are the kinds of host.Stats.FailedOps.
+var failedKinds = []string{"copy", "put", "get", "lookup", "timeout"}
+
+func knownSkip(name string) bool {
+	for r := control.SkipCapacity; r <= control.SkipWatermark; r++ {
+		if r.String() == name {
+			return true
+		}
+	}
+	return false
+}
 
 type collector struct{ m *metrics }
 
@@ -155,7 +219,10 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		emit(mTierBytes, float64(sn.node.L2ToL1), rk, "l2", "out")
 		emit(mTierBytes, float64(sn.node.L2ToL3), rk, "l3", "in")
 		emit(mTierBytes, float64(sn.node.L3ToL2), rk, "l3", "out")
-		emit(mTierInflight, float64(sn.inflight), rk)
+		emit(mTierInflight, float64(sn.poolInflight), rk, "l1")
+		if len(r.st.Stores) > 0 {
+			emit(mTierInflight, float64(sn.storeInflight), rk, r.st.Stores[0].Name)
+		}
 		emit(mTierQueue, float64(sn.queue), rk)
 		emit(mHeld, float64(sn.held), rk)
 		emit(mTicks, float64(sn.ticks), rk)
@@ -176,11 +243,23 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			emit(mTierGC, float64(ss.Evictions), rk, t.Name)
 			emit(mTierWriteErr, float64(ss.PutFailures), rk, t.Name)
 		}
+		// Every known reason and kind, 0 until it happens, so a series
+		// exists from the first scrape (and rate() sees its first step).
+		for reason := control.SkipCapacity; reason <= control.SkipWatermark; reason++ {
+			emit(mSkips, float64(sn.node.Skips[reason.String()]), rk, reason.String())
+		}
 		for reason, n := range sn.node.Skips {
-			emit(mSkips, float64(n), rk, reason)
+			if !knownSkip(reason) {
+				emit(mSkips, float64(n), rk, reason)
+			}
+		}
+		for _, kind := range failedKinds {
+			emit(mFailedOps, float64(sn.node.FailedOps[kind]), rk, kind)
 		}
 		for kind, n := range sn.node.FailedOps {
-			emit(mFailedOps, float64(n), rk, kind)
+			if !slices.Contains(failedKinds, kind) {
+				emit(mFailedOps, float64(n), rk, kind)
+			}
 		}
 		emit(mSteps, float64(st.steps.Load()), rk)
 		for code := 1; code < len(st.itemErrors); code++ {
@@ -191,12 +270,14 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		emit(mSessionEnds, float64(st.expired.Load()), rk, "expired")
 		emit(mSessionEnds, float64(st.replaced.Load()), rk, "replaced")
 		emit(mSessionEnds, float64(st.disconnected.Load()), rk, "disconnected")
+		emit(mSessionEnds, float64(st.closed.Load()), rk, "closed")
+		emit(mSessionEnds, float64(st.groupStopped.Load()), rk, "group_stopped")
+		emit(mSessionEnds, float64(st.groupEnded.Load()), rk, "group_ended")
+		emit(mOverdue, float64(st.overduePlans.Load()), rk)
 		emit(mRolledBack, float64(st.rolledBack.Load()), rk)
 		emit(mLookupPages, float64(st.hitPages.Load()), rk, "hit")
 		emit(mLookupPages, float64(st.missPages.Load()), rk, "miss")
 		emit(mDigests, float64(st.digests.Load()), rk)
-		// One serve process hosts each rank with its own group of one
-		// (see docs/serve.md): no digest is compared across processes yet.
-		emit(mMismatch, 0, rk)
+		emit(mMismatch, float64(st.mismatches.Load()), rk)
 	}
 }

@@ -57,6 +57,13 @@ type rank struct {
 
 	snap  atomic.Pointer[snapshot]
 	stats rankStats
+	// past sums the counters of the Nodes and Machines of the rank's
+	// earlier epochs (see retire), so the metrics never go back.
+	past epochTotals
+	// planSent holds when each copy plan went out in a reply (for the
+	// plan deadline, Config.PlanTimeout); a plan no longer outstanding is
+	// dropped at the next check.
+	planSent map[tiers.BatchID]time.Time
 
 	// tickDone is set while a tick waits for the engine's frontier
 	// (group transport engine): its goroutine sits in the exchange, and
@@ -74,13 +81,23 @@ type tickResult struct {
 // a scrape reads).
 type rankStats struct {
 	steps, sessions, expired, replaced atomic.Int64
-	disconnected                       atomic.Int64
+	disconnected, closed               atomic.Int64
 	lookups, hitPages, missPages       atomic.Int64
 	hitByTier                          [4]atomic.Int64
 	stores, placedPages, refusedStores atomic.Int64
 	itemErrors                         [8]atomic.Int64 // by pb.ErrorCode
 	rolledBack                         atomic.Int64
 	digests                            atomic.Int64
+
+	// groupStopped: the session ended because its group stopped (a tick
+	// failed: a peer timed out or left, a digest mismatch, a bad
+	// frontier); groupEnded: another rank's session ended and took this
+	// one with it (the engine's ranks are one unit).
+	groupStopped, groupEnded atomic.Int64
+	// mismatches counts exchanges that failed on differing digests.
+	mismatches atomic.Int64
+	// overduePlans counts plans failed by the plan deadline.
+	overduePlans atomic.Int64
 }
 
 // session is the engine rank connected to this rank.
@@ -178,7 +195,8 @@ func (r *rank) loop(ctx context.Context) {
 			case callEpoch:
 				if r.epoch.n < c.epoch.n {
 					if s := r.sess; s != nil {
-						r.log.Info("kvtier serve: session ended with its group", "rank", r.idx, "session", s.id, "why", c.drop.why)
+						r.stats.groupEnded.Add(1)
+						r.log.Info("kvtier serve: session ended with its group", "session", s.id, "why", c.drop.why)
 					}
 					r.dropSession()
 					r.reset(ctx, c.epoch, c.drop.why)
@@ -198,7 +216,7 @@ func (r *rank) loop(ctx context.Context) {
 			}
 		case now := <-expire.C:
 			if s := r.sess; s != nil && now.Sub(s.seen) > r.srv.cfg.SessionTTL {
-				r.log.Warn("kvtier serve: session expired", "rank", r.idx, "session", s.id, "engine", s.engineID, "silent", now.Sub(s.seen).Round(time.Millisecond))
+				r.log.Warn("kvtier serve: session expired", "session", s.id, "engine", s.engineID, "silent", now.Sub(s.seen).Round(time.Millisecond))
 				r.stats.expired.Add(1)
 				r.endSession(ctx, "expired")
 				r.publish()
@@ -216,7 +234,7 @@ func (r *rank) register(ctx context.Context, q *pb.RegisterRequest) (*pb.Registe
 		return nil, err
 	}
 	if r.sess != nil {
-		r.log.Info("kvtier serve: session replaced", "rank", r.idx, "old", r.sess.id, "engine", q.GetEngineId())
+		r.log.Info("kvtier serve: session replaced", "old", r.sess.id, "engine", q.GetEngineId())
 		r.stats.replaced.Add(1)
 		r.endSession(ctx, "replaced by a new Register")
 	}
@@ -225,7 +243,7 @@ func (r *rank) register(ctx context.Context, q *pb.RegisterRequest) (*pb.Registe
 	r.sess = s
 	r.srv.bind(s.id, r)
 	r.stats.sessions.Add(1)
-	r.log.Info("kvtier serve: session registered", "rank", r.idx, "session", s.id, "engine", s.engineID, "model", ns.GetModel(), "shard", ns.GetShard())
+	r.log.Info("kvtier serve: session registered", "session", s.id, "engine", s.engineID, "model", ns.GetModel(), "shard", ns.GetShard())
 	return r.srv.registerReply(r, s), nil
 }
 
@@ -236,6 +254,7 @@ func (r *rank) closeSession(ctx context.Context, q *pb.CloseRequest) error {
 	if q.GetBootId() != r.srv.boot {
 		return fmt.Errorf("boot_id %q: serve is %q: %w", q.GetBootId(), r.srv.boot, errStaleBoot)
 	}
+	r.stats.closed.Add(1)
 	r.endSession(ctx, "closed")
 	return nil
 }
@@ -265,7 +284,7 @@ func (r *rank) endSession(ctx context.Context, why string) {
 	r.reset(ctx, e, why)
 	r.srv.broadcast(e, r.idx, why)
 	if s != nil {
-		r.log.Info("kvtier serve: session ended", "rank", r.idx, "session", s.id, "why", why, "epoch", e.n)
+		r.log.Info("kvtier serve: session ended", "session", s.id, "why", why, "epoch", e.n)
 	}
 }
 
@@ -291,10 +310,10 @@ func (r *rank) reset(ctx context.Context, e *epoch, why string) {
 	}
 	r.abortTick()
 	if err := r.node.Settle(ctx); err != nil {
-		r.log.Error("kvtier serve: settle before a new epoch", "rank", r.idx, "err", err)
+		r.log.Error("kvtier serve: settle before a new epoch", "err", err)
 	}
 	if r.node.Outstanding() > 0 {
-		r.log.Warn("kvtier serve: store operations abandoned at a new epoch", "rank", r.idx, "batches", r.node.Outstanding())
+		r.log.Warn("kvtier serve: store operations abandoned at a new epoch", "batches", r.node.Outstanding())
 	}
 	m, node, err := r.srv.build(r, e)
 	if err != nil {
@@ -305,9 +324,10 @@ func (r *rank) reset(ctx context.Context, e *epoch, why string) {
 		r.log.Error("kvtier serve: rank broken", "err", r.broken)
 		return
 	}
+	r.retire()
 	r.m, r.node, r.epoch = m, node, e
 	clear(r.byID)
-	r.log.Debug("kvtier serve: new epoch", "rank", r.idx, "epoch", e.n, "why", why)
+	r.log.Debug("kvtier serve: new epoch", "epoch", e.n, "why", why)
 }
 
 var (
@@ -384,6 +404,7 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 		// started, before anything of this step applies.
 		if err := r.finishTick(ctx, eg, q.GetFrontier()); err != nil {
 			errs.add(ref{"frontier", -1}, "", pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "tick: %v; the session ended, register again", err)
+			r.stats.groupStopped.Add(1)
 			r.endSession(ctx, "group stopped: "+err.Error())
 			return out
 		}
@@ -411,6 +432,7 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 			errs.add(item, "", pb.ErrorCode_ERROR_CODE_UNKNOWN, "plan %d: %v", c.GetPlan(), err)
 		}
 	}
+	r.failOverdue(errs, time.Now())
 	r.node.Drain()
 
 	// 2. Lookups.
@@ -484,6 +506,7 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 		// the ranks diverged): every session ends, a new epoch starts;
 		// the engine registers again and recomputes what was pending.
 		errs.add(ref{"step", -1}, "", pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "tick: %v; the session ended, register again", err)
+		r.stats.groupStopped.Add(1)
 		r.endSession(ctx, "group stopped: "+err.Error())
 		return out
 	}
@@ -496,20 +519,85 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 // finishStep adds what the step's tick(s) made ready: the lookups that
 // finished, the copy plans, the tick and, every DigestEvery ticks, the
 // digest.
+//
+// A reply carries at most one result per req_id: a lookup of this step
+// that was PENDING after its match and is ready now has its PENDING
+// result replaced, in place, by the DONE one.
 func (r *rank) finishStep(s *session, out *pb.StepReply) {
+	var pending map[string]int // req_id -> index of its PENDING result in out
 	for _, name := range r.pendingNames(s) {
 		rq := s.reqs[name]
-		if r.ready(rq) {
-			out.Lookups = append(out.Lookups, r.result(rq))
+		if !r.ready(rq) {
+			continue
 		}
+		if pending == nil {
+			pending = map[string]int{}
+			for i, l := range out.Lookups {
+				if l.GetStatus() == pb.LookupStatus_LOOKUP_STATUS_PENDING {
+					pending[l.GetReqId()] = i
+				}
+			}
+		}
+		if i, ok := pending[name]; ok {
+			out.Lookups[i] = r.result(rq)
+			continue
+		}
+		out.Lookups = append(out.Lookups, r.result(rq))
 	}
 	r.plans = r.pool.TakePlans(r.plans[:0])
 	out.Plans = planMsgs(out.Plans, r.plans)
+	if len(out.Plans) > 0 {
+		now := time.Now()
+		if r.planSent == nil {
+			r.planSent = map[tiers.BatchID]time.Time{}
+		}
+		for _, p := range out.Plans {
+			r.planSent[tiers.BatchID(p.Plan)] = now
+		}
+	}
 	out.Tick = r.m.Ticks()
 	if r.m.Options().DigestEvery > 0 && r.m.Ticks()%uint64(r.m.Options().DigestEvery) == 0 {
 		d := r.m.Digest()
 		out.Digest = d[:]
-		r.stats.digests.Add(1)
+		if r.epoch == nil || r.epoch.members == nil {
+			// A rank of one offers its digest to the engine only; a
+			// group's exchange counts its own (timedGroup).
+			r.stats.digests.Add(1)
+		}
+	}
+}
+
+// errPlanOverdue fails a plan the engine did not report in time.
+var errPlanOverdue = errors.New("the engine did not report the plan within the plan deadline")
+
+// failOverdue fails every plan still outstanding PlanTimeout after the
+// reply that carried it went out: the pool acks its items failed, so the
+// Machine rolls the copies back at the next tick and the plan's L1 pages
+// are free again. Each one is named in the reply (item "plan:N",
+// UNAVAILABLE); a later completion of it is UNKNOWN.
+func (r *rank) failOverdue(errs stepErrs, now time.Time) {
+	if len(r.planSent) == 0 {
+		return
+	}
+	var late []tiers.BatchID
+	for id, at := range r.planSent {
+		switch {
+		case !r.pool.Outstanding(id):
+			delete(r.planSent, id)
+		case now.Sub(at) > r.srv.cfg.PlanTimeout:
+			late = append(late, id)
+		}
+	}
+	slices.Sort(late)
+	for _, id := range late {
+		delete(r.planSent, id)
+		if err := r.pool.CompleteBatch(id, errPlanOverdue); err != nil {
+			continue // reported or failed meanwhile
+		}
+		r.stats.overduePlans.Add(1)
+		r.log.Warn("kvtier serve: plan overdue; failed and rolled back", "plan", uint64(id), "timeout", r.srv.cfg.PlanTimeout)
+		errs.add(ref{"plan:" + strconv.FormatUint(uint64(id), 10), -1}, "", pb.ErrorCode_ERROR_CODE_UNAVAILABLE,
+			"plan %d was not reported within %v: serve failed it and rolls its copies back; do not run it, and do not report it (a late completion is UNKNOWN)", uint64(id), r.srv.cfg.PlanTimeout)
 	}
 }
 
@@ -524,6 +612,7 @@ func (r *rank) stepEngine(ctx context.Context, eg *enginegroup.Member, s *sessio
 	enc, err := r.startTick(ctx, eg)
 	if err != nil {
 		errs.add(ref{"step", -1}, "", pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "tick: %v; the session ended, register again", err)
+		r.stats.groupStopped.Add(1)
 		r.endSession(ctx, "group stopped: "+err.Error())
 		return out
 	}
@@ -588,7 +677,7 @@ func (r *rank) finishTick(ctx context.Context, eg *enginegroup.Member, frontier 
 	res := <-done
 	cancel()
 	if res.err != nil {
-		r.log.Error("kvtier serve: tick", "rank", r.idx, "epoch", r.epoch.n, "err", res.err)
+		r.log.Error("kvtier serve: tick", "epoch", r.epoch.n, "err", res.err)
 		return res.err
 	}
 	if derr != nil {
@@ -688,7 +777,7 @@ func (r *rank) unholds(ctx context.Context, us []control.Unhold) {
 		rq.rematched = true
 		rd, err := r.node.Apply(ctx, control.Event{Kind: control.EvMatch, Req: rq.id, Pages: len(rq.key), Hashes: rq.key})
 		if err != nil {
-			r.log.Warn("kvtier serve: re-match after a reload", "rank", r.idx, "req", rq.name, "err", err)
+			r.log.Warn("kvtier serve: re-match after a reload", "req", rq.name, "err", err)
 			continue
 		}
 		if len(rd.Matches) > 0 {
@@ -776,11 +865,11 @@ func (r *rank) end(ctx context.Context, errs stepErrs, item ref, s *session, nam
 	names[name] = true
 	if finish {
 		if _, err := r.node.Apply(ctx, control.Event{Kind: control.EvFinish, Req: rq.id}); err != nil {
-			r.log.Error("kvtier serve: finish", "rank", r.idx, "req", name, "err", err)
+			r.log.Error("kvtier serve: finish", "req", name, "err", err)
 		}
 	}
 	if _, err := r.node.Apply(ctx, control.Event{Kind: control.EvRelease, Req: rq.id}); err != nil {
-		r.log.Error("kvtier serve: release", "rank", r.idx, "req", name, "err", err)
+		r.log.Error("kvtier serve: release", "req", name, "err", err)
 	}
 	delete(s.reqs, name)
 	delete(r.byID, rq.id)
@@ -790,7 +879,7 @@ func (r *rank) end(ctx context.Context, errs stepErrs, item ref, s *session, nam
 func (r *rank) tick(ctx context.Context) error {
 	rd, err := r.node.Tick(ctx)
 	if err != nil {
-		r.log.Error("kvtier serve: tick", "rank", r.idx, "epoch", r.epoch.n, "err", err)
+		r.log.Error("kvtier serve: tick", "epoch", r.epoch.n, "err", err)
 		return err
 	}
 	r.unholds(ctx, rd.Unholds)

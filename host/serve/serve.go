@@ -46,6 +46,7 @@ import (
 	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/host/pagestore"
 	"github.com/kvtier/kvtier/host/stack"
+	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l1cuda"
@@ -97,6 +98,19 @@ type Config struct {
 	// 65536 and 1<<20 / page... see defaults).
 	MaxItemsPerStep    int
 	MaxPagesPerRequest int
+	// MaxMessageBytes bounds one gRPC message serve receives (default
+	// DefaultMaxMessageBytes); a larger Step is refused with
+	// ResourceExhausted before it is decoded, and serve goes on. It must
+	// carry at least one lookup and one store of MaxPagesPerRequest
+	// pages (their hashes).
+	MaxMessageBytes int
+	// PlanTimeout fails a copy plan the engine has not reported this long
+	// after the reply that carried it (default 30 s, as SessionTTL: an
+	// engine that steps but never reports a plan holds its L1 pages no
+	// longer than a silent one holds its session). The Machine rolls the
+	// plan back and the next Step reply names it (item "plan:N",
+	// UNAVAILABLE).
+	PlanTimeout time.Duration
 	// DrainTimeout bounds the graceful stop (default 10 s).
 	DrainTimeout time.Duration
 	// GroupTimeout bounds one exchange of the ranks' group (more than one
@@ -161,6 +175,14 @@ type Config struct {
 	StoreStores func(ctx context.Context, s *stack.Stack) (func() error, error)
 }
 
+// DefaultMaxMessageBytes is the default of Config.MaxMessageBytes: 64
+// MiB, 32 times what the largest request's hashes take (MaxPagesPerRequest
+// 65536 pages x 32 bytes = 2 MiB), so a step of 32 such lookups, or some
+// 2000 lookups of 1024 pages (a 512k-token prompt at 512 tokens a page),
+// still fits, while serve holds at most a few times 64 MiB for one
+// message (gRPC's buffer and the decoded request) instead of 256 MiB.
+const DefaultMaxMessageBytes = 64 << 20
+
 // Group transports of Config.Group.
 const (
 	GroupInproc = "inproc"
@@ -222,6 +244,17 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	if cfg.MaxPagesPerRequest <= 0 {
 		cfg.MaxPagesPerRequest = 1 << 16
+	}
+	if cfg.MaxMessageBytes <= 0 {
+		cfg.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	// One lookup and one store of the largest request, with room for
+	// the rest of the message.
+	if need := 2*cfg.MaxPagesPerRequest*pagehash.Size + 64<<10; cfg.MaxMessageBytes < need {
+		return nil, fmt.Errorf("serve: max message bytes %d cannot carry a lookup and a store of %d pages (the most a request may have): want at least %d", cfg.MaxMessageBytes, cfg.MaxPagesPerRequest, need)
+	}
+	if cfg.PlanTimeout <= 0 {
+		cfg.PlanTimeout = 30 * time.Second
 	}
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = 10 * time.Second
@@ -388,7 +421,15 @@ func (s *Server) openRank(ctx context.Context, i int) (_ *rank, err error) {
 		}
 	}
 	log := s.log.With("rank", i)
-	stk, err := stack.Open(ctx, st, regs, stack.Options{Logger: log, StackID: s.stackID(i), Shared: s.shared, ColdStart: s.cfg.ColdStart, IndexDir: filepath.Join(dir, "index")})
+	// The tiers name their own rank in a stack of more than one rank
+	// (a shared stack: ranks.rank is {{RANK}}); a private stack (a world
+	// of one) gets serve's rank from its logger. Either way no line
+	// carries the key twice.
+	stackLog := log
+	if st.Ranks.WorldSize > 1 {
+		stackLog = s.log
+	}
+	stk, err := stack.Open(ctx, st, regs, stack.Options{Logger: stackLog, StackID: s.stackID(i), Shared: s.shared, ColdStart: s.cfg.ColdStart, IndexDir: filepath.Join(dir, "index")})
 	if err != nil {
 		return nil, err
 	}
@@ -455,7 +496,11 @@ func (s *Server) build(r *rank, e *epoch) (*control.Machine, *host.Node, error) 
 		g = epochGroup{g: host.ConsensusGroup{G: e.members[r.idx], M: m, DigestEvery: r.mo.DigestEvery}, ctx: e.ctx}
 	}
 	o := r.nodeOpts
-	o.Group = timedGroup{g: g, m: s.metrics, rank: r.idx}
+	tg := timedGroup{g: g, m: s.metrics, rank: r.idx, st: &r.stats}
+	if e.members != nil {
+		tg.digestEvery = uint64(r.mo.DigestEvery)
+	}
+	o.Group = tg
 	node, err := host.New(r.st, m, o)
 	if err != nil {
 		return nil, nil, err
@@ -599,17 +644,28 @@ func evictor(st *config.Stack) (func() (policy.Evictor, error), error) {
 	return build, nil
 }
 
-// timedGroup measures the group exchange.
+// timedGroup measures the group exchange and counts the digests it
+// offers (digestEvery: the group compares digests on ticks that are its
+// multiples; 0: a rank of one, which compares none) and the exchanges
+// that failed on differing digests.
 type timedGroup struct {
-	g    host.Group
-	m    *metrics
-	rank int
+	g           host.Group
+	m           *metrics
+	rank        int
+	st          *rankStats
+	digestEvery uint64
 }
 
 func (t timedGroup) Exchange(ctx context.Context, tick uint64, c control.Contribution) (control.Frontier, error) {
+	if t.digestEvery > 0 && tick%t.digestEvery == 0 {
+		t.st.digests.Add(1)
+	}
 	t0 := time.Now()
 	f, err := t.g.Exchange(ctx, tick, c)
 	t.m.observeExchange(t.rank, time.Since(t0))
+	if errors.Is(err, consensus.ErrDigestMismatch) {
+		t.st.mismatches.Add(1)
+	}
 	return f, err
 }
 
@@ -662,7 +718,7 @@ func (s *Server) Serve(ctx context.Context) (err error) {
 	// that dials when the file appears can be refused. Listening says
 	// when connections are accepted.
 	close(s.listening)
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(256<<20), grpc.MaxSendMsgSize(256<<20), grpc.StatsHandler(&connTracker{s: s}))
+	gs := grpc.NewServer(grpc.MaxRecvMsgSize(s.cfg.MaxMessageBytes), grpc.MaxSendMsgSize(256<<20), grpc.StatsHandler(&connTracker{s: s}))
 	if s.door(DoorEngine) {
 		pb.RegisterEngineServer(gs, s)
 	}
@@ -853,7 +909,10 @@ func (s *Server) Register(ctx context.Context, q *pb.RegisterRequest) (*pb.Regis
 	if int(q.GetRank()) < first || int(q.GetRank()) >= first+len(s.ranks) {
 		return nil, status.Errorf(codes.InvalidArgument, "rank: %d, this serve hosts ranks %d..%d", q.GetRank(), first, first+len(s.ranks)-1)
 	}
-	if vs := q.GetProtocolVersions(); len(vs) > 0 && !containsV1(vs) {
+	if len(q.GetProtocolVersions()) == 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "protocol_versions: empty; list the versions the client speaks (this serve speaks 1)")
+	}
+	if vs := q.GetProtocolVersions(); !containsV1(vs) {
 		return nil, status.Errorf(codes.FailedPrecondition, "protocol_versions: %v, this serve speaks 1", vs)
 	}
 	if len(q.GetEngineId()) > maxNamespaceString {

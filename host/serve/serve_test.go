@@ -322,6 +322,7 @@ func TestServeRegisterRefusals(t *testing.T) {
 		{"no model", func(q *pb.RegisterRequest) { q.Namespace.Model = "" }, "namespace.model"},
 		{"no namespace", func(q *pb.RegisterRequest) { q.Namespace = nil }, "namespace"},
 		{"protocol", func(q *pb.RegisterRequest) { q.ProtocolVersions = []uint32{2} }, "protocol_versions"},
+		{"no protocol", func(q *pb.RegisterRequest) { q.ProtocolVersions = nil }, "protocol_versions"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			q := &pb.RegisterRequest{EngineId: "t", Rank: 0, WorldSize: 2, ProtocolVersions: []uint32{1},

@@ -31,7 +31,12 @@ func Open(ctx context.Context, env tiers.Env, cfg Config) (*Slab, error) {
 	if env.StackID == "" {
 		return nil, fmt.Errorf("open l2 slab: the tier env has no stack id (the slab lock needs one): %w", tiers.ErrInvalid)
 	}
-	logger := env.Logger.With("tier", "l2hugetlb", "rank", env.Rank)
+	logger := env.Logger.With("tier", "l2hugetlb")
+	if env.WorldSize > 1 {
+		// A rank of a group names itself; a world of one has no rank
+		// to tell (its host, kvtier serve, names its own).
+		logger = logger.With("rank", env.Rank)
+	}
 	var s *Slab
 	var err error
 	if env.Rank != 0 {

@@ -73,8 +73,14 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 	if mode != tiers.ColdStartClear && mode != tiers.ColdStartLoad {
 		return nil, fmt.Errorf("l3disk open: cold start %q, want clear or load: %w", mode, tiers.ErrInvalid)
 	}
+	log := env.Logger.With("tier", "l3disk", "disk", disk)
+	if env.WorldSize > 1 {
+		// A rank of a group names itself; a world of one has no rank
+		// to tell (its host, kvtier serve, names its own).
+		log = log.With("rank", env.Rank)
+	}
 	s := &Store{
-		env: env, cfg: cfg, log: env.Logger.With("tier", "l3disk", "rank", env.Rank, "disk", disk),
+		env: env, cfg: cfg, log: log,
 		fs: fs, index: env.Index, slab: env.Slab, disk: disk, rank: env.Rank, coldStart: mode,
 		rebuildMark: filepath.Join(dir, RebuildMarkName(stackID, env.Rank)),
 		gatherSig:   make(chan struct{}, 1),
