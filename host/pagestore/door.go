@@ -189,9 +189,9 @@ type lease struct {
 
 // counters are the door's Stats.
 type counters struct {
-	existsCalls, getPages, hitL2, hitL3, miss, corrupt, timeout      uint64
+	existsCalls, getPages, hitL2, hitL3, miss, corrupt, timeout       uint64
 	setPages, stored, exists, noSpace, readBytes, writtenBytes, evict uint64
-	verifyFailures, putFailures                                      uint64
+	verifyFailures, putFailures                                       uint64
 }
 
 // putItem is one kind of one page in a write-through Put batch.
@@ -241,7 +241,7 @@ type Door struct {
 	early      map[tiers.BatchID][]tiers.Ack
 	gathered   []*entry // pages gathered by the store, to verify
 	checking   int      // pages taken from gathered, being verified
-	loading    int // slots held by reloads in flight
+	loading    int      // slots held by reloads in flight
 	st         counters
 	closed     bool
 	genMu      sync.Mutex // serialises writes of the generations file
