@@ -1,6 +1,7 @@
 """Puts clients/python on sys.path, so the tests import the kvtier package
 from this checkout without installing it, and builds kvtier once for the
-tests that run ``kvtier serve``."""
+tests that run ``kvtier serve``; puts tests/standin (a stand-in SGLang
+interface) on sys.path."""
 
 import os
 import shutil
@@ -13,6 +14,9 @@ import pytest
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# A stand-in for SGLang's hicache_storage interface (SGLang is not
+# installed here); kvtier.sglang imports it as sglang.srt.mem_cache.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin"))
 
 
 @pytest.fixture(scope="session")
