@@ -184,13 +184,27 @@ class KvtierStorage(HiCacheStorage):
         self.counters = {"get_pages": 0, "hit_pages": 0, "set_pages": 0, "stored_pages": 0,
                          "exists_calls": 0, "unavailable_calls": 0, "registrations": 0, "errors": 0}
 
+        self._channel = None
+        self._redial_at = 0.0
+        self._dial()
+
+    def _dial(self):
+        """A new channel to serve. grpc's channel can stay in
+        TRANSIENT_FAILURE after serve restarts on the same socket path
+        (seen with grpcio 1.51 over unix sockets), so a backend that sees
+        UNAVAILABLE dials again, at most once per register_retry_s. The old
+        channel is closed; a call still on it fails and is a miss."""
+        old = self._channel
         self._channel = grpc.insecure_channel("unix:" + self.socket, options=[
             ("grpc.max_receive_message_length", 64 << 20),
             ("grpc.max_send_message_length", 64 << 20),
+            ("grpc.use_local_subchannel_pool", 1),  # its own connection, not shared with other backends
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1000)])
         self._stub = pbg.StoreStub(self._channel)
+        if old is not None:
+            old.close()
 
     @staticmethod
     def _positive(extra, key, default):
@@ -259,7 +273,12 @@ class KvtierStorage(HiCacheStorage):
             if e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
                 self._geometry_error = "kvtier: serve refused the namespace: %s" % e.details()
                 raise KvtierError(self._geometry_error) from None
+            if e.code() == grpc.StatusCode.UNAVAILABLE and now >= self._redial_at:
+                self._redial_at = now + self.register_retry
+                self._dial()
             raise _Lost("register: %s" % e.code().name) from None
+        except ValueError:
+            raise _Lost("register: channel redialed") from None
         kinds = [(k.name, k.page_bytes) for k in rep.kinds]
         want = list(zip(self.kind_names, self.kind_bytes))
         if kinds != want:
@@ -296,8 +315,12 @@ class KvtierStorage(HiCacheStorage):
             session, boot, slab, limits = self._ensure()
             try:
                 rep = getattr(self._stub, name)(build(session, boot), timeout=self.timeout)
+            except ValueError:  # the channel was closed under us (_dial)
+                raise _Lost("%s: channel redialed" % name) from None
             except grpc.RpcError as e:
                 code = e.code()
+                if code == grpc.StatusCode.UNAVAILABLE:
+                    self._unavailable()
                 if code == grpc.StatusCode.NOT_FOUND and attempt == 0:
                     self._lost(session, "NotFound: " + (e.details() or ""))
                     continue
@@ -312,6 +335,13 @@ class KvtierStorage(HiCacheStorage):
                 raise _Lost("%s: serve restarted" % name)
             return rep, session, boot, slab, limits
         raise _Lost(name)
+
+    def _unavailable(self):
+        with self._lock:
+            now = time.monotonic()
+            if now >= self._redial_at:
+                self._redial_at = now + self.register_retry
+                self._dial()
 
     def _batches(self, n):
         limits = self._limits
@@ -379,9 +409,9 @@ class KvtierStorage(HiCacheStorage):
                     try:
                         self._stub.Release(pb.ReleaseRequest(session=session, boot_id=boot, lease=rep.lease),
                                            timeout=self.timeout)
-                    except grpc.RpcError as e:
+                    except (grpc.RpcError, ValueError) as e:
                         # The lease ends by itself (lease_ms, or the session's end).
-                        logger.info("kvtier: release of lease %d: %s", rep.lease, e.code().name)
+                        logger.info("kvtier: release of lease %d: %s", rep.lease, e)
         self.counters["get_pages"] += len(keys)
         self.counters["hit_pages"] += sum(results)
         return results
@@ -416,10 +446,10 @@ class KvtierStorage(HiCacheStorage):
                 try:
                     c = self._stub.Commit(pb.CommitRequest(session=session, boot_id=boot, lease=rep.lease, written=written),
                                           timeout=self.timeout)
-                except grpc.RpcError as e:
-                    if e.code() == grpc.StatusCode.NOT_FOUND:
+                except (grpc.RpcError, ValueError) as e:
+                    if isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.NOT_FOUND:
                         self._lost(session, "Commit: NotFound")
-                    logger.info("kvtier: commit of lease %d: %s", rep.lease, e.code().name)
+                    logger.info("kvtier: commit of lease %d: %s", rep.lease, e)
                     for j in range(len(ks)):
                         if rep.pages[j].status == pb.SET_STATUS_RESERVED:
                             results[idx[j]] = False
@@ -816,7 +846,7 @@ class KvtierStorage(HiCacheStorage):
         if session:
             try:
                 self._stub.Close(pb.CloseRequest(session=session, boot_id=boot), timeout=self.timeout)
-            except grpc.RpcError:
+            except (grpc.RpcError, ValueError):
                 pass
         self._channel.close()
         for s in slabs:

@@ -299,9 +299,9 @@ class Serve:
 
     def start(self):
         self.proc = subprocess.Popen([self.binary, "serve", "--doors", "store", "--store-config", self.cfg,
-                                      "--data-dir", self.data, "--socket", self.sock, "--log-level", "error",
+                                      "--data-dir", self.data, "--socket", self.sock, "--log-level", "info",
                                       "--store-lease", self.lease],
-                                     stdout=subprocess.DEVNULL)
+                                     stdout=subprocess.DEVNULL, stderr=self._log())
         deadline = time.time() + 30
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -315,6 +315,10 @@ class Serve:
             finally:
                 s.close()
         raise RuntimeError("kvtier serve did not listen within 30 s")
+
+    def _log(self):
+        """serve's log, appended across restarts (DATA-serve.log)."""
+        return open(self.data.rstrip("/") + "-serve.log", "ab")
 
     def kill(self):
         self.proc.send_signal(signal.SIGKILL)
