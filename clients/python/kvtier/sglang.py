@@ -171,6 +171,7 @@ class KvtierStorage(HiCacheStorage):
         self.mem_pool_host = None
         self.registered_pools = {}
         self._lock = threading.Lock()  # guards the session fields below
+        self._tl = threading.local()  # the deadline of this thread's current call
         self._session = None
         self._boot_id = ""
         self._slab = None
@@ -236,7 +237,8 @@ class KvtierStorage(HiCacheStorage):
         self.layout = str(getattr(mem_pool_host, "layout", "") or "")
         self.dtype = _dtype_name(getattr(mem_pool_host, "dtype", ""))
         try:
-            self._register()
+            with self._lock:
+                self._deadline(self._register)
         except _Lost:
             logger.warning("kvtier: serve at %s is not answering; pages are misses until it does", self.socket)
 
@@ -268,7 +270,7 @@ class KvtierStorage(HiCacheStorage):
         self._next_register = now + self.register_retry
         try:
             rep = self._stub.Register(pb.RegisterRequest(client_id=self.client_id, namespace=self._namespace(),
-                                                         protocol_versions=[PROTOCOL_VERSION]), timeout=self.timeout)
+                                                         protocol_versions=[PROTOCOL_VERSION]), timeout=self._remaining())
         except grpc.RpcError as e:
             if e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
                 self._geometry_error = "kvtier: serve refused the namespace: %s" % e.details()
@@ -314,7 +316,7 @@ class KvtierStorage(HiCacheStorage):
         for attempt in range(2):
             session, boot, slab, limits = self._ensure()
             try:
-                rep = getattr(self._stub, name)(build(session, boot), timeout=self.timeout)
+                rep = getattr(self._stub, name)(build(session, boot), timeout=self._remaining())
             except ValueError:  # the channel was closed under us (_dial)
                 raise _Lost("%s: channel redialed" % name) from None
             except grpc.RpcError as e:
@@ -335,6 +337,31 @@ class KvtierStorage(HiCacheStorage):
                 raise _Lost("%s: serve restarted" % name)
             return rep, session, boot, slab, limits
         raise _Lost(name)
+
+    def _remaining(self, floor=None):
+        """Seconds left of the current call's deadline (timeout_s from its
+        start); raises _Lost when none is left, unless floor is given (the
+        Release or Commit that must follow a copy)."""
+        d = getattr(self._tl, "deadline", None)
+        if d is None:
+            return self.timeout
+        r = d - time.monotonic()
+        if floor is not None:
+            return max(r, floor)
+        if r <= 0:
+            raise _Lost("the call's deadline (timeout_s %.3g) passed" % self.timeout)
+        return r
+
+    def _deadline(self, fn):
+        """Runs fn with one deadline, timeout_s from now, over all its RPCs."""
+        outer = getattr(self._tl, "deadline", None)
+        if outer is None:
+            self._tl.deadline = time.monotonic() + self.timeout
+        try:
+            return fn()
+        finally:
+            if outer is None:
+                self._tl.deadline = None
 
     def _unavailable(self):
         with self._lock:
@@ -408,7 +435,7 @@ class KvtierStorage(HiCacheStorage):
                 if rep.lease:
                     try:
                         self._stub.Release(pb.ReleaseRequest(session=session, boot_id=boot, lease=rep.lease),
-                                           timeout=self.timeout)
+                                           timeout=self._remaining(0.1))
                     except (grpc.RpcError, ValueError) as e:
                         # The lease ends by itself (lease_ms, or the session's end).
                         logger.info("kvtier: release of lease %d: %s", rep.lease, e)
@@ -445,7 +472,7 @@ class KvtierStorage(HiCacheStorage):
             if rep.lease:
                 try:
                     c = self._stub.Commit(pb.CommitRequest(session=session, boot_id=boot, lease=rep.lease, written=written),
-                                          timeout=self.timeout)
+                                          timeout=self._remaining(0.1))
                 except (grpc.RpcError, ValueError) as e:
                     if isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.NOT_FOUND:
                         self._lost(session, "Commit: NotFound")
@@ -545,7 +572,7 @@ class KvtierStorage(HiCacheStorage):
         """Runs a data-path call: serve away or any failure is all-False,
         never an exception into SGLang's threads."""
         try:
-            return fn()
+            return self._deadline(fn)
         except _Lost as e:
             logger.debug("kvtier: %s: %s", what, e)
             return [False] * n
@@ -655,7 +682,7 @@ class KvtierStorage(HiCacheStorage):
             logger.error("kvtier: batch_exists: keys is a %s", type(keys).__name__)
             return 0
         try:
-            return self._exists_count(list(keys))
+            return self._deadline(lambda: self._exists_count(list(keys)))
         except (_Lost, KvtierError) as e:
             logger.debug("kvtier: batch_exists: %s", e)
             return 0
@@ -692,6 +719,9 @@ class KvtierStorage(HiCacheStorage):
 
     def batch_exists_v2(self, keys, pool_transfers=None, extra_info=None):
         """The usable KV prefix given every pool's hit policy."""
+        return self._deadline(lambda: self._exists_v2(keys, pool_transfers))
+
+    def _exists_v2(self, keys, pool_transfers):
         kv = self.batch_exists(keys)
         hits = {str(PoolName.KV.value): kv} if kv else {}
         final = kv
@@ -798,7 +828,7 @@ class KvtierStorage(HiCacheStorage):
         """Forgets every page of this rank's namespace (every session of
         it): True when serve did."""
         try:
-            self._rpc("Clear", lambda s, b: pb.ClearRequest(session=s, boot_id=b))
+            self._deadline(lambda: self._rpc("Clear", lambda s, b: pb.ClearRequest(session=s, boot_id=b)))
             return True
         except (_Lost, KvtierError) as e:
             logger.warning("kvtier: clear: %s", e)
@@ -833,7 +863,7 @@ class KvtierStorage(HiCacheStorage):
         """serve's door counters (StatsReply) as a dict, or None while
         serve is away."""
         try:
-            rep = self._rpc("Stats", lambda s, b: pb.StatsRequest(session=s, boot_id=b))[0]
+            rep = self._deadline(lambda: self._rpc("Stats", lambda s, b: pb.StatsRequest(session=s, boot_id=b)))[0]
         except (_Lost, KvtierError):
             return None
         return {f.name: v for f, v in rep.ListFields() if f.name != "boot_id"}

@@ -284,13 +284,16 @@ def test_serve_killed_under_load(kvtier_bin, tmp_path):
         time.sleep(0.5)
         s.kill()
         # serve away: misses and False within the deadline.
-        t0 = time.monotonic()
-        assert b.batch_exists(durable) == 0
-        assert b.batch_get_v1(durable[:4], pool.slot_indices(range(256, 260))) == [False] * 4
-        assert b.batch_set_v1(durable[:4], pool.slot_indices(range(0, 4))) == [False] * 4
-        assert b.get(durable[0], pool.get_dummy_flat_data_page()) is None
-        assert b.door_stats() is None and b.clear() is False
-        assert time.monotonic() - t0 < 4 * 2 + 2
+        calls = [(lambda: b.batch_exists(durable), 0),
+                 (lambda: b.batch_get_v1(durable[:4], pool.slot_indices(range(256, 260))), [False] * 4),
+                 (lambda: b.batch_set_v1(durable[:4], pool.slot_indices(range(0, 4))), [False] * 4),
+                 (lambda: b.get(durable[0], pool.get_dummy_flat_data_page()), None),
+                 (lambda: b.batch_exists_v2(durable, []).kv_hit_pages, 0),
+                 (b.door_stats, None), (b.clear, False)]
+        for i, (call, want) in enumerate(calls):
+            t0 = time.monotonic()
+            assert call() == want, "call %d" % i
+            assert time.monotonic() - t0 < 2 + 0.5, "call %d took %.2f s, timeout_s is 2" % (i, time.monotonic() - t0)
         time.sleep(0.5)
         s.start()
         deadline = time.time() + 30
@@ -525,6 +528,39 @@ def test_v2_extra_pools(kvtier_bin, tmp_path):
         assert b.batch_get_v2([bad]) == {"mamba": [False] * 4}
         assert b.batch_set_v2([PoolTransfer(name=PoolName.SWA, host_indices=torch.arange(1), keys=keys[:1])]) == \
             {"swa": [False]}
+        b.close()
+    finally:
+        s.stop()
+
+
+def test_serve_stalled(kvtier_bin, tmp_path):
+    """serve stopped (SIGSTOP: the socket accepts, nothing answers): each
+    call answers miss / False within timeout_s, across all its RPCs; after
+    SIGCONT the same session goes on."""
+    import signal
+    s = start_serve(kvtier_bin, tmp_path, False, 64)
+    try:
+        pool = HostPool(False, "page_first", pages=8)
+        b = backend(s.sock, pool, timeout_s=1)
+        keys = chain_keys("stall", 4)
+        fill(pool, keys, range(4), 0)
+        assert b.batch_set_v1(keys, pool.slot_indices(range(4))) == [True] * 4
+        s.proc.send_signal(signal.SIGSTOP)
+        try:
+            for call, want in [(lambda: b.batch_exists(keys), 0),
+                               (lambda: b.batch_get_v1(keys, pool.slot_indices(range(4, 8))), [False] * 4),
+                               (lambda: b.batch_set_v1(chain_keys("stall2", 4), pool.slot_indices(range(4))), [False] * 4)]:
+                t0 = time.monotonic()
+                assert call() == want
+                assert time.monotonic() - t0 < 1 + 0.5
+        finally:
+            s.proc.send_signal(signal.SIGCONT)
+        deadline = time.time() + 30
+        while b.batch_exists(keys) != 4:
+            assert time.time() < deadline
+            time.sleep(0.1)
+        assert b.batch_get_v1(keys, pool.slot_indices(range(4, 8))) == [True] * 4
+        assert wrong_pages(pool, keys, range(4, 8), 0) == []
         b.close()
     finally:
         s.stop()
