@@ -74,6 +74,8 @@ class _Slab:
 
     def __init__(self, geometry):
         self.maps, self.tensors, self.addrs, self.sizes = [], [], [], []
+        self._mu = threading.Lock()
+        self._users, self._retired = 0, False
         try:
             for i, f in enumerate(geometry.files):
                 if f.id != i or f.size <= 0:
@@ -108,6 +110,26 @@ class _Slab:
     def view(self, span, length):
         self.check(span, length)
         return self.tensors[span.slab][span.offset:span.offset + length]
+
+    def acquire(self):
+        with self._mu:
+            self._users += 1
+
+    def release(self):
+        with self._mu:
+            self._users -= 1
+            done = self._retired and self._users == 0
+        if done:
+            self.close()
+
+    def retire(self):
+        """Unmaps once no call copies through it (serve restarted: the old
+        slab's memory is freed only when every map of it is gone)."""
+        with self._mu:
+            self._retired = True
+            done = self._users == 0
+        if done:
+            self.close()
 
     def close(self):
         self.tensors, self.addrs = [], []
@@ -175,7 +197,6 @@ class KvtierStorage(HiCacheStorage):
         self._session = None
         self._boot_id = ""
         self._slab = None
-        self._old_slabs = []
         self._kinds = ()  # page bytes of each kind, in the server's order
         self._limits = None
         self._next_register = 0.0
@@ -288,7 +309,7 @@ class KvtierStorage(HiCacheStorage):
             raise KvtierError(self._geometry_error)
         slab = _Slab(rep.slab)
         if self._slab is not None:
-            self._old_slabs.append(self._slab)  # a copy on another thread may still use it
+            self._slab.retire()  # unmapped when the copies through it end
         self._slab, self._session, self._boot_id = slab, rep.session, rep.boot_id
         self._limits, self._geometry_error = rep.limits, None
         self.counters["registrations"] += 1
@@ -300,6 +321,7 @@ class KvtierStorage(HiCacheStorage):
         with self._lock:
             if self._session is None:
                 self._register()
+            self._slab.acquire()
             return self._session, self._boot_id, self._slab, self._limits
 
     def _lost(self, session, why):
@@ -309,34 +331,47 @@ class KvtierStorage(HiCacheStorage):
                 self._next_register = 0.0  # re-register at the next call
         logger.info("kvtier: session %s lost (%s); registering again", session, why)
 
-    def _rpc(self, name, build):
+    def _rpc(self, name, build, hold=False):
         """Calls one method with the current session; on NotFound (serve
         restarted, session gone) registers again once and retries. Returns
-        (reply, slab, limits) or raises _Lost."""
+        (reply, session, boot, slab, limits) or raises _Lost. With hold the
+        slab stays acquired: the caller releases it after its copies."""
         for attempt in range(2):
             session, boot, slab, limits = self._ensure()
+            ok = False
             try:
-                rep = getattr(self._stub, name)(build(session, boot), timeout=self._remaining())
-            except ValueError:  # the channel was closed under us (_dial)
-                raise _Lost("%s: channel redialed" % name) from None
-            except grpc.RpcError as e:
-                code = e.code()
-                if code == grpc.StatusCode.UNAVAILABLE:
-                    self._unavailable()
-                if code == grpc.StatusCode.NOT_FOUND and attempt == 0:
-                    self._lost(session, "NotFound: " + (e.details() or ""))
-                    continue
-                if code == grpc.StatusCode.NOT_FOUND:
-                    self._lost(session, "NotFound: " + (e.details() or ""))
-                self.counters["unavailable_calls"] += 1
-                raise _Lost("%s: %s %s" % (name, code.name, e.details() or "")) from None
-            if getattr(rep, "boot_id", boot) and rep.boot_id != boot:
-                self._lost(session, "boot_id %s, was %s" % (rep.boot_id, boot))
-                if attempt == 0:
-                    continue
-                raise _Lost("%s: serve restarted" % name)
-            return rep, session, boot, slab, limits
+                out = self._rpc_once(name, build, attempt, session, boot, slab, limits)
+                ok = out is not None
+            finally:
+                if not (ok and hold):
+                    slab.release()
+            if ok:
+                return out
         raise _Lost(name)
+
+    def _rpc_once(self, name, build, attempt, session, boot, slab, limits):
+        """One try of _rpc: the result, or None to try again."""
+        try:
+            rep = getattr(self._stub, name)(build(session, boot), timeout=self._remaining())
+        except ValueError:  # the channel was closed under us (_dial)
+            raise _Lost("%s: channel redialed" % name) from None
+        except grpc.RpcError as e:
+            code = e.code()
+            if code == grpc.StatusCode.UNAVAILABLE:
+                self._unavailable()
+            if code == grpc.StatusCode.NOT_FOUND and attempt == 0:
+                self._lost(session, "NotFound: " + (e.details() or ""))
+                return None
+            if code == grpc.StatusCode.NOT_FOUND:
+                self._lost(session, "NotFound: " + (e.details() or ""))
+            self.counters["unavailable_calls"] += 1
+            raise _Lost("%s: %s %s" % (name, code.name, e.details() or "")) from None
+        if getattr(rep, "boot_id", boot) and rep.boot_id != boot:
+            self._lost(session, "boot_id %s, was %s" % (rep.boot_id, boot))
+            if attempt == 0:
+                return None
+            raise _Lost("%s: serve restarted" % name)
+        return rep, session, boot, slab, limits
 
     def _remaining(self, floor=None):
         """Seconds left of the current call's deadline (timeout_s from its
@@ -416,7 +451,8 @@ class KvtierStorage(HiCacheStorage):
                 continue
             ks = [keys[i] for i in idx]
             rep, session, boot, slab, _ = self._rpc(
-                "BatchGet", lambda s, b: pb.GetRequest(session=s, boot_id=b, keys=ks, deadline_ms=self.get_deadline_ms))
+                "BatchGet", lambda s, b: pb.GetRequest(session=s, boot_id=b, keys=ks, deadline_ms=self.get_deadline_ms),
+                hold=True)
             try:
                 if len(rep.pages) != len(ks):
                     raise ValueError("BatchGet: %d pages for %d keys" % (len(rep.pages), len(ks)))
@@ -432,6 +468,7 @@ class KvtierStorage(HiCacheStorage):
                         self.counters["errors"] += 1
                         logger.error("kvtier: get of page %r: %s", keys[idx[j]], e)
             finally:
+                slab.release()
                 if rep.lease:
                     try:
                         self._stub.Release(pb.ReleaseRequest(session=session, boot_id=boot, lease=rep.lease),
@@ -453,22 +490,12 @@ class KvtierStorage(HiCacheStorage):
             if not idx:
                 continue
             ks = [keys[i] for i in idx]
-            rep, session, boot, slab, _ = self._rpc("BatchSet", lambda s, b: pb.SetRequest(session=s, boot_id=b, keys=ks))
-            if len(rep.pages) != len(ks):
-                raise _Lost("BatchSet: %d pages for %d keys" % (len(rep.pages), len(ks)))
-            written = [False] * len(ks)
-            for j, page in enumerate(rep.pages):
-                if page.status == pb.SET_STATUS_EXISTS:
-                    results[idx[j]] = True
-                elif page.status == pb.SET_STATUS_RESERVED:
-                    try:
-                        if len(page.spans) != len(self.kind_bytes):
-                            raise ValueError("%d spans, want %d" % (len(page.spans), len(self.kind_bytes)))
-                        copy_in(idx[j], slab, page.spans)
-                        written[j] = True
-                    except (ValueError, RuntimeError) as e:
-                        self.counters["errors"] += 1
-                        logger.error("kvtier: set of page %r: %s", keys[idx[j]], e)
+            rep, session, boot, slab, _ = self._rpc("BatchSet", lambda s, b: pb.SetRequest(session=s, boot_id=b, keys=ks),
+                                                    hold=True)
+            try:
+                written = self._fill(rep, ks, idx, keys, slab, copy_in, results)
+            finally:
+                slab.release()
             if rep.lease:
                 try:
                     c = self._stub.Commit(pb.CommitRequest(session=session, boot_id=boot, lease=rep.lease, written=written),
@@ -486,6 +513,25 @@ class KvtierStorage(HiCacheStorage):
         self.counters["set_pages"] += len(keys)
         self.counters["stored_pages"] += sum(results)
         return results
+
+    def _fill(self, rep, ks, idx, keys, slab, copy_in, results):
+        """Copies each RESERVED page into its spans; the Commit's written[]."""
+        if len(rep.pages) != len(ks):
+            raise _Lost("BatchSet: %d pages for %d keys" % (len(rep.pages), len(ks)))
+        written = [False] * len(ks)
+        for j, page in enumerate(rep.pages):
+            if page.status == pb.SET_STATUS_EXISTS:
+                results[idx[j]] = True
+            elif page.status == pb.SET_STATUS_RESERVED:
+                try:
+                    if len(page.spans) != len(self.kind_bytes):
+                        raise ValueError("%d spans, want %d" % (len(page.spans), len(self.kind_bytes)))
+                    copy_in(idx[j], slab, page.spans)
+                    written[j] = True
+                except (ValueError, RuntimeError) as e:
+                    self.counters["errors"] += 1
+                    logger.error("kvtier: set of page %r: %s", keys[idx[j]], e)
+        return written
 
     # ---- copies between the host pool and the slab -----------------------
 
@@ -871,13 +917,12 @@ class KvtierStorage(HiCacheStorage):
     def close(self):
         with self._lock:
             session, boot, self._session = self._session, self._boot_id, None
-            slabs = [self._slab] + self._old_slabs if self._slab else self._old_slabs
-            self._slab, self._old_slabs = None, []
+            slab, self._slab = self._slab, None
         if session:
             try:
                 self._stub.Close(pb.CloseRequest(session=session, boot_id=boot), timeout=self.timeout)
             except (grpc.RpcError, ValueError):
                 pass
         self._channel.close()
-        for s in slabs:
-            s.close()
+        if slab is not None:
+            slab.retire()

@@ -308,6 +308,11 @@ def test_serve_killed_under_load(kvtier_bin, tmp_path):
         assert wrong_pages(pool, durable, range(260, 300), 0) == []
         assert c.errors == [] and slow == []
         assert b.counters["registrations"] >= 2
+        # The dead serve's slab (its shm file removed by the new serve) is
+        # unmapped once no copy uses it: its memory is not held twice.
+        with open("/proc/self/maps") as f:
+            stale = [ln for ln in f if "kvtier-sglt" in ln and "(deleted)" in ln]
+        assert stale == []
     finally:
         stop_c = getattr(c, "stop")
         stop_c()
