@@ -552,6 +552,11 @@ def test_serve_stalled(kvtier_bin, tmp_path):
         assert b.batch_set_v1(keys, pool.slot_indices(range(4))) == [True] * 4
         s.proc.send_signal(signal.SIGSTOP)
         try:
+            stopped_by = time.time() + 10  # the stop reaches every thread asynchronously
+            while not all(open("/proc/%d/task/%s/stat" % (s.proc.pid, t)).read().rsplit(")", 1)[1].split()[0] == "T"
+                          for t in os.listdir("/proc/%d/task" % s.proc.pid)):
+                assert time.time() < stopped_by, "serve did not stop"
+                time.sleep(0.01)
             for call, want in [(lambda: b.batch_exists(keys), 0),
                                (lambda: b.batch_get_v1(keys, pool.slot_indices(range(4, 8))), [False] * 4),
                                (lambda: b.batch_set_v1(chain_keys("stall2", 4), pool.slot_indices(range(4))), [False] * 4)]:
