@@ -51,6 +51,7 @@ SETTINGS = {
     "timeout_s": "deadline of each call to serve in seconds (default 5)",
     "get_deadline_ms": "bound of a get's reloads from the tiers below L2 (default 0: serve's default, 2 s)",
     "register_retry_s": "while serve is away, try to register at most this often (default 0.5)",
+    "kv_cache_dtype": "the KV's dtype in the namespace (default: SGLang's kv_cache_dtype, else the host pool's dtype)",
 }
 _KNOWN = set(SETTINGS) | {"backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size"}
 
@@ -256,7 +257,11 @@ class KvtierStorage(HiCacheStorage):
         self.page_bytes = page_bytes
         self.kind_bytes = [page_bytes // n] * n
         self.layout = str(getattr(mem_pool_host, "layout", "") or "")
-        self.dtype = _dtype_name(getattr(mem_pool_host, "dtype", ""))
+        # The KV dtype names the namespace: an fp8 pool stores uint8, so the
+        # KV's own dtype (newer SGLang's storage_config.kv_cache_dtype, or
+        # extra_config "kv_cache_dtype") wins over the pool's storage dtype.
+        kvd = (self.config.extra_config or {}).get("kv_cache_dtype") or getattr(self.config, "kv_cache_dtype", None)
+        self.dtype = _dtype_name(kvd or getattr(mem_pool_host, "dtype", ""))
         try:
             with self._lock:
                 self._deadline(self._register)
@@ -891,7 +896,7 @@ class KvtierStorage(HiCacheStorage):
     def get_stats(self):
         """SGLang's StorageMetrics since the last call (pages a prefetch or
         backup batch moved, its bandwidth in GB/s), or None without
-        --enable-cache-report storage metrics."""
+        --enable-metrics (enable_storage_metrics)."""
         if not self.enable_metrics:
             return None
         try:

@@ -111,7 +111,8 @@ def test_controller_roundtrip(serve, mla, layout):
 
 def test_namespaces_per_rank(kvtier_bin, tmp_path):
     """MHA: each TP rank its own pages; MLA: TP ranks share (rank 0 backs
-    up, rank 3 reads); PP and CP ranks never share."""
+    up, rank 3 reads); PP and CP ranks, another model revision and another
+    KV dtype never share."""
     s = start_serve(kvtier_bin, tmp_path, True, 64)
     try:
         pools = [HostPool(True, "page_first", pages=8) for _ in range(3)]
@@ -134,7 +135,9 @@ def test_namespaces_per_rank(kvtier_bin, tmp_path):
         assert cp.batch_exists(keys) == 0
         rev = backend(s.sock, pools[2], True, tp_rank=0, tp_size=4, model_revision="other")
         assert rev.batch_exists(keys) == 0
-        for b in (r0, r3, pp, cp, rev):
+        fp8 = backend(s.sock, pools[2], True, tp_rank=0, tp_size=4, kv_cache_dtype="float8_e5m2")
+        assert fp8.batch_exists(keys) == 0
+        for b in (r0, r3, pp, cp, rev, fp8):
             b.close()
     finally:
         s.stop()
