@@ -15,6 +15,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/kvtier/kvtier/host/control"
@@ -75,6 +76,11 @@ type Options struct {
 	// the frontier keeps the ranks in lockstep. 0 or 1: one lane, every
 	// page.
 	Lanes, Rank int
+	// StoreQueue bounds the store lookups, gets, deletes and touches
+	// issued to the Node's worker and not yet drained (0: 1024). An op
+	// beyond it misses or fails at once (ErrStoreQueueFull): a stuck tier
+	// never stalls the driver.
+	StoreQueue int
 }
 
 // Stats counts what a Node moved and decided.
@@ -174,6 +180,21 @@ type Node struct {
 
 	stats Stats
 	out   control.Ready // the last Ready handed to the driver
+
+	// The store worker (storeops.go). jobs, nextJob, jobCtx, closed:
+	// the owner goroutine only; jobQ, jobDone, jobRunning: under jobMu.
+	jobs       map[uint64]*storeJob // issued, not yet drained
+	nextJob    uint64
+	jobCtx     context.Context
+	jobCancel  context.CancelFunc
+	closed     bool
+	jobReady   chan struct{}
+	jobWG      sync.WaitGroup
+	jobMu      sync.Mutex
+	jobQ       []*storeJob
+	jobDone    []*storeJob
+	jobSpare   []*storeJob
+	jobRunning bool
 }
 
 // New returns a Node over an opened stack and a Machine built from
@@ -202,6 +223,9 @@ func New(s *stack.Stack, m *control.Machine, opts Options) (*Node, error) {
 		opts.SettleTimeout = 30 * time.Second
 	}
 	opts.Lanes = max(opts.Lanes, 1)
+	if opts.StoreQueue <= 0 {
+		opts.StoreQueue = defaultStoreQueue
+	}
 	if opts.Rank < 0 || opts.Rank >= opts.Lanes {
 		return nil, fmt.Errorf("host: rank %d outside the %d owner lanes", opts.Rank, opts.Lanes)
 	}
@@ -209,12 +233,18 @@ func New(s *stack.Stack, m *control.Machine, opts Options) (*Node, error) {
 	if len(lay.Kinds) != len(s.Config.Payload.Kinds) {
 		return nil, fmt.Errorf("host: the machine's L2 layout has %d kinds, the stack's payload %d", len(lay.Kinds), len(s.Config.Payload.Kinds))
 	}
-	return &Node{
+	n := &Node{
 		m: m, s: s, store: st, group: opts.Group, engine: opts.Engine, log: opts.Logger, opts: opts,
 		layout: lay, kinds: len(lay.Kinds),
 		pool: map[tiers.BatchID]*batch{}, puts: map[tiers.BatchID]*batch{},
-		stats: Stats{Skips: map[string]int64{}, FailedOps: map[string]int64{}},
-	}, nil
+		stats:    Stats{Skips: map[string]int64{}, FailedOps: map[string]int64{}},
+		jobs:     map[uint64]*storeJob{},
+		jobReady: make(chan struct{}, 1),
+	}
+	// NB: the worker's context is the Node's life, never a caller's: a
+	// step's context ends with the step, long before its lookup runs.
+	n.jobCtx, n.jobCancel = context.WithCancel(context.Background())
+	return n, nil
 }
 
 // Machine returns the Node's Machine (for read-only views: MatchedL1,
@@ -237,8 +267,9 @@ func clone(m map[string]int64) map[string]int64 {
 	return c
 }
 
-// Outstanding reports how many Pool and Store batches are in flight.
-func (n *Node) Outstanding() int { return len(n.pool) + len(n.puts) }
+// Outstanding reports how many Pool and Store batches and store
+// operations (lookups, gets, deletes, touches) are in flight.
+func (n *Node) Outstanding() int { return len(n.pool) + len(n.puts) + len(n.jobs) }
 
 // InFlight reports the batches in flight by tier: Pool copies (L1<->L2)
 // and Store operations.
@@ -288,22 +319,22 @@ func (n *Node) run(ctx context.Context, e control.Event) (control.Ready, error) 
 		n.put(ctx, p)
 	}
 	for _, l := range rd.Lookups {
-		n.lookup(ctx, l)
+		n.lookup(l)
 	}
 	for _, g := range rd.Gets {
-		n.get(ctx, g)
+		n.get(g)
 	}
 	for _, d := range rd.Deletes {
 		if ks := n.keys(d.Hashes, d.Depth); n.store != nil && len(ks) > 0 {
-			if err := n.store.Delete(ctx, ks); err != nil {
-				n.log.Warn("kvtier host: delete after a failed spill", "op", uint64(d.Op), "err", err)
+			if j := (&storeJob{kind: jobDelete, op: d.Op, keys: ks}); !n.enqueue(j) {
+				n.log.Warn("kvtier host: delete after a failed spill dropped", "op", uint64(d.Op), "err", ErrStoreQueueFull)
 			}
 		}
 	}
 	for _, t := range rd.Touches {
 		if ks := n.keys(t.Hashes, t.Depth); n.store != nil && len(ks) > 0 {
-			if err := n.store.Touch(ctx, ks); err != nil {
-				n.log.Debug("kvtier host: touch", "err", err)
+			if j := (&storeJob{kind: jobTouch, keys: ks}); !n.enqueue(j) {
+				n.log.Debug("kvtier host: touch dropped", "err", ErrStoreQueueFull)
 			}
 		}
 	}
@@ -449,8 +480,9 @@ func (n *Node) put(ctx context.Context, p control.Put) {
 // positions in l.Hashes of the pages it owns, the store's longest prefix
 // of those pages, k, leaves the pages before pos[k] (the first of its own
 // that is missing) covered as far as this lane can tell; the group's MIN
-// over the lanes is then the longest prefix durable on every owner.
-func (n *Node) lookup(ctx context.Context, l control.Lookup) {
+// over the lanes is then the longest prefix durable on every owner. The
+// store is asked by the worker; Drain records the answer (Longest).
+func (n *Node) lookup(l control.Lookup) {
 	c := 0
 	if n.store != nil && len(l.Hashes) > 0 {
 		c = len(l.Hashes)
@@ -465,21 +497,12 @@ func (n *Node) lookup(ctx context.Context, l control.Lookup) {
 			// NB: the sentinel: every own page present covers the suffix.
 			pos = append(pos, len(l.Hashes))
 		}
-		for k := range n.kinds {
-			if len(hs) == 0 {
-				break
+		if len(hs) > 0 {
+			j := &storeJob{kind: jobLookup, op: l.Op, hashes: hs, pos: pos, total: len(l.Hashes)}
+			if !n.enqueue(j) {
+				n.refuse(j, ErrStoreQueueFull)
 			}
-			got, err := n.store.LongestPrefix(ctx, tiers.PayloadKind(k), hs)
-			if err != nil {
-				n.stats.FailedOps["lookup"]++
-				n.log.Warn("kvtier host: lookup", "op", uint64(l.Op), "err", err)
-				got = 0
-			}
-			got = max(0, min(got, len(hs)))
-			if pos != nil {
-				got = pos[got] // a position in l.Hashes (see the sentinel)
-			}
-			c = min(c, got)
+			return
 		}
 	}
 	if err := n.m.Longest(l.Op, c); err != nil {
@@ -487,38 +510,30 @@ func (n *Node) lookup(ctx context.Context, l control.Lookup) {
 	}
 }
 
-func (n *Node) get(ctx context.Context, g control.Get) {
-	ok := n.store != nil && len(g.Spans) == len(g.Hashes)*n.kinds
-	if ok {
-		reqs := make([]tiers.GetRequest, 0, len(g.Spans))
-		for i, sp := range g.Spans {
-			if pg := i % len(g.Hashes); n.owns(g.Depth + pg) {
-				reqs = append(reqs, tiers.GetRequest{Key: tiers.Key{Hash: g.Hashes[pg], Kind: tiers.PayloadKind(i / len(g.Hashes))}, Dst: sp})
-			}
-		}
-		res := make([]error, len(reqs))
-		if len(reqs) > 0 {
-			if err := n.store.Get(ctx, reqs, res); err != nil {
-				ok = false
-				n.log.Warn("kvtier host: get", "op", uint64(g.Op), "err", err)
-			}
-		}
-		var b int64
-		for i, e := range res {
-			if e != nil {
-				ok = false
-			} else {
-				b += reqs[i].Dst.Length
-			}
-		}
-		if ok {
-			n.stats.L3ToL2 += b
-		}
-	}
-	if !ok {
+// get reloads a Get's own pages into its slab spans through the worker;
+// Drain records the outcome (Done(loaded)). The spans stay reserved by
+// the Machine until then.
+func (n *Node) get(g control.Get) {
+	if n.store == nil || len(g.Spans) != len(g.Hashes)*n.kinds {
 		n.stats.FailedOps["get"]++
+		n.done(g.Op, control.StageLoaded, false)
+		return
 	}
-	n.done(g.Op, control.StageLoaded, ok)
+	reqs := make([]tiers.GetRequest, 0, len(g.Spans))
+	for i, sp := range g.Spans {
+		if pg := i % len(g.Hashes); n.owns(g.Depth + pg) {
+			reqs = append(reqs, tiers.GetRequest{Key: tiers.Key{Hash: g.Hashes[pg], Kind: tiers.PayloadKind(i / len(g.Hashes))}, Dst: sp})
+		}
+	}
+	if len(reqs) == 0 {
+		// None of the reload's pages is this lane's.
+		n.done(g.Op, control.StageLoaded, true)
+		return
+	}
+	j := &storeJob{kind: jobGet, op: g.Op, gets: reqs}
+	if !n.enqueue(j) {
+		n.refuse(j, ErrStoreQueueFull)
+	}
 }
 
 func (n *Node) fail(op control.OpID, kind string, stages ...control.Stage) {
@@ -534,9 +549,10 @@ func (n *Node) done(op control.OpID, st control.Stage, ok bool) {
 	}
 }
 
-// Drain feeds every queued Pool and Store ack to the Machine without
-// blocking.
+// Drain feeds every queued Pool and Store ack and every finished store
+// operation (lookup, get) to the Machine without blocking.
 func (n *Node) Drain() {
+	n.drainJobs()
 	n.acks = n.s.Pool.DrainAcks(n.acks[:0])
 	for _, a := range n.acks {
 		b := n.pool[a.Batch]
@@ -615,9 +631,12 @@ func (n *Node) putAck(a tiers.Ack, b *batch) {
 	}
 }
 
-// Settle drains acks until no batch is in flight, waiting on the tiers'
-// AckReady. Batches still outstanding after SettleTimeout are failed (the
-// ops roll back or miss) and forgotten; their late acks are ignored.
+// Settle drains acks and store results until no batch and no store
+// operation is in flight, waiting on the tiers' AckReady and StoreReady.
+// What is still outstanding after SettleTimeout is failed (the ops roll
+// back or miss) and forgotten; late acks and results are ignored. A
+// deterministic driver (a replay) settles before each tick, so every
+// answer is in before the frontier.
 func (n *Node) Settle(ctx context.Context) error {
 	deadline := time.NewTimer(n.opts.SettleTimeout)
 	defer deadline.Stop()
@@ -633,6 +652,7 @@ func (n *Node) Settle(ctx context.Context) error {
 		select {
 		case <-n.s.Pool.AckReady():
 		case <-storeReady:
+		case <-n.jobReady:
 		case <-ctx.Done():
 			n.abandon("canceled")
 			return ctx.Err()
@@ -643,8 +663,9 @@ func (n *Node) Settle(ctx context.Context) error {
 	}
 }
 
-// abandon fails every outstanding batch's op.
+// abandon fails every outstanding batch's and store operation's op.
 func (n *Node) abandon(why string) {
+	n.abandonJobs(why)
 	for id, b := range n.pool {
 		n.log.Warn("kvtier host: pool batch abandoned", "op", uint64(b.op), "why", why)
 		delete(n.pool, id)

@@ -34,8 +34,8 @@ type Output struct {
 }
 
 // Run makes the calling goroutine the Node's owner: it serves inputs in
-// order and drains the tiers' acks into the Machine as they arrive, until
-// in is closed (nil) or ctx ends (ctx.Err()). No other goroutine may call
+// order and drains the tiers' acks and the store operations' results
+// into the Machine as they arrive, until in is closed (nil) or ctx ends (ctx.Err()). No other goroutine may call
 // the Node while Run runs.
 func (n *Node) Run(ctx context.Context, in <-chan Input) error {
 	var storeReady <-chan struct{}
@@ -61,6 +61,8 @@ func (n *Node) Run(ctx context.Context, in <-chan Input) error {
 		case <-n.s.Pool.AckReady():
 			n.Drain()
 		case <-storeReady:
+			n.Drain()
+		case <-n.jobReady:
 			n.Drain()
 		}
 	}

@@ -154,9 +154,7 @@ func TestSessionReplacedRollsBack(t *testing.T) {
 		t.Fatalf("second request: %v", r[0])
 	}
 	ek := chain("y", 8, 8, "")
-	stepAll(t, ctx, es, func() *pb.StepRequest {
-		return &pb.StepRequest{Lookups: []*pb.Lookup{{ReqId: "y", Pages: 8, Hashes: packHashes(ek)}}}
-	}, nil)
+	lookupGroup(t, ctx, es, "y", ek)
 	outs := stepAll(t, ctx, es, func() *pb.StepRequest {
 		return &pb.StepRequest{Stores: []*pb.Store{{ReqId: "y", Pages: 8, Hashes: packHashes(ek)}}}
 	}, map[string][]pagehash.Hash{"y": ek})
@@ -210,12 +208,9 @@ func TestDisconnectRollsBack(t *testing.T) {
 	}
 	key := chain("d", 8, 8, "")
 	drive(t, ctx, a, "warm", key)
-	out, err := a.run(ctx, &pb.StepRequest{Lookups: []*pb.Lookup{{ReqId: "x", Pages: 8, Hashes: packHashes(chain("e", 8, 8, ""))}}}, nil)
-	if err != nil || len(out.Errors) > 0 {
-		t.Fatal(err, out.GetErrors())
-	}
 	ek := chain("e", 8, 8, "")
-	out, err = a.run(ctx, &pb.StepRequest{Stores: []*pb.Store{{ReqId: "x", Pages: 8, Hashes: packHashes(ek)}}}, map[string][]pagehash.Hash{"x": ek})
+	lookupGroup(t, ctx, []*testEngine{a}, "x", ek)
+	out, err := a.run(ctx, &pb.StepRequest{Stores: []*pb.Store{{ReqId: "x", Pages: 8, Hashes: packHashes(ek)}}}, map[string][]pagehash.Hash{"x": ek})
 	if err != nil || len(out.Plans) == 0 {
 		t.Fatalf("no plans owed: %v %v", err, out)
 	}

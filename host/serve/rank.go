@@ -23,10 +23,6 @@ import (
 	"github.com/kvtier/kvtier/tiers/l1cuda"
 )
 
-// maxExtraTicks bounds the extra ticks one step makes while requests wait
-// for reloads (the held set is replicated, so every rank ticks alike).
-const maxExtraTicks = 3
-
 // rank hosts one rank: its stack, Node and Machine, and the session of
 // the engine rank that talks to it. One goroutine (loop) owns all of it.
 type rank struct {
@@ -162,8 +158,8 @@ func newSessionID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// loop serves calls until ctx ends, draining tier acks as they arrive and
-// expiring a silent session.
+// loop serves calls until ctx ends, draining tier acks and store results
+// as they arrive and expiring a silent session.
 func (r *rank) loop(ctx context.Context) {
 	var storeReady <-chan struct{}
 	if len(r.st.Stores) > 0 {
@@ -211,6 +207,12 @@ func (r *rank) loop(ctx context.Context) {
 				r.node.Drain()
 			}
 		case <-r.pool.AckReady():
+			if r.tickDone == nil {
+				r.node.Drain()
+			}
+		case <-r.node.StoreReady():
+			// The Node's store worker answered a lookup or a get: its
+			// result is a local fact, replicated at the next tick.
 			if r.tickDone == nil {
 				r.node.Drain()
 			}
@@ -314,6 +316,12 @@ func (r *rank) reset(ctx context.Context, e *epoch, why string) {
 	}
 	if r.node.Outstanding() > 0 {
 		r.log.Warn("kvtier serve: store operations abandoned at a new epoch", "batches", r.node.Outstanding())
+	}
+	// NB: Close waits (bounded) for a Get still writing into a slab span
+	// of the old Machine's reload, which the new Machine may reuse; the
+	// old Node's late results go nowhere.
+	if err := r.node.Close(); err != nil {
+		r.log.Error("kvtier serve: close the old epoch's node", "rank", r.idx, "err", err)
 	}
 	m, node, err := r.srv.build(r, e)
 	if err != nil {
@@ -494,14 +502,11 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 		return r.stepEngine(ctx, eg, s, out, errs)
 	}
 
-	// 5. Tick: the frontier commits what finished; more ticks while
-	// requests wait for a reload, so an L3 hit takes one step where the
-	// tiers answer at once.
-	err := r.tick(ctx)
-	for n := 0; err == nil && n < maxExtraTicks && len(r.m.Held()) > 0; n++ {
-		err = r.tick(ctx)
-	}
-	if err != nil {
+	// 5. Tick, once: the frontier commits what finished. The step never
+	// waits for a tier: lookups and reloads run on the Node's store
+	// worker, and a request held for one stays PENDING until a later
+	// step's tick finds its answers in the frontier.
+	if err := r.tick(ctx); err != nil {
 		// The group stopped (a rank's engine did not step in time, or
 		// the ranks diverged): every session ends, a new epoch starts;
 		// the engine registers again and recomputes what was pending.

@@ -811,6 +811,9 @@ func (s *Server) closeRanks(ctx context.Context) error {
 		if err := r.node.Settle(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("rank %d: settle: %w", r.idx, err))
 		}
+		if err := r.node.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("rank %d: %w", r.idx, err))
+		}
 		if r.closeHook != nil {
 			if err := r.closeHook(); err != nil {
 				errs = append(errs, fmt.Errorf("rank %d: stores hook: %w", r.idx, err))

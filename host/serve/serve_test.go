@@ -125,6 +125,24 @@ func driveKeys(t testing.TB, ctx context.Context, es []*testEngine, prefix strin
 func driveGroup(t testing.TB, ctx context.Context, es []*testEngine, name string, key []pagehash.Hash) []*pb.LookupResult {
 	t.Helper()
 	keys := map[string][]pagehash.Hash{name: key}
+	res := lookupGroup(t, ctx, es, name, key)
+	outs := stepAll(t, ctx, es, func() *pb.StepRequest {
+		return &pb.StepRequest{Stores: []*pb.Store{{ReqId: name, Pages: uint32(len(key)), Hashes: packHashes(key)}}, Finished: []*pb.Finish{{ReqId: name}}}
+	}, keys)
+	for i, out := range outs {
+		if len(out.Errors) > 0 {
+			t.Fatalf("%s rank %d: store: %v", name, i, out.Errors)
+		}
+	}
+	return res
+}
+
+// lookupGroup looks key up as request name on every rank of a group in
+// lockstep and steps until it is DONE (verifying the hit pages): a lookup
+// that needs the store is PENDING for a step or more, never waited for.
+func lookupGroup(t testing.TB, ctx context.Context, es []*testEngine, name string, key []pagehash.Hash) []*pb.LookupResult {
+	t.Helper()
+	keys := map[string][]pagehash.Hash{name: key}
 	outs := stepAll(t, ctx, es, func() *pb.StepRequest {
 		return &pb.StepRequest{Lookups: []*pb.Lookup{{ReqId: name, Pages: uint32(len(key)), Hashes: packHashes(key)}}}
 	}, keys)
@@ -159,14 +177,6 @@ func driveGroup(t testing.TB, ctx context.Context, es []*testEngine, name string
 		e.verify(res[i], key)
 		if res[i].HitPages != res[0].HitPages {
 			t.Fatalf("%s: rank %d hit %d pages, rank 0 %d", name, i, res[i].HitPages, res[0].HitPages)
-		}
-	}
-	outs = stepAll(t, ctx, es, func() *pb.StepRequest {
-		return &pb.StepRequest{Stores: []*pb.Store{{ReqId: name, Pages: uint32(len(key)), Hashes: packHashes(key)}}, Finished: []*pb.Finish{{ReqId: name}}}
-	}, keys)
-	for i, out := range outs {
-		if len(out.Errors) > 0 {
-			t.Fatalf("%s rank %d: store: %v", name, i, out.Errors)
 		}
 	}
 	return res
