@@ -195,6 +195,8 @@ type Node struct {
 	jobDone    []*storeJob
 	jobSpare   []*storeJob
 	jobRunning bool
+	putJobs    int         // put jobs in jobs
+	orphans    []tiers.Ack // store acks of batches not yet known
 }
 
 // New returns a Node over an opened stack and a Machine built from
@@ -316,7 +318,7 @@ func (n *Node) run(ctx context.Context, e control.Event) (control.Ready, error) 
 		return rd, err
 	}
 	for _, p := range rd.Puts {
-		n.put(ctx, p)
+		n.put(p)
 	}
 	for _, l := range rd.Lookups {
 		n.lookup(l)
@@ -447,7 +449,7 @@ func (n *Node) copyItems(c control.Copy, items []tiers.PoolCopy, sizes []int64) 
 	return items, sizes, nil
 }
 
-func (n *Node) put(ctx context.Context, p control.Put) {
+func (n *Node) put(p control.Put) {
 	if n.store == nil || len(p.Spans) != len(p.Hashes)*n.kinds {
 		n.fail(p.Op, "put", control.StageGathered, control.StageDurable)
 		return
@@ -467,13 +469,15 @@ func (n *Node) put(ctx context.Context, p control.Put) {
 		n.done(p.Op, control.StageDurable, true)
 		return
 	}
-	id, err := n.store.Put(ctx, reqs)
-	if err != nil || id == 0 {
-		n.log.Warn("kvtier host: put refused", "op", uint64(p.Op), "err", err)
-		n.fail(p.Op, "put", control.StageGathered, control.StageDurable)
-		return
+	// NB: Put is asynchronous by contract, but a plugin's or a remote
+	// store's call can still block: the worker makes it, in order with
+	// the deletes (a delete after a failed spill never overtakes a later
+	// put of the same page). Drain registers the batch; its acks wait
+	// for that (Drain keeps them).
+	j := &storeJob{kind: jobPut, op: p.Op, puts: reqs, sizes: sizes}
+	if !n.enqueue(j) {
+		n.refuse(j, ErrStoreQueueFull)
 	}
-	n.puts[id] = &batch{op: p.Op, kind: "put", bytes: sizes, state: make([]uint8, len(reqs))}
 }
 
 // lookup answers a Lookup from this Node's own pages: with pos the
@@ -581,15 +585,29 @@ func (n *Node) Drain() {
 	if n.store == nil {
 		return
 	}
-	n.acks = n.store.DrainAcks(n.acks[:0])
+	// An ack may come before Drain took its Put's result (the worker
+	// learns the batch id when Put returns): kept while a put job is out,
+	// fed once the batch is known; an abandoned batch's acks are dropped.
+	n.acks = n.store.DrainAcks(append(n.acks[:0], n.orphans...))
+	n.orphans = n.orphans[:0]
 	for _, a := range n.acks {
 		b := n.puts[a.Batch]
-		if b == nil || a.Index < 0 || a.Index >= len(b.state) || b.state[a.Index] == 2 {
+		if b == nil {
+			if n.putJobs > 0 && len(n.orphans) < maxOrphanAcks {
+				n.orphans = append(n.orphans, a)
+			}
+			continue
+		}
+		if a.Index < 0 || a.Index >= len(b.state) || b.state[a.Index] == 2 {
 			continue
 		}
 		n.putAck(a, b)
 	}
 }
+
+// maxOrphanAcks bounds the store acks kept for batches Drain does not know
+// yet.
+const maxOrphanAcks = 1 << 16
 
 func (n *Node) putAck(a tiers.Ack, b *batch) {
 	first := b.state[a.Index] == 0

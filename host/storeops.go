@@ -11,7 +11,7 @@ import (
 	"github.com/kvtier/kvtier/tiers"
 )
 
-// The Store's lookups, gets, deletes and touches run off the driver's
+// The Store's puts, lookups, gets, deletes and touches run off the driver's
 // goroutine: a step (or a replay's tick) never waits on L3, Redis or a
 // plugin. The driver's goroutine queues a job (bounded); one worker
 // goroutine, owned by the Node and started while jobs are queued, runs
@@ -36,6 +36,7 @@ const (
 	jobGet
 	jobDelete
 	jobTouch
+	jobPut
 )
 
 func (k jobKind) String() string {
@@ -48,6 +49,8 @@ func (k jobKind) String() string {
 		return "delete"
 	case jobTouch:
 		return "touch"
+	case jobPut:
+		return "put"
 	}
 	return "unknown"
 }
@@ -69,6 +72,10 @@ type storeJob struct {
 	gets []tiers.GetRequest
 	// delete, touch
 	keys []tiers.Key
+	// put: the items, their sizes and the batch id Put returned
+	puts  []tiers.PutRequest
+	sizes []int64
+	batch tiers.BatchID
 
 	// results
 	pages int   // lookup: pages covered
@@ -86,6 +93,9 @@ func (n *Node) enqueue(j *storeJob) bool {
 	n.nextJob++
 	j.seq, j.ctx = n.nextJob, n.jobCtx
 	n.jobs[j.seq] = j
+	if j.kind == jobPut {
+		n.putJobs++
+	}
 	n.jobMu.Lock()
 	n.jobQ = append(n.jobQ, j)
 	if !n.jobRunning {
@@ -164,6 +174,11 @@ func (n *Node) exec(j *storeJob) {
 		j.err = n.store.Delete(j.ctx, j.keys)
 	case jobTouch:
 		j.err = n.store.Touch(j.ctx, j.keys)
+	case jobPut:
+		j.batch, j.err = n.store.Put(j.ctx, j.puts)
+		if j.err == nil && j.batch == 0 {
+			j.err = fmt.Errorf("the store returned batch 0")
+		}
 	}
 }
 
@@ -180,6 +195,9 @@ func (n *Node) drainJobs() {
 			continue
 		}
 		delete(n.jobs, j.seq)
+		if j.kind == jobPut {
+			n.putJobs--
+		}
 		n.finish(j)
 	}
 	n.jobSpare = done[:0]
@@ -211,11 +229,18 @@ func (n *Node) finish(j *storeJob) {
 		if j.err != nil {
 			n.log.Debug("kvtier host: touch", "err", j.err)
 		}
+	case jobPut:
+		if j.err != nil {
+			n.log.Warn("kvtier host: put refused", "op", uint64(j.op), "err", j.err)
+			n.fail(j.op, "put", control.StageGathered, control.StageDurable)
+			return
+		}
+		n.puts[j.batch] = &batch{op: j.op, kind: "put", bytes: j.sizes, state: make([]uint8, len(j.puts))}
 	}
 }
 
 // refuse answers a job the queue did not take: a lookup finds nothing, a
-// get fails; a delete or touch is dropped (the store's own GC reclaims an
+// get or put fails; a delete or touch is dropped (the store's own GC reclaims an
 // undeleted page; a touch is advice).
 func (n *Node) refuse(j *storeJob, why error) {
 	j.err = why
@@ -224,9 +249,10 @@ func (n *Node) refuse(j *storeJob, why error) {
 }
 
 // abandonJobs fails every job not yet drained: a lookup finds nothing, a
-// get fails. Their late results are ignored, and the worker's context is
+// get or put fails. Their late results are ignored, and the worker's context is
 // canceled so a tier that honours it stops early.
 func (n *Node) abandonJobs(why string) {
+	n.putJobs = 0
 	for seq, j := range n.jobs {
 		delete(n.jobs, seq)
 		switch j.kind {
@@ -240,6 +266,11 @@ func (n *Node) abandonJobs(why string) {
 			n.log.Warn("kvtier host: store operation abandoned", "op", uint64(j.op), "kind", j.kind.String(), "why", why)
 			n.stats.FailedOps["timeout"]++
 			n.done(j.op, control.StageLoaded, false)
+		case jobPut:
+			n.log.Warn("kvtier host: store operation abandoned", "op", uint64(j.op), "kind", j.kind.String(), "why", why)
+			n.stats.FailedOps["timeout"]++
+			n.done(j.op, control.StageGathered, false)
+			n.done(j.op, control.StageDurable, false)
 		}
 	}
 	n.jobCancel()
