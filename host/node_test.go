@@ -19,6 +19,7 @@ import (
 	"github.com/kvtier/kvtier/host/stack"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
+	"github.com/kvtier/kvtier/tiers/tiertest"
 )
 
 // stackYAML is a small stack: a host L1 pool of 8 pages, a 1 MiB shm slab
@@ -394,5 +395,114 @@ func TestNodeRun(t *testing.T) {
 	cancel2()
 	if err := d.n.Run(ctx2, make(chan host.Input)); !errors.Is(err, context.Canceled) {
 		t.Fatalf("run after cancel: %v", err)
+	}
+}
+
+// waitFor polls cond (a count, never a time) for up to 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10 s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// held reports whether req is held by the Machine.
+func held(n *host.Node, req control.ReqID) bool { return slices.Contains(n.Machine().Held(), req) }
+
+// TestNodeAsyncStore: a store whose every call waits at a gate (a fault
+// injection fake) never stalls the Node's driver. A request that needs a
+// reload stays held while its lookup waits, tick after tick; opening the
+// gate answers it, and the reload lands with the right bytes. A lookup
+// abandoned by Settle's timeout is a miss, and its late answer is ignored.
+func TestNodeAsyncStore(t *testing.T) {
+	dir := t.TempDir()
+	s := openStack(t, stackYAML(dir, memstoreEntry), dir)
+	g := tiertest.NewGatedStore(s.Stores[0].Store)
+	s.Stores[0].Store = g
+	d := newDriver(t, s, host.Options{})
+	for i := range 20 {
+		d.request(control.ReqID(i+1), key(i, 4))
+	}
+
+	g.Block()
+	k := key(0, 4)
+	rd := d.apply(control.Event{Kind: control.EvMatch, Req: 101, Pages: len(k), Hashes: k})
+	if m := rd.Matches[len(rd.Matches)-1]; !m.Held || len(rd.Lookups) == 0 {
+		t.Fatalf("conversation 0 is not held for a lookup: %+v, lookups %d", m, len(rd.Lookups))
+	}
+	waitFor(t, "the lookup at the gate", func() bool { return g.Waiting() >= 1 })
+	for i := range 5 {
+		// Tick without Settle: what a serve step does.
+		rd, err := d.n.Tick(d.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rd.Unholds) > 0 || !held(d.n, 101) || d.n.Outstanding() == 0 {
+			t.Fatalf("tick %d with the store blocked: unholds %v, held %v, outstanding %d", i, rd.Unholds, held(d.n, 101), d.n.Outstanding())
+		}
+	}
+	g.Release()
+	var reason control.HoldReason
+	for i := 0; reason == 0 && i < 100; i++ {
+		for _, u := range d.tick().Unholds {
+			if u.Req == 101 {
+				reason = u.Reason
+			}
+		}
+	}
+	if reason != control.Loaded {
+		t.Fatalf("after the gate opened: unhold %v, want loaded (stats %+v)", reason, d.n.Stats())
+	}
+	d.apply(control.Event{Kind: control.EvMatch, Req: 101, Pages: len(k), Hashes: k})
+	d.tick()
+	good, err := d.eng.Verify(d.n.Machine().MatchedL1(101, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if good != 4 || d.eng.WrongBytes != 0 || d.n.Stats().L3ToL2 == 0 {
+		t.Fatalf("reloaded %d good pages, %d wrong bytes, stats %+v", good, d.eng.WrongBytes, d.n.Stats())
+	}
+	d.apply(control.Event{Kind: control.EvFinish, Req: 101})
+	d.apply(control.Event{Kind: control.EvRelease, Req: 101})
+	d.tick()
+
+	// Abandoned: Settle gives up on a lookup at the closed gate (a new
+	// Node over its own stack: a miss is looked up in the store too).
+	dir2 := t.TempDir()
+	s2 := openStack(t, stackYAML(dir2, memstoreEntry), dir2)
+	g2 := tiertest.NewGatedStore(s2.Stores[0].Store)
+	s2.Stores[0].Store = g2
+	short := newDriver(t, s2, host.Options{SettleTimeout: 20 * time.Millisecond})
+	g2.Block()
+	k = key(1, 4)
+	short.apply(control.Event{Kind: control.EvMatch, Req: 301, Pages: len(k), Hashes: k})
+	before := short.n.Stats().FailedOps["timeout"]
+	if err := short.n.Settle(short.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := short.n.Stats().FailedOps["timeout"]; got != before+1 || short.n.Outstanding() != 0 {
+		t.Fatalf("settle over a blocked lookup: %d timeouts (was %d), %d outstanding", got, before, short.n.Outstanding())
+	}
+	g2.Release()
+	waitFor(t, "the abandoned lookup to return", func() bool { return g2.Waiting() == 0 })
+	reason = 0
+	for i := 0; reason == 0 && i < 10; i++ {
+		for _, u := range short.tick().Unholds {
+			if u.Req == 301 {
+				reason = u.Reason
+			}
+		}
+	}
+	if reason != control.Missed {
+		t.Fatalf("abandoned lookup: unhold %v, want missed", reason)
+	}
+	if err := short.n.Machine().CheckInvariants(); err != nil {
+		t.Fatal(err)
+	}
+	if err := short.n.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
