@@ -10,11 +10,13 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strings"
 
 	"github.com/kvtier/kvtier/host/serve"
 	"github.com/kvtier/kvtier/internal/benchreport"
 	"github.com/kvtier/kvtier/internal/loadgen"
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/workload"
 )
 
@@ -34,6 +36,9 @@ func runBenchServe(ctx context.Context, args []string, stdout, stderr io.Writer)
 	asJSON := fs.Bool("json", false, "print one JSON object per line")
 	copies := fs.Bool("copies", true, "run the engine's copies in the bench process (false: report plans done without copying, the control plane alone)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to `file`")
+	pageBytes := fs.String("page-bytes", "", "page `size` per payload kind (e.g. 2816KiB, the seed's geometry); the stack is sized in pages: an L1 of 2x --max-pages, an L2 of 6x, an L3 of 16x per rank (empty: the embedded demo stack)")
+	maxPages := fs.Int("max-pages", 64, "pages per request at most (longer prompts are cut)")
+	rounds := fs.Int("rounds", 0, "alternate N rounds with the --l3 tier and N without L3, each a fresh serve, and report the step p99 of each and their ratio (0: one run)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -49,54 +54,24 @@ func runBenchServe(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return fmt.Errorf("bench serve: --per-step %d: want 1..4096: %w", *perStep, errUsage)
 	case *requests < 1 || *requests > 1_000_000:
 		return fmt.Errorf("bench serve: --requests %d: want 1..1000000: %w", *requests, errUsage)
+	case *maxPages < 1 || *maxPages > 4096:
+		return fmt.Errorf("bench serve: --max-pages %d: want 1..4096: %w", *maxPages, errUsage)
+	case *rounds < 0 || *rounds > 100:
+		return fmt.Errorf("bench serve: --rounds %d: want 0..100: %w", *rounds, errUsage)
+	case *rounds > 0 && *l3 == "none":
+		return fmt.Errorf("bench serve: --rounds compares --l3 %s with no L3: name an L3 (l3disk or memstore): %w", *l3, errUsage)
 	}
-	data, err := os.MkdirTemp(*dir, "kvtier-bench-serve-")
-	if err != nil {
-		return fmt.Errorf("bench serve: %w", err)
-	}
-	defer os.RemoveAll(data)
-	sd, err := os.MkdirTemp("", "kbs")
-	if err != nil {
-		return fmt.Errorf("bench serve: %w", err)
-	}
-	defer os.RemoveAll(sd)
-	sctx, stop := context.WithCancel(ctx)
-	defer stop()
-	yaml := serve.DefaultYAML()
-	switch *l3 {
-	case "l3disk":
-	case "memstore", "none":
-		i := strings.Index(yaml, "  - name: l3\n")
-		j := strings.Index(yaml, "policy:")
-		if i < 0 || j < i {
-			return fmt.Errorf("bench serve: the embedded stack has no l3 entry to replace")
+	var pb quantity.Size
+	if *pageBytes != "" {
+		var err error
+		if pb, err = quantity.ParseSize(*pageBytes); err != nil {
+			return fmt.Errorf("bench serve: --page-bytes: %w: %w", err, errUsage)
 		}
-		repl := ""
-		if *l3 == "memstore" {
-			repl = "  - name: l3\n    role: store\n    use: memstore\n    config: {capacity: 256MiB}\n"
+		if pb < 4096 || pb > 64<<20 || pb%4096 != 0 {
+			return fmt.Errorf("bench serve: --page-bytes %s: want a multiple of 4KiB in 4KiB..64MiB: %w", *pageBytes, errUsage)
 		}
-		yaml = yaml[:i] + repl + yaml[j:]
-	default:
-		return fmt.Errorf("bench serve: --l3 %q: want l3disk, memstore or none: %w", *l3, errUsage)
 	}
-	s, err := serve.Open(sctx, serve.Config{YAML: yaml, ConfigName: "bench stack (--l3 " + *l3 + ")", DataDir: data, Socket: filepath.Join(sd, "s.sock"), Ranks: *sessions,
-		Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		return fmt.Errorf("bench serve: %w", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(sctx) }()
-	select {
-	case <-s.Listening():
-	case err := <-done:
-		return fmt.Errorf("bench serve: %w", err)
-	}
-	g := workload.DefaultGeneratorConfig()
-	g.Requests = *requests
-	reqs, err := workload.Generate(g)
-	if err != nil {
-		return fmt.Errorf("bench serve: %w", err)
-	}
+	o := serveRound{sessions: *sessions, perStep: *perStep, requests: *requests, dir: *dir, copies: *copies, pageBytes: int64(pb), maxPages: *maxPages}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
@@ -108,24 +83,19 @@ func runBenchServe(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		defer pprof.StopCPUProfile()
 	}
-	res, err := loadgen.Run(ctx, loadgen.Config{Socket: filepath.Join(sd, "s.sock"), Ranks: *sessions, Requests: reqs,
-		PerStep: *perStep, MaxLive: 2 * *perStep, Ping: true, NoPayload: true, NoCopies: !*copies})
-	stop()
-	if serr := <-done; serr != nil && err == nil {
-		err = serr
+	if *rounds > 0 {
+		return benchServeRounds(ctx, o, *l3, *rounds, stdout, *asJSON)
 	}
+	res, err := o.run(ctx, *l3)
 	if err != nil {
-		return fmt.Errorf("bench serve: %w", err)
+		return err
 	}
-	if res.Errors != 0 {
-		return fmt.Errorf("bench serve: %d errors (first: %s)", res.Errors, res.FirstError)
-	}
-	what := "copies run"
+	what := copiesRun
 	if !*copies {
-		what = "copies not run (control plane only)"
+		what = copiesNotRun
 	}
-	note := fmt.Sprintf("L3 %s, %s; %d sessions in lockstep (one serve rank each), %d new requests a step, %d requests, %d steps; payloads not generated (loadgen verifies them); ratio = ping/step; %s",
-		*l3, what, *sessions, *perStep, res.Requests, res.Steps, loadNote())
+	note := fmt.Sprintf("L3 %s, %s; %s; %d sessions in lockstep (one serve rank each), %d new requests a step, %d requests, %d steps; payloads not generated (loadgen verifies them); ratio = ping/step; %s",
+		*l3, what, o.geometry(), *sessions, *perStep, res.Requests, res.Steps, loadNote())
 	lower := func(name string, v, limit float64, target float64) benchreport.Result {
 		r := benchreport.Result{Bench: name, Value: v, Unit: "us", Limit: limit, LimitName: "empty gRPC call, same socket", Target: target, Note: note}
 		if v > 0 {
@@ -142,4 +112,183 @@ func runBenchServe(ctx context.Context, args []string, stdout, stderr io.Writer)
 		{Bench: "serve/hit_rate", Value: res.HitRate, Unit: "fraction", Note: "hit pages by serve's answers (bytes not generated here)"},
 	}
 	return benchreport.Write(stdout, rows, *asJSON)
+}
+
+const (
+	copiesRun    = "copies run"
+	copiesNotRun = "copies not run (control plane only)"
+)
+
+// serveRound is one bench serve run's shape.
+type serveRound struct {
+	sessions, perStep, requests, maxPages int
+	dir                                   string
+	copies                                bool
+	pageBytes                             int64 // 0: the embedded demo stack
+}
+
+// yaml is the embedded demo stack, or with pageBytes set that stack with
+// pages of pageBytes per kind, sized in pages so a run at the seed's
+// geometry (2.75 MiB pages) stays within a few GiB: an L1 of 2x maxPages,
+// an L2 of 6x and an L3 of 16x per rank.
+func (o serveRound) yaml() (string, error) {
+	y := serve.DefaultYAML()
+	if o.pageBytes == 0 {
+		return y, nil
+	}
+	l1 := 2 * o.maxPages
+	kib := func(pages int) string { return fmt.Sprintf("%dKiB", int64(pages)*o.pageBytes>>10) }
+	for _, r := range []struct{ old, new string }{
+		{"page_bytes: 16KiB", "page_bytes: " + kib(1)},
+		{"config: {pages: 256, layers: 1}", fmt.Sprintf("config: {pages: %d, layers: 1}", l1)},
+		{"config: {size: 16MiB,", "config: {size: " + kib(6*o.maxPages) + ","},
+		{"budget: 256MiB}", "budget: " + kib(16*o.maxPages) + "}"},
+	} {
+		if !strings.Contains(y, r.old) {
+			return "", fmt.Errorf("the embedded stack has no %q to resize", r.old)
+		}
+		y = strings.Replace(y, r.old, r.new, 1)
+	}
+	return y, nil
+}
+
+func (o serveRound) geometry() string {
+	if o.pageBytes == 0 {
+		return fmt.Sprintf("demo stack (16 KiB pages), requests of at most %d pages", o.maxPages)
+	}
+	return fmt.Sprintf("%s pages, per rank L1 %d pages, L2 %d, L3 %d; requests of at most %d pages",
+		quantity.Size(o.pageBytes), 2*o.maxPages, 6*o.maxPages, 16*o.maxPages, o.maxPages)
+}
+
+// run starts a serve with L3 l3 (l3disk, memstore or none), drives the
+// workload through it and stops it.
+func (o serveRound) run(ctx context.Context, l3 string) (loadgen.Result, error) {
+	data, err := os.MkdirTemp(o.dir, "kvtier-bench-serve-")
+	if err != nil {
+		return loadgen.Result{}, fmt.Errorf("bench serve: %w", err)
+	}
+	defer os.RemoveAll(data)
+	sd, err := os.MkdirTemp("", "kbs")
+	if err != nil {
+		return loadgen.Result{}, fmt.Errorf("bench serve: %w", err)
+	}
+	defer os.RemoveAll(sd)
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	yaml, err := o.yaml()
+	if err != nil {
+		return loadgen.Result{}, fmt.Errorf("bench serve: %w", err)
+	}
+	switch l3 {
+	case "l3disk":
+	case "memstore", "none":
+		i := strings.Index(yaml, "  - name: l3\n")
+		j := strings.Index(yaml, "policy:")
+		if i < 0 || j < i {
+			return loadgen.Result{}, fmt.Errorf("bench serve: the embedded stack has no l3 entry to replace")
+		}
+		repl := ""
+		if l3 == "memstore" {
+			repl = "  - name: l3\n    role: store\n    use: memstore\n    config: {capacity: 256MiB}\n"
+		}
+		yaml = yaml[:i] + repl + yaml[j:]
+	default:
+		return loadgen.Result{}, fmt.Errorf("bench serve: --l3 %q: want l3disk, memstore or none: %w", l3, errUsage)
+	}
+	s, err := serve.Open(sctx, serve.Config{YAML: yaml, ConfigName: "bench stack (--l3 " + l3 + ")", DataDir: data, Socket: filepath.Join(sd, "s.sock"), Ranks: o.sessions,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return loadgen.Result{}, fmt.Errorf("bench serve: %w", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(sctx) }()
+	select {
+	case <-s.Listening():
+	case err := <-done:
+		return loadgen.Result{}, fmt.Errorf("bench serve: %w", err)
+	}
+	g := workload.DefaultGeneratorConfig()
+	g.Requests = o.requests
+	reqs, err := workload.Generate(g)
+	if err != nil {
+		return loadgen.Result{}, fmt.Errorf("bench serve: %w", err)
+	}
+	res, err := loadgen.Run(ctx, loadgen.Config{Socket: filepath.Join(sd, "s.sock"), Ranks: o.sessions, Requests: reqs,
+		PerStep: o.perStep, MaxLive: 2 * o.perStep, MaxPages: o.maxPages, Ping: true, NoPayload: true, NoCopies: !o.copies})
+	stop()
+	if serr := <-done; serr != nil && err == nil {
+		err = serr
+	}
+	if err != nil {
+		return loadgen.Result{}, fmt.Errorf("bench serve: %w", err)
+	}
+	if res.Errors != 0 {
+		return loadgen.Result{}, fmt.Errorf("bench serve: %d errors (first: %s)", res.Errors, res.FirstError)
+	}
+	if res.WrongBytes != 0 {
+		return loadgen.Result{}, fmt.Errorf("bench serve: %d wrong bytes", res.WrongBytes)
+	}
+	return res, nil
+}
+
+// benchServeRounds alternates rounds with L3 l3 and without L3, each a
+// fresh serve over the same workload, and reports the median over the
+// rounds of each one's step p99 and the ratio nol3/l3 (1: L3 costs a step
+// nothing; the target is 0.8).
+func benchServeRounds(ctx context.Context, o serveRound, l3 string, rounds int, stdout io.Writer, asJSON bool) error {
+	var withL3, without []float64
+	var l3Hits int64
+	for i := range 2 * rounds {
+		tier := l3
+		if i%2 == 1 {
+			tier = "none"
+		}
+		res, err := o.run(ctx, tier)
+		if err != nil {
+			return fmt.Errorf("round %d (--l3 %s): %w", i/2+1, tier, err)
+		}
+		if tier == "none" {
+			without = append(without, res.StepUsP99)
+		} else {
+			withL3 = append(withL3, res.StepUsP99)
+			l3Hits += res.HitTokensByTier["l3"]
+		}
+	}
+	a, b := median(withL3), median(without)
+	what := copiesRun
+	if !o.copies {
+		what = copiesNotRun
+	}
+	note := fmt.Sprintf("%d alternating rounds each, a fresh serve a round; %s; %s; %d sessions, %d new requests a step, %d requests; median of the rounds' p99; L3 hit tokens over the L3 rounds %d; %s",
+		rounds, what, o.geometry(), o.sessions, o.perStep, o.requests, l3Hits, loadNote())
+	rows := []benchreport.Result{
+		{Bench: "serve/step_p99_l3", Value: a, Unit: "us", Note: fmt.Sprintf("L3 %s, rounds %v", l3, roundUs(withL3))},
+		{Bench: "serve/step_p99_nol3", Value: b, Unit: "us", Note: fmt.Sprintf("no L3, rounds %v", roundUs(without))},
+	}
+	r := benchreport.Result{Bench: "serve/step_p99_ratio", Value: a, Unit: "us", Limit: b, LimitName: "step p99 without L3, same run", Target: 0.8, Note: note}
+	if a > 0 {
+		r.Ratio = b / a
+	}
+	rows = append(rows, r)
+	return benchreport.Write(stdout, rows, asJSON)
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func roundUs(v []float64) []int64 {
+	out := make([]int64, len(v))
+	for i, x := range v {
+		out[i] = int64(x)
+	}
+	return out
 }
