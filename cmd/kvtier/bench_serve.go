@@ -71,6 +71,11 @@ func runBenchServe(ctx context.Context, args []string, stdout, stderr io.Writer)
 			return fmt.Errorf("bench serve: --page-bytes %s: want a multiple of 4KiB in 4KiB..64MiB: %w", *pageBytes, errUsage)
 		}
 	}
+	if need := saturatingMul(saturatingMul(int64(pb), int64(8**maxPages)), int64(*sessions)); pb > 0 && need > machineOf(ctx).MemAvailable {
+		// Per session: an L1 of 2x --max-pages and an L2 of 6x, in RAM.
+		return fmt.Errorf("bench serve: --page-bytes %s with --max-pages %d and --sessions %d needs %s of memory (L1 and L2 of %d pages a session), %s has %s: %w",
+			*pageBytes, *maxPages, *sessions, quantity.Size(need), 8**maxPages, machineOf(ctx).MemSource, quantity.Size(machineOf(ctx).MemAvailable), errUsage)
+	}
 	o := serveRound{sessions: *sessions, perStep: *perStep, requests: *requests, dir: *dir, copies: *copies, pageBytes: int64(pb), maxPages: *maxPages}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)

@@ -83,6 +83,13 @@ func TestFlagLimits(t *testing.T) {
 		// bench radix
 		{"radix rounds 0", []string{"bench", "radix", "--trace", trace, "--rounds", "0"}, []string{"--rounds 0: must be at least 1"}},
 		{"radix rounds 1e6", []string{"bench", "radix", "--trace", trace, "--rounds", "1e6"}, []string{"--rounds 1000000: at most 10000"}},
+		// bench serve
+		{"serve page-bytes odd", []string{"bench", "serve", "--page-bytes", "1000"}, []string{"--page-bytes 1000: want a multiple of 4KiB"}},
+		{"serve page-bytes junk", []string{"bench", "serve", "--page-bytes", "big"}, []string{"--page-bytes"}},
+		{"serve page-bytes memory", []string{"bench", "serve", "--page-bytes", "2816KiB", "--max-pages", "64", "--sessions", "16"}, []string{"needs 22GiB of memory", "has 2GiB"}},
+		{"serve rounds none", []string{"bench", "serve", "--rounds", "2", "--l3", "none"}, []string{"--rounds compares --l3 none with no L3"}},
+		{"serve rounds 1e3", []string{"bench", "serve", "--rounds", "1000"}, []string{"--rounds 1000: want 0..100"}},
+		{"serve max-pages 0", []string{"bench", "serve", "--max-pages", "0"}, []string{"--max-pages 0: want 1..4096"}},
 		// bench l2
 		{"l2 copy-mib 0", []string{"bench", "l2", "--copy-mib", "0"}, []string{"--copy-mib 0: must be at least 1"}},
 		{"l2 copy-mib 1e6", []string{"bench", "l2", "--copy-mib", "1e6"}, []string{"--copy-mib 1000000: at most", "of memory per MiB"}},
