@@ -193,8 +193,10 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 	s.commits = make(chan []*writeJob, 4)
 	// Gatherers copy and checksum pages (memory-bound work); one per
 	// core up to Depth, so a many-core host is not capped at one core's
-	// memcpy rate.
-	for range max(1, min(cfg.Depth, runtime.GOMAXPROCS(0))) {
+	// memcpy rate, but one core is left to the callers: with a gatherer
+	// on every P, a serve step's goroutines wait for a P behind pages
+	// being copied (each gatherer also yields after every page).
+	for range max(1, min(cfg.Depth, runtime.GOMAXPROCS(0)-1)) {
 		s.gatherWG.Add(1)
 		go s.gatherLoop()
 	}

@@ -3,6 +3,7 @@ package l3disk
 import (
 	"context"
 	"fmt"
+	"runtime"
 
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l3disk/diskfs"
@@ -118,6 +119,11 @@ func (s *Store) gatherLoop() {
 			PayloadLen: uint32(pb), PayloadCRC: PayloadCRC(b[HeaderSize : HeaderSize+pb]),
 		}.Encode(b)
 		s.ack(tiers.Ack{Batch: it.batch, Index: it.index, Stage: tiers.AckGathered})
+		// NB: a page is up to MiBs of copy and CRC; a gatherer with more
+		// queued would keep its P until preempted (10 ms), and the
+		// caller's goroutines (a serve step) would wait that long for
+		// one. Yield after each page.
+		runtime.Gosched()
 		job := &writeJob{key: it.key, items: []putItem{it}, buf: buf, slot: noSlot}
 		select {
 		case s.gathered <- job:
