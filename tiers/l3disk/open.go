@@ -157,6 +157,7 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 	s.staging = make(chan *diskfs.AlignedBuffer, 2*cfg.Depth)
 	s.readBufs = make(chan *diskfs.AlignedBuffer, 2*cfg.Depth)
 	s.readSem = make(chan struct{}, cfg.Depth)
+	s.cpuSem = make(chan struct{}, max(1, runtime.GOMAXPROCS(0)-1))
 	for i := range 4 * cfg.Depth {
 		b, err := diskfs.NewAlignedBuffer(int(maxSlot))
 		if err != nil {

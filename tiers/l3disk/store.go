@@ -44,6 +44,7 @@ type Store struct {
 	staging  chan *diskfs.AlignedBuffer
 	readBufs chan *diskfs.AlignedBuffer
 	readSem  chan struct{} // reads in flight, at most Depth
+	cpuSem   chan struct{} // Get's checks and copies at once, GOMAXPROCS-1
 	allBufs  []*diskfs.AlignedBuffer
 
 	nextBatch atomic.Uint64
