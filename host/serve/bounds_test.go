@@ -72,9 +72,8 @@ func TestPlanDeadline(t *testing.T) {
 	}
 	nk := chain("pd-new", 6, 6, "")
 	keys := map[string][]pagehash.Hash{"x": nk}
-	if out, err := e.run(ctx, &pb.StepRequest{Lookups: []*pb.Lookup{{ReqId: "x", Pages: 6, Hashes: packHashes(nk)}}}, keys); err != nil || len(out.Errors) > 0 {
-		t.Fatal(err, out.GetErrors())
-	}
+	// A miss is PENDING while serve asks the L3: step until DONE.
+	lookupGroup(t, ctx, []*testEngine{e}, "x", nk)
 	out, err := e.run(ctx, &pb.StepRequest{Stores: []*pb.Store{{ReqId: "x", Pages: 6, Hashes: packHashes(nk)}}}, keys)
 	if err != nil || len(out.Plans) == 0 {
 		t.Fatalf("no plan owed: %v %v", err, out)
