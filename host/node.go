@@ -274,8 +274,9 @@ func clone(m map[string]int64) map[string]int64 {
 func (n *Node) Outstanding() int { return len(n.pool) + len(n.puts) + len(n.jobs) }
 
 // InFlight reports the batches in flight by tier: Pool copies (L1<->L2)
-// and Store operations.
-func (n *Node) InFlight() (pool, store int) { return len(n.pool), len(n.puts) }
+// and Store operations (put batches and the worker's lookups, gets,
+// deletes and touches not yet drained).
+func (n *Node) InFlight() (pool, store int) { return len(n.pool), len(n.puts) + len(n.jobs) }
 
 // Apply hands one replicated engine event to the Machine and carries out
 // what it asks; the returned Ready holds the Machine's answers (matches,
