@@ -279,7 +279,7 @@ func TestServeIndexFull(t *testing.T) {
 		}
 	}
 	if full < 0 {
-		t.Fatalf("the index never filled after %d keys: %+v", len(keys), store.Stats())
+		t.Fatalf("the index never filled after %d keys: %+v node %+v", len(keys), store.Stats(), s.ranks[0].node.Stats())
 	}
 	// The store kept taking puts after the index filled. Let its writer
 	// finish what is queued, then find the keys the L3 index holds the
