@@ -63,6 +63,10 @@ type rank struct {
 	// nothing else touches the Node until finishTick or abortTick.
 	tickDone   chan tickResult
 	tickCancel context.CancelFunc
+
+	// exchanging counts the rank's goroutines in the group exchange now
+	// (0 or 1; a test waits for a rank to be there).
+	exchanging atomic.Int32
 }
 
 type tickResult struct {
@@ -379,6 +383,10 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 	s := r.sess
 	switch {
 	case s == nil || q.GetSession() != s.id:
+		if why := r.srv.endedWhy(q.GetSession()); why != "" {
+			errs.add(ref{"session", -1}, "", pb.ErrorCode_ERROR_CODE_UNKNOWN, "session %q ended: %s; register again", q.GetSession(), why)
+			return out
+		}
 		errs.add(ref{"session", -1}, "", pb.ErrorCode_ERROR_CODE_UNKNOWN, "session %q is not open on rank %d: register again", q.GetSession(), r.idx)
 		return out
 	case q.GetBootId() != r.srv.boot:

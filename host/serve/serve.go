@@ -29,6 +29,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -459,7 +460,7 @@ func (s *Server) build(r *rank, e *epoch) (*control.Machine, *host.Node, error) 
 		g = epochGroup{g: host.ConsensusGroup{G: e.members[r.idx], M: m, DigestEvery: r.mo.DigestEvery}, ctx: e.ctx}
 	}
 	o := r.nodeOpts
-	o.Group = timedGroup{g: g, m: s.metrics, rank: r.idx}
+	o.Group = timedGroup{g: g, m: s.metrics, rank: r.idx, waiting: &r.exchanging}
 	node, err := host.New(r.st, m, o)
 	if err != nil {
 		return nil, nil, err
@@ -635,12 +636,15 @@ func evictor(st *config.Stack) (func() (policy.Evictor, error), error) {
 
 // timedGroup measures the group exchange.
 type timedGroup struct {
-	g    host.Group
-	m    *metrics
-	rank int
+	g       host.Group
+	m       *metrics
+	rank    int
+	waiting *atomic.Int32 // counts the exchanges in progress
 }
 
 func (t timedGroup) Exchange(ctx context.Context, tick uint64, c control.Contribution) (control.Frontier, error) {
+	t.waiting.Add(1)
+	defer t.waiting.Add(-1)
 	t0 := time.Now()
 	f, err := t.g.Exchange(ctx, tick, c)
 	t.m.observeExchange(t.rank, time.Since(t0))
