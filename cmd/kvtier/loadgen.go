@@ -111,8 +111,6 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			fmt.Fprintf(stdout, "first error: %s\n", res.FirstError)
 		}
 	}
-	if res.WrongBytes != 0 {
-		return fmt.Errorf("loadgen: %d wrong bytes", res.WrongBytes)
-	}
-	return nil
+	// NB: main prints the verdict's error (why) and exits 1.
+	return res.Check(true)
 }

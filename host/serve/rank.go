@@ -260,6 +260,9 @@ func (r *rank) register(ctx context.Context, q *pb.RegisterRequest) (*pb.Registe
 
 func (r *rank) closeSession(ctx context.Context, q *pb.CloseRequest) error {
 	if r.sess == nil || r.sess.id != q.GetSession() {
+		if why := r.srv.endedWhy(q.GetSession()); why != "" {
+			return fmt.Errorf("session %q: %w: it ended: %s", q.GetSession(), errUnknownSession, why)
+		}
 		return fmt.Errorf("session %q: %w", q.GetSession(), errUnknownSession)
 	}
 	if q.GetBootId() != r.srv.boot {
