@@ -306,3 +306,49 @@ func sessionEndCase(t *testing.T, s *Server, sock string, n, victim int, way end
 		}
 	}
 }
+
+// TestEpochBarrier: a new epoch whose broadcast has not reached the ranks
+// yet (serve.advance alone, as when another rank's session just ended).
+// A Step of an old epoch's session is refused, naming the cause, and
+// applies nothing; a Register joins the current epoch first, so the next
+// engine's ranks start from the same state and step cleanly.
+func TestEpochBarrier(t *testing.T) {
+	for _, n := range []int{2, 3} {
+		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			s, sock, _ := startWith(t, Config{DataDir: t.TempDir(), Ranks: n, SessionTTL: time.Minute})
+			es := openGroup(t, ctx, s, sock, n)
+			key := chain("barrier", 4, 6, "a")
+			driveGroup(t, ctx, es, "a", key)
+			for range 3 {
+				stepAll(t, ctx, es, func() *pb.StepRequest { return &pb.StepRequest{} }, nil)
+			}
+
+			cur := s.current()
+			s.advance(cur.n, &sessionEnded{rank: n - 1, why: "closed"})
+			// Rank 0's step (with a lookup) of the old epoch's session.
+			out, err := es[0].run(ctx, lookupStep("b", key)(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := fmt.Sprintf("rank %d's session ended (closed); register again", n-1)
+			if msg := fmt.Sprint(out.GetErrors()); !strings.Contains(msg, want) || len(out.Lookups) != 0 {
+				t.Fatalf("old epoch's step: errors %s, %d lookups answered; want only an error saying %q", msg, len(out.Lookups), want)
+			}
+			// The next engine registers rank by rank, the broadcast
+			// never having reached the others.
+			for r := n - 1; r >= 0; r-- {
+				if err := es[r].register(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			res := driveGroup(t, ctx, es, "c", key)
+			for r, e := range es {
+				if res[r].HitPages != uint32(len(key)) || e.wrong != 0 {
+					t.Fatalf("rank %d: hit %d of %d pages, %d wrong", r, res[r].HitPages, len(key), e.wrong)
+				}
+			}
+		})
+	}
+}
