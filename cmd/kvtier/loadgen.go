@@ -20,7 +20,9 @@ has an L1 pool in host memory, writes every placed page's payload, runs the
 copy plans through the mapped slab, and verifies every loaded page byte for
 byte. The ranks run the same requests in the same steps, as the ranks of a
 context-parallel engine do. Prints the per-tier hit table, step latencies
-and copy rates against an in-process memcpy of the same pages.
+and copy rates against an in-process memcpy of the same pages. Exits 1,
+saying why, when a loaded byte was wrong, when any step or item errored,
+or when no page was verified.
 
 flags:
 `
@@ -111,8 +113,6 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			fmt.Fprintf(stdout, "first error: %s\n", res.FirstError)
 		}
 	}
-	if res.WrongBytes != 0 {
-		return fmt.Errorf("loadgen: %d wrong bytes", res.WrongBytes)
-	}
-	return nil
+	// NB: main prints the verdict's error (why) and exits 1.
+	return res.Check(true)
 }

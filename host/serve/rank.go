@@ -66,6 +66,10 @@ type rank struct {
 	// nothing else touches the Node until finishTick or abortTick.
 	tickDone   chan tickResult
 	tickCancel context.CancelFunc
+
+	// exchanging counts the rank's goroutines in the group exchange now
+	// (0 or 1; a test waits for a rank to be there).
+	exchanging atomic.Int32
 }
 
 type tickResult struct {
@@ -165,7 +169,7 @@ func (r *rank) loop(ctx context.Context) {
 	if len(r.st.Stores) > 0 {
 		storeReady = r.st.Stores[0].Store.AckReady()
 	}
-	expire := time.NewTicker(time.Second)
+	expire := time.NewTicker(expireEvery(r.srv.cfg.SessionTTL))
 	defer expire.Stop()
 	r.publish()
 	for {
@@ -174,6 +178,9 @@ func (r *rank) loop(ctx context.Context) {
 			return
 		case c := <-r.calls:
 			var out callReply
+			// Nothing of a call applies to the Machine of an epoch that
+			// ended: the rank moves to the current one first.
+			r.catchUp(ctx)
 			switch c.kind {
 			case callRegister:
 				out.reg, out.err = r.register(ctx, c.reg)
@@ -189,14 +196,7 @@ func (r *rank) loop(ctx context.Context) {
 					r.endSession(ctx, c.drop.why)
 				}
 			case callEpoch:
-				if r.epoch.n < c.epoch.n {
-					if s := r.sess; s != nil {
-						r.stats.groupEnded.Add(1)
-						r.log.Info("kvtier serve: session ended with its group", "session", s.id, "why", c.drop.why)
-					}
-					r.dropSession()
-					r.reset(ctx, c.epoch, c.drop.why)
-				}
+				// catchUp moved the rank to c.epoch or a later one.
 			}
 			r.publish()
 			c.reply <- out // buffered: never blocks
@@ -227,6 +227,35 @@ func (r *rank) loop(ctx context.Context) {
 	}
 }
 
+// expireEvery is how often the rank looks for a silent session: a
+// quarter of the TTL, at most a second.
+func expireEvery(ttl time.Duration) time.Duration {
+	return min(time.Second, max(ttl/4, 10*time.Millisecond))
+}
+
+// catchUp moves the rank to the server's current epoch when a later one
+// started (another rank's session ended): its session, of the old epoch,
+// ends saying why, and a new Machine starts. Every call runs it first,
+// so a rank never applies a new session's step to an old Machine, and
+// every rank's Machine of an epoch starts from the same state: a fresh
+// Machine, request ids from 1, before any of the epoch's events.
+func (r *rank) catchUp(ctx context.Context) {
+	e := r.srv.current()
+	if r.epoch.n >= e.n {
+		return
+	}
+	why := "a new group epoch started"
+	if e.why != nil {
+		why = e.why.Error()
+	}
+	if s := r.sess; s != nil {
+		r.stats.groupEnded.Add(1)
+		r.log.Info("kvtier serve: session ended with its group", "session", s.id, "why", why, "epoch", e.n)
+	}
+	r.dropSession(why)
+	r.reset(ctx, e, why)
+}
+
 // register opens a session, replacing an earlier one.
 func (r *rank) register(ctx context.Context, q *pb.RegisterRequest) (*pb.RegisterReply, error) {
 	if r.broken != nil {
@@ -251,6 +280,9 @@ func (r *rank) register(ctx context.Context, q *pb.RegisterRequest) (*pb.Registe
 
 func (r *rank) closeSession(ctx context.Context, q *pb.CloseRequest) error {
 	if r.sess == nil || r.sess.id != q.GetSession() {
+		if why := r.srv.endedWhy(q.GetSession()); why != "" {
+			return fmt.Errorf("session %q: %w: it ended: %s", q.GetSession(), errUnknownSession, why)
+		}
 		return fmt.Errorf("session %q: %w", q.GetSession(), errUnknownSession)
 	}
 	if q.GetBootId() != r.srv.boot {
@@ -272,7 +304,7 @@ func (r *rank) endSession(ctx context.Context, why string) {
 		// The group's Machines start over together only by a restart of
 		// every rank's process (Config.GroupRank): refuse sessions and
 		// end Serve, saying why.
-		r.dropSession()
+		r.dropSession(why)
 		err := fmt.Errorf("rank %d: %s: %w", r.srv.groupRank(r.idx), why, errTCPRestart)
 		if r.broken == nil {
 			r.broken = fmt.Errorf("%w: %w", err, errBroken)
@@ -281,20 +313,21 @@ func (r *rank) endSession(ctx context.Context, why string) {
 		r.srv.stop(err)
 		return
 	}
-	r.dropSession()
-	e := r.srv.advance(r.epoch.n)
+	r.dropSession(why)
+	e := r.srv.advance(r.epoch.n, &sessionEnded{rank: r.srv.groupRank(r.idx), why: why})
 	r.reset(ctx, e, why)
-	r.srv.broadcast(e, r.idx, why)
+	r.srv.broadcast(e, r.idx)
 	if s != nil {
 		r.log.Info("kvtier serve: session ended", "session", s.id, "why", why, "epoch", e.n)
 	}
 }
 
-// dropSession forgets the session and fails the plans it owed.
-func (r *rank) dropSession() {
+// dropSession forgets the session (remembering why it ended) and fails
+// the plans it owed.
+func (r *rank) dropSession(why string) {
 	r.abortTick()
 	if s := r.sess; s != nil {
-		r.srv.unbind(s.id)
+		r.srv.unbind(s.id, why)
 		r.sess = nil
 	}
 	n := r.pool.FailPending(fmt.Errorf("the session ended before reporting the plan"))
@@ -321,7 +354,7 @@ func (r *rank) reset(ctx context.Context, e *epoch, why string) {
 	// of the old Machine's reload, which the new Machine may reuse; the
 	// old Node's late results go nowhere.
 	if err := r.node.Close(); err != nil {
-		r.log.Error("kvtier serve: close the old epoch's node", "rank", r.idx, "err", err)
+		r.log.Error("kvtier serve: close the old epoch's node", "err", err)
 	}
 	m, node, err := r.srv.build(r, e)
 	if err != nil {
@@ -335,6 +368,9 @@ func (r *rank) reset(ctx context.Context, e *epoch, why string) {
 	r.retire()
 	r.m, r.node, r.epoch = m, node, e
 	clear(r.byID)
+	// NB: request ids are in the replicated events; every rank's new
+	// Machine numbers them from 1, whatever the old epoch applied.
+	r.nextReq = 0
 	r.log.Debug("kvtier serve: new epoch", "epoch", e.n, "why", why)
 }
 
@@ -378,6 +414,10 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 	s := r.sess
 	switch {
 	case s == nil || q.GetSession() != s.id:
+		if why := r.srv.endedWhy(q.GetSession()); why != "" {
+			errs.add(ref{"session", -1}, "", pb.ErrorCode_ERROR_CODE_UNKNOWN, "session %q ended: %s; register again", q.GetSession(), why)
+			return out
+		}
 		errs.add(ref{"session", -1}, "", pb.ErrorCode_ERROR_CODE_UNKNOWN, "session %q is not open on rank %d: register again", q.GetSession(), r.idx)
 		return out
 	case q.GetBootId() != r.srv.boot:
@@ -411,9 +451,7 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 		// 0. The engine's frontier completes the tick the last step
 		// started, before anything of this step applies.
 		if err := r.finishTick(ctx, eg, q.GetFrontier()); err != nil {
-			errs.add(ref{"frontier", -1}, "", pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "tick: %v; the session ended, register again", err)
-			r.stats.groupStopped.Add(1)
-			r.endSession(ctx, "group stopped: "+err.Error())
+			r.groupStopped(ctx, errs, ref{"frontier", -1}, err)
 			return out
 		}
 	}
@@ -508,17 +546,34 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 	// step's tick finds its answers in the frontier.
 	if err := r.tick(ctx); err != nil {
 		// The group stopped (a rank's engine did not step in time, or
-		// the ranks diverged): every session ends, a new epoch starts;
-		// the engine registers again and recomputes what was pending.
-		errs.add(ref{"step", -1}, "", pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "tick: %v; the session ended, register again", err)
-		r.stats.groupStopped.Add(1)
-		r.endSession(ctx, "group stopped: "+err.Error())
+		// the ranks diverged, or a peer's session ended): every session
+		// ends, a new epoch starts; the engine registers again and
+		// recomputes what was pending.
+		r.groupStopped(ctx, errs, ref{"step", -1}, err)
 		return out
 	}
 
 	r.finishStep(s, out)
 	out.Contribution = []byte(control.Frontier(r.m.Contribution()).String())
 	return out
+}
+
+// groupStopped ends the session after its tick failed. When another
+// rank's session ended while this rank waited in the exchange, a new
+// epoch already started: the reply names that rank and why, and the rank
+// joins the epoch. Otherwise the group stopped (a rank's engine did not
+// step in time, or the ranks diverged): every session ends, a new epoch
+// starts. Either way the engine registers again and recomputes what was
+// pending.
+func (r *rank) groupStopped(ctx context.Context, errs stepErrs, item ref, err error) {
+	if se := (*sessionEnded)(nil); errors.As(err, &se) && r.srv.current().n > r.epoch.n {
+		errs.add(item, "", pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "%v; register again", se)
+		r.catchUp(ctx)
+		return
+	}
+	errs.add(item, "", pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "tick: %v; the session ended, register again", err)
+	r.stats.groupStopped.Add(1)
+	r.endSession(ctx, "group stopped: "+err.Error())
 }
 
 // finishStep adds what the step's tick(s) made ready: the lookups that
@@ -616,9 +671,7 @@ func (r *rank) stepEngine(ctx context.Context, eg *enginegroup.Member, s *sessio
 	r.finishStep(s, out)
 	enc, err := r.startTick(ctx, eg)
 	if err != nil {
-		errs.add(ref{"step", -1}, "", pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "tick: %v; the session ended, register again", err)
-		r.stats.groupStopped.Add(1)
-		r.endSession(ctx, "group stopped: "+err.Error())
+		r.groupStopped(ctx, errs, ref{"step", -1}, err)
 		return out
 	}
 	out.Contribution = enc

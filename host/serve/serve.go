@@ -29,6 +29,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -212,7 +213,11 @@ type Server struct {
 	mu       sync.RWMutex
 	sessions map[string]*rank
 	conns    map[string]uint64 // session -> the connection it registered on
-	live     context.Context   // while serving: the ranks' context
+	// ended: why recently ended sessions ended (at most maxEnded, oldest
+	// forgotten first, in endedOrder).
+	ended      map[string]string
+	endedOrder []string
+	live       context.Context // while serving: the ranks' context
 
 	ready     bool
 	listening chan struct{} // closed once the socket accepts connections
@@ -496,7 +501,7 @@ func (s *Server) build(r *rank, e *epoch) (*control.Machine, *host.Node, error) 
 		g = epochGroup{g: host.ConsensusGroup{G: e.members[r.idx], M: m, DigestEvery: r.mo.DigestEvery}, ctx: e.ctx}
 	}
 	o := r.nodeOpts
-	tg := timedGroup{g: g, m: s.metrics, rank: r.idx, st: &r.stats}
+	tg := timedGroup{g: g, m: s.metrics, rank: r.idx, st: &r.stats, waiting: &r.exchanging}
 	if e.members != nil {
 		tg.digestEvery = uint64(r.mo.DigestEvery)
 	}
@@ -520,15 +525,33 @@ type epoch struct {
 	engine []*enginegroup.Member
 	// close releases what the epoch's members hold (GroupTCP: the hub's
 	// listener, the connection to it), or is nil.
-	close  func() error
+	close func() error
+	// why the epoch started (nil: the first); a rank that catches up
+	// with it ends its session saying so.
+	why    error
 	ctx    context.Context
-	cancel context.CancelFunc
+	cancel context.CancelCauseFunc
 }
+
+// sessionEnded is why a later epoch started: a rank's session ended. A
+// rank still waiting in the old epoch's exchange gets it (the cause of
+// its exchange's end) instead of a bare context cancellation.
+type sessionEnded struct {
+	rank int
+	why  string
+}
+
+func (e *sessionEnded) Error() string {
+	return fmt.Sprintf("rank %d's session ended (%s)", e.rank, e.why)
+}
+
+// errServeStopped ends the last epoch when serve stops.
+var errServeStopped = errors.New("serve stopped")
 
 // newEpoch returns epoch n for the server's ranks.
 func (s *Server) newEpoch(n uint64) (*epoch, error) {
 	e := &epoch{n: n}
-	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.ctx, e.cancel = context.WithCancelCause(context.Background())
 	if s.cfg.Group == GroupEngine {
 		// NB: the epoch is in the group id, so a frontier the engine
 		// reduced in an earlier epoch is refused as foreign.
@@ -539,7 +562,7 @@ func (s *Server) newEpoch(n uint64) (*epoch, error) {
 		for r := range s.cfg.Ranks {
 			m, err := enginegroup.New(r, s.cfg.Ranks, group, h.Sum64())
 			if err != nil {
-				e.cancel()
+				e.cancel(err)
 				return nil, fmt.Errorf("rank group: %w", err)
 			}
 			e.engine = append(e.engine, m)
@@ -549,12 +572,12 @@ func (s *Server) newEpoch(n uint64) (*epoch, error) {
 	}
 	if s.cfg.Group == GroupTCP {
 		if n > 1 {
-			e.cancel()
+			e.cancel(errTCPRestart)
 			return nil, errTCPRestart
 		}
 		m, err := s.tcpMember()
 		if err != nil {
-			e.cancel()
+			e.cancel(err)
 			return nil, fmt.Errorf("rank group: %w", err)
 		}
 		e.members, e.close = []consensus.Group{m}, m.Close
@@ -563,7 +586,7 @@ func (s *Server) newEpoch(n uint64) (*epoch, error) {
 	if s.cfg.Ranks > 1 {
 		ms, err := inproc.New(s.cfg.Ranks, inproc.Options{Timeout: s.cfg.GroupTimeout})
 		if err != nil {
-			e.cancel()
+			e.cancel(err)
 			return nil, fmt.Errorf("rank group: %w", err)
 		}
 		for _, m := range ms {
@@ -574,8 +597,9 @@ func (s *Server) newEpoch(n uint64) (*epoch, error) {
 }
 
 // advance starts epoch from+1 unless a later one already started, and
-// returns the current epoch.
-func (s *Server) advance(from uint64) *epoch {
+// returns the current epoch. The old epoch's context ends with cause, so
+// a rank waiting in its exchange learns why.
+func (s *Server) advance(from uint64, cause error) *epoch {
 	s.emu.Lock()
 	defer s.emu.Unlock()
 	if s.epoch.n > from {
@@ -587,13 +611,24 @@ func (s *Server) advance(from uint64) *epoch {
 		s.log.Error("kvtier serve: new epoch", "err", err)
 		return s.epoch
 	}
-	s.epoch.cancel()
+	e.why = cause
+	s.epoch.cancel(cause)
 	s.epoch = e
 	return e
 }
 
-// broadcast moves every rank but from to epoch e (each in its goroutine).
-func (s *Server) broadcast(e *epoch, from int, why string) {
+// current returns the current epoch.
+func (s *Server) current() *epoch {
+	s.emu.Lock()
+	defer s.emu.Unlock()
+	return s.epoch
+}
+
+// broadcast moves every rank but from to epoch e (each in its goroutine),
+// so their sessions end now, not at their next call. A rank catches up
+// with the current epoch before any call anyway (rank.catchUp): the
+// broadcast is not what keeps the group consistent.
+func (s *Server) broadcast(e *epoch, from int) {
 	if len(s.ranks) < 2 {
 		return
 	}
@@ -608,7 +643,7 @@ func (s *Server) broadcast(e *epoch, from int, why string) {
 			continue
 		}
 		go func() {
-			_, _ = s.call(ctx, r, call{kind: callEpoch, epoch: e, drop: &closeMsg{why: fmt.Sprintf("rank %d: %s", from, why)}})
+			_, _ = s.call(ctx, r, call{kind: callEpoch, epoch: e})
 		}()
 	}
 }
@@ -620,9 +655,9 @@ type epochGroup struct {
 }
 
 func (g epochGroup) Exchange(ctx context.Context, tick uint64, c control.Contribution) (control.Frontier, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := context.AfterFunc(g.ctx, cancel)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(g.ctx, func() { cancel(context.Cause(g.ctx)) })
 	defer stop()
 	return g.g.Exchange(ctx, tick, c)
 }
@@ -654,9 +689,12 @@ type timedGroup struct {
 	rank        int
 	st          *rankStats
 	digestEvery uint64
+	waiting     *atomic.Int32 // counts the exchanges in progress
 }
 
 func (t timedGroup) Exchange(ctx context.Context, tick uint64, c control.Contribution) (control.Frontier, error) {
+	t.waiting.Add(1)
+	defer t.waiting.Add(-1)
 	if t.digestEvery > 0 && tick%t.digestEvery == 0 {
 		t.st.digests.Add(1)
 	}
@@ -684,11 +722,32 @@ func (s *Server) bind(id string, r *rank) {
 	s.mu.Unlock()
 }
 
-func (s *Server) unbind(id string) {
+// unbind forgets session id, remembering (bounded) why it ended for a
+// later Step or Close that names it.
+func (s *Server) unbind(id, why string) {
 	s.mu.Lock()
 	delete(s.sessions, id)
 	delete(s.conns, id)
+	if s.ended == nil {
+		s.ended = map[string]string{}
+	}
+	if len(s.endedOrder) == maxEnded {
+		delete(s.ended, s.endedOrder[0])
+		s.endedOrder = s.endedOrder[1:]
+	}
+	s.ended[id] = why
+	s.endedOrder = append(s.endedOrder, id)
 	s.mu.Unlock()
+}
+
+// maxEnded bounds the sessions whose end serve remembers.
+const maxEnded = 256
+
+// endedWhy returns why session id ended, or "" when serve does not know.
+func (s *Server) endedWhy(id string) string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.ended[id]
 }
 
 func (s *Server) rankOf(id string) *rank {
@@ -799,7 +858,7 @@ func (s *Server) Serve(ctx context.Context) (err error) {
 func (s *Server) closeRanks(ctx context.Context) error {
 	var errs []error
 	s.emu.Lock()
-	s.epoch.cancel()
+	s.epoch.cancel(errServeStopped)
 	if s.epoch.close != nil {
 		if err := s.epoch.close(); err != nil {
 			errs = append(errs, fmt.Errorf("rank group: close: %w", err))
@@ -807,7 +866,7 @@ func (s *Server) closeRanks(ctx context.Context) error {
 	}
 	s.emu.Unlock()
 	for _, r := range s.ranks {
-		r.dropSession()
+		r.dropSession("serve stopped")
 		if err := r.node.Settle(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("rank %d: settle: %w", r.idx, err))
 		}
@@ -953,7 +1012,11 @@ func (s *Server) Step(ctx context.Context, q *pb.StepRequest) (*pb.StepReply, er
 	r := s.rankOf(q.GetSession())
 	if r == nil {
 		out := &pb.StepReply{BootId: s.boot}
-		out.Errors = append(out.Errors, &pb.ItemError{Item: "session", Code: pb.ErrorCode_ERROR_CODE_UNKNOWN, Message: fmt.Sprintf("session %q is not open here (serve restarted or the session ended): register again", q.GetSession())})
+		msg := fmt.Sprintf("session %q is not open here (serve restarted or the session ended): register again", q.GetSession())
+		if why := s.endedWhy(q.GetSession()); why != "" {
+			msg = fmt.Sprintf("session %q ended: %s; register again", q.GetSession(), why)
+		}
+		out.Errors = append(out.Errors, &pb.ItemError{Item: "session", Code: pb.ErrorCode_ERROR_CODE_UNKNOWN, Message: msg})
 		s.metrics.unknownSession.Add(1)
 		return out, nil
 	}
@@ -984,6 +1047,9 @@ func (s *Server) Health(ctx context.Context, _ *pb.HealthRequest) (*pb.HealthRep
 func (s *Server) Close(ctx context.Context, q *pb.CloseRequest) (*pb.CloseReply, error) {
 	r := s.rankOf(q.GetSession())
 	if r == nil {
+		if why := s.endedWhy(q.GetSession()); why != "" {
+			return nil, status.Errorf(codes.NotFound, "session %q is not open here: it ended: %s", q.GetSession(), why)
+		}
 		return nil, status.Errorf(codes.NotFound, "session %q is not open here", q.GetSession())
 	}
 	out, err := s.call(ctx, r, call{kind: callClose, close: q})

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -88,6 +89,31 @@ type Result struct {
 	PageBytes       int64            `json:"page_bytes"`
 	L1Pages         int              `json:"l1_pages"`
 	FirstError      string           `json:"first_error,omitempty"`
+}
+
+// Check is a run's verdict: an error, saying why, when a byte loaded was
+// wrong, when any step or item errored, or when verifying (payloads
+// written and checked, not Config.NoPayload) and no page was verified (a
+// run whose loads were never checked proves nothing).
+func (r Result) Check(verifying bool) error {
+	var why []string
+	if r.WrongBytes != 0 {
+		why = append(why, fmt.Sprintf("%d wrong bytes", r.WrongBytes))
+	}
+	if r.Errors != 0 {
+		e := fmt.Sprintf("%d errors", r.Errors)
+		if r.FirstError != "" {
+			e += " (first: " + r.FirstError + ")"
+		}
+		why = append(why, e)
+	}
+	if verifying && r.VerifiedPages == 0 {
+		why = append(why, fmt.Sprintf("no page verified: no lookup of %d requests hit a page it could check", r.Requests))
+	}
+	if len(why) == 0 {
+		return nil
+	}
+	return fmt.Errorf("loadgen: the run failed: %s", strings.Join(why, "; "))
 }
 
 // Key turns a trace request's block ids into its page hash chain: page i

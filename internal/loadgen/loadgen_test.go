@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -123,5 +124,33 @@ func TestKey(t *testing.T) {
 	}
 	if len(Key([]uint64{1, 2, 3}, 16, 2)) != 2 {
 		t.Fatal("max pages not applied")
+	}
+}
+
+// TestResultCheck: a run fails, saying why, on wrong bytes, on any error
+// and on a run that verified nothing; a clean run passes.
+func TestResultCheck(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		res       Result
+		verifying bool
+		want      string // "" passes
+	}{
+		{"clean", Result{Requests: 10, VerifiedPages: 5}, true, ""},
+		{"wrong bytes", Result{Requests: 10, VerifiedPages: 5, WrongBytes: 3}, true, "3 wrong bytes"},
+		{"errors", Result{Requests: 10, VerifiedPages: 5, Errors: 14, FirstError: "rank 0: step: boom"}, true, "14 errors (first: rank 0: step: boom)"},
+		{"nothing verified", Result{Requests: 10}, true, "no page verified"},
+		{"errors and nothing verified", Result{Requests: 10, Errors: 14}, true, "14 errors; no page verified"},
+		{"not verifying", Result{Requests: 10}, false, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.res.Check(tc.verifying)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("Check: %v, want nil", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("Check: %v, want an error saying %q", err, tc.want)
+			}
+		})
 	}
 }

@@ -105,8 +105,10 @@ func (m *Member) Exchange(ctx context.Context, tick uint64, c consensus.Contribu
 		m.h.expire(rd)
 	case <-ctx.Done():
 		// NB: this rank leaves; the others time out naming it, which is the
-		// truth: it did not finish the tick.
-		return consensus.Frontier{}, fmt.Errorf("inproc: %s at tick %d: %w", consensus.RankName(m.rank), tick, ctx.Err())
+		// truth: it did not finish the tick. The error is the context's
+		// cause (ctx.Err() when none was given), so a caller that ended
+		// the exchange for a reason hears it.
+		return consensus.Frontier{}, fmt.Errorf("inproc: %s at tick %d: %w", consensus.RankName(m.rank), tick, context.Cause(ctx))
 	}
 	if rd.err != nil {
 		return consensus.Frontier{}, rd.err

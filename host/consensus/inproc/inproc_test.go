@@ -124,3 +124,36 @@ func TestTicksMustIncrease(t *testing.T) {
 		t.Errorf("a replayed tick: got %v, want ErrTick", err)
 	}
 }
+
+// TestCanceledExchangeSaysWhy: a rank whose exchange's context ends gets
+// the context's cause (a plain cancel: context.Canceled), naming the rank
+// and tick.
+func TestCanceledExchangeSaysWhy(t *testing.T) {
+	why := errors.New("rank 1's session ended (closed)")
+	for _, tc := range []struct {
+		name   string
+		cancel func(context.CancelCauseFunc)
+		want   error
+	}{
+		{"cause", func(c context.CancelCauseFunc) { c(why) }, why},
+		{"plain", func(c context.CancelCauseFunc) { c(nil) }, context.Canceled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ms, err := New(2, DefaultOptions())
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancelCause(context.Background())
+			done := make(chan error, 1)
+			go func() {
+				_, err := ms[0].Exchange(ctx, 1, grouptest.ContributionAt(1, 0, 1))
+				done <- err
+			}()
+			tc.cancel(cancel)
+			err = <-done
+			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), "rank 0 at tick 1") {
+				t.Fatalf("got %v, want %v naming rank 0 at tick 1", err, tc.want)
+			}
+		})
+	}
+}
