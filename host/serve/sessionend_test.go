@@ -175,11 +175,22 @@ func sessionEndCase(t *testing.T, s *Server, sock string, n, victim int, way end
 	case peerStores, peerOwing:
 		key := chain(tag+"-prefix", 4, 8, tag+"-store")
 		keys[tag+"-store"] = key
+		// NB: the lookup asks the L3 on the store worker, so it is
+		// PENDING first and a later reply (not every one) carries DONE.
+		done := func(out *pb.StepReply) bool {
+			for _, l := range out.Lookups {
+				if l.ReqId == tag+"-store" && l.Status == pb.LookupStatus_LOOKUP_STATUS_DONE {
+					return true
+				}
+			}
+			return false
+		}
 		outs := stepAll(t, ctx, es, lookupStep(tag+"-store", key), keys)
-		for n := 0; outs[0].Lookups[len(outs[0].Lookups)-1].Status != pb.LookupStatus_LOOKUP_STATUS_DONE; n++ {
+		for n := 0; !done(outs[0]); n++ {
 			if n > 200 {
 				fail("lookup before the stores still pending")
 			}
+			time.Sleep(time.Millisecond) // pace like an engine: the reload TTL counts ticks
 			outs = stepAll(t, ctx, es, func() *pb.StepRequest { return &pb.StepRequest{} }, keys)
 		}
 		store := func() *pb.StepRequest {
