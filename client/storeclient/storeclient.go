@@ -1,0 +1,329 @@
+// Package storeclient is the Go client of kvtier.store.v1, the page-store
+// door of `kvtier serve`: it registers a namespace, maps the door's L2 slab
+// files shared, and turns BatchGet/BatchSet replies into []byte views of
+// the mapped slab that the caller copies from or into (the one copy each
+// way). A reply whose boot_id differs from the session's means serve
+// restarted: the client registers again and the call's pages are misses.
+package storeclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pb "github.com/kvtier/kvtier/api/storev1"
+)
+
+// ErrRestarted reports that serve restarted during the call; the client has
+// registered again and the call's pages count as misses.
+var ErrRestarted = errors.New("kvtier storeclient: serve restarted (boot_id changed)")
+
+// Options configure Dial.
+type Options struct {
+	// Socket is serve's unix socket path, or host:port for loopback TCP.
+	Socket    string
+	ClientID  string
+	Namespace *pb.Namespace
+}
+
+// Client is one session of the store door.
+type Client struct {
+	opts Options
+	conn *grpc.ClientConn
+	rpc  pb.StoreClient
+
+	mu    sync.Mutex
+	reg   *pb.RegisterReply
+	slabs [][]byte
+}
+
+// Dial connects and registers.
+func Dial(ctx context.Context, o Options) (*Client, error) {
+	if o.Socket == "" {
+		return nil, errors.New("kvtier storeclient: no socket")
+	}
+	if o.Namespace == nil {
+		return nil, errors.New("kvtier storeclient: no namespace")
+	}
+	target := o.Socket
+	if strings.HasPrefix(target, "/") {
+		target = "unix://" + target
+	}
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("kvtier storeclient: dial %s: %w", o.Socket, err)
+	}
+	c := &Client{opts: o, conn: conn, rpc: pb.NewStoreClient(conn)}
+	if err := c.register(ctx); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// register opens a session and maps its slab; c.mu is not held.
+func (c *Client) register(ctx context.Context) error {
+	r, err := c.rpc.Register(ctx, &pb.RegisterRequest{ClientId: c.opts.ClientID, Namespace: c.opts.Namespace, ProtocolVersions: []uint32{1}})
+	if err != nil {
+		return fmt.Errorf("kvtier storeclient: register: %w", err)
+	}
+	maps, err := mapSlab(r.GetSlab())
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	old := c.slabs
+	c.reg, c.slabs = r, maps
+	c.mu.Unlock()
+	unmap(old)
+	return nil
+}
+
+func mapSlab(g *pb.SlabGeometry) ([][]byte, error) {
+	var maps [][]byte
+	for i, f := range g.GetFiles() {
+		if int(f.GetId()) != i {
+			unmap(maps)
+			return nil, fmt.Errorf("kvtier storeclient: slab file %d has id %d", i, f.GetId())
+		}
+		if f.GetSize() == 0 || f.GetSize() > 1<<46 {
+			unmap(maps)
+			return nil, fmt.Errorf("kvtier storeclient: slab file %s: size %d", f.GetPath(), f.GetSize())
+		}
+		fd, err := unix.Open(f.GetPath(), unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			unmap(maps)
+			return nil, fmt.Errorf("kvtier storeclient: map slab %s: %w", f.GetPath(), err)
+		}
+		b, err := unix.Mmap(fd, 0, int(f.GetSize()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		unix.Close(fd)
+		if err != nil {
+			unmap(maps)
+			return nil, fmt.Errorf("kvtier storeclient: map slab %s: %w", f.GetPath(), err)
+		}
+		maps = append(maps, b)
+	}
+	return maps, nil
+}
+
+func unmap(maps [][]byte) {
+	for _, b := range maps {
+		_ = unix.Munmap(b)
+	}
+}
+
+// span resolves sp to the mapped bytes; out of range is an error naming it.
+func span(maps [][]byte, sp *pb.Span) ([]byte, error) {
+	if int(sp.GetSlab()) >= len(maps) {
+		return nil, fmt.Errorf("kvtier storeclient: span names slab %d of %d", sp.GetSlab(), len(maps))
+	}
+	m := maps[sp.GetSlab()]
+	off, n := sp.GetOffset(), sp.GetLength()
+	if off > uint64(len(m)) || n > uint64(len(m))-off {
+		return nil, fmt.Errorf("kvtier storeclient: span [%d, +%d) outside slab %d of %d bytes", off, n, sp.GetSlab(), len(m))
+	}
+	return m[off : off+n], nil
+}
+
+func (c *Client) session() (string, string, [][]byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reg.GetSession(), c.reg.GetBootId(), c.slabs
+}
+
+// Registration is the last RegisterReply (limits, kinds, tiers).
+func (c *Client) Registration() *pb.RegisterReply {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reg
+}
+
+// check re-registers when a reply's boot_id is not the session's.
+func (c *Client) check(ctx context.Context, boot, got string) error {
+	if got == boot {
+		return nil
+	}
+	if err := c.register(ctx); err != nil {
+		return fmt.Errorf("%w; register again: %w", ErrRestarted, err)
+	}
+	return ErrRestarted
+}
+
+// Exists returns the count of leading keys present and each one's tier.
+func (c *Client) Exists(ctx context.Context, keys []string) (int, []pb.Tier, error) {
+	s, boot, _ := c.session()
+	r, err := c.rpc.BatchExists(ctx, &pb.ExistsRequest{Session: s, BootId: boot, Keys: keys})
+	if err != nil {
+		return 0, nil, fmt.Errorf("kvtier storeclient: exists: %w", err)
+	}
+	if err := c.check(ctx, boot, r.GetBootId()); err != nil {
+		return 0, nil, err
+	}
+	return int(r.GetPresent()), r.GetTiers(), nil
+}
+
+// Ping is the empty call (the limit bench store's exists row is measured
+// against).
+func (c *Client) Ping(ctx context.Context) error {
+	_, err := c.rpc.Ping(ctx, &pb.PingRequest{})
+	return err
+}
+
+// Got is one BatchGet's result: per key, its status and, for a hit, one
+// view per payload kind into the mapped slab, valid until Release.
+type Got struct {
+	Lease  uint64
+	Status []pb.GetStatus
+	Spans  [][][]byte
+	boot   string
+}
+
+// Get pins keys' pages and returns where they lie.
+func (c *Client) Get(ctx context.Context, keys []string, deadlineMS uint32) (*Got, error) {
+	s, boot, maps := c.session()
+	r, err := c.rpc.BatchGet(ctx, &pb.GetRequest{Session: s, BootId: boot, Keys: keys, DeadlineMs: deadlineMS})
+	if err != nil {
+		return nil, fmt.Errorf("kvtier storeclient: get: %w", err)
+	}
+	if err := c.check(ctx, boot, r.GetBootId()); err != nil {
+		return nil, err
+	}
+	if len(r.GetPages()) != len(keys) {
+		return nil, fmt.Errorf("kvtier storeclient: get: %d pages for %d keys", len(r.GetPages()), len(keys))
+	}
+	g := &Got{Lease: r.GetLease(), Status: make([]pb.GetStatus, len(keys)), Spans: make([][][]byte, len(keys)), boot: boot}
+	for i, p := range r.GetPages() {
+		g.Status[i] = p.GetStatus()
+		if p.GetStatus() != pb.GetStatus_GET_STATUS_HIT {
+			continue
+		}
+		for _, sp := range p.GetSpans() {
+			b, err := span(maps, sp)
+			if err != nil {
+				_ = c.Release(ctx, g)
+				return nil, fmt.Errorf("kvtier storeclient: get %q: %w", keys[i], err)
+			}
+			g.Spans[i] = append(g.Spans[i], b)
+		}
+	}
+	return g, nil
+}
+
+// Release drops a Get's pins; its views must not be used after.
+func (c *Client) Release(ctx context.Context, g *Got) error {
+	if g == nil || g.Lease == 0 {
+		return nil
+	}
+	s, boot, _ := c.session()
+	if boot != g.boot {
+		return nil // the pins went with the old serve
+	}
+	r, err := c.rpc.Release(ctx, &pb.ReleaseRequest{Session: s, BootId: boot, Lease: g.Lease})
+	if err != nil {
+		return fmt.Errorf("kvtier storeclient: release: %w", err)
+	}
+	return c.check(ctx, boot, r.GetBootId())
+}
+
+// Reserved is one BatchSet's result: per key, its status and, when
+// RESERVED, one view per payload kind to fill before Commit.
+type Reserved struct {
+	Lease  uint64
+	Status []pb.SetStatus
+	Spans  [][][]byte
+	boot   string
+}
+
+// Set reserves slab spans for keys.
+func (c *Client) Set(ctx context.Context, keys []string) (*Reserved, error) {
+	s, boot, maps := c.session()
+	r, err := c.rpc.BatchSet(ctx, &pb.SetRequest{Session: s, BootId: boot, Keys: keys})
+	if err != nil {
+		return nil, fmt.Errorf("kvtier storeclient: set: %w", err)
+	}
+	if err := c.check(ctx, boot, r.GetBootId()); err != nil {
+		return nil, err
+	}
+	if len(r.GetPages()) != len(keys) {
+		return nil, fmt.Errorf("kvtier storeclient: set: %d pages for %d keys", len(r.GetPages()), len(keys))
+	}
+	rs := &Reserved{Lease: r.GetLease(), Status: make([]pb.SetStatus, len(keys)), Spans: make([][][]byte, len(keys)), boot: boot}
+	for i, p := range r.GetPages() {
+		rs.Status[i] = p.GetStatus()
+		if p.GetStatus() != pb.SetStatus_SET_STATUS_RESERVED {
+			continue
+		}
+		for _, sp := range p.GetSpans() {
+			b, err := span(maps, sp)
+			if err != nil {
+				_, _ = c.Commit(ctx, rs, make([]bool, len(keys)))
+				return nil, fmt.Errorf("kvtier storeclient: set %q: %w", keys[i], err)
+			}
+			rs.Spans[i] = append(rs.Spans[i], b)
+		}
+	}
+	return rs, nil
+}
+
+// Commit stores the reserved pages written whole (written[i]) and
+// abandons the rest; stored[i] says whether key i is stored.
+func (c *Client) Commit(ctx context.Context, rs *Reserved, written []bool) ([]bool, error) {
+	if len(written) != len(rs.Status) {
+		return nil, fmt.Errorf("kvtier storeclient: commit: %d written flags for %d keys", len(written), len(rs.Status))
+	}
+	s, boot, _ := c.session()
+	if boot != rs.boot {
+		return make([]bool, len(written)), ErrRestarted
+	}
+	r, err := c.rpc.Commit(ctx, &pb.CommitRequest{Session: s, BootId: boot, Lease: rs.Lease, Written: written})
+	if err != nil {
+		return nil, fmt.Errorf("kvtier storeclient: commit: %w", err)
+	}
+	if err := c.check(ctx, boot, r.GetBootId()); err != nil {
+		return make([]bool, len(written)), err
+	}
+	return r.GetStored(), nil
+}
+
+// Clear drops the namespace's pages.
+func (c *Client) Clear(ctx context.Context) error {
+	s, boot, _ := c.session()
+	r, err := c.rpc.Clear(ctx, &pb.ClearRequest{Session: s, BootId: boot})
+	if err != nil {
+		return fmt.Errorf("kvtier storeclient: clear: %w", err)
+	}
+	return c.check(ctx, boot, r.GetBootId())
+}
+
+// Stats returns the door's counters.
+func (c *Client) Stats(ctx context.Context) (*pb.StatsReply, error) {
+	s, boot, _ := c.session()
+	r, err := c.rpc.Stats(ctx, &pb.StatsRequest{Session: s, BootId: boot})
+	if err != nil {
+		return nil, fmt.Errorf("kvtier storeclient: stats: %w", err)
+	}
+	if err := c.check(ctx, boot, r.GetBootId()); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Close ends the session, unmaps the slab and closes the connection.
+func (c *Client) Close(ctx context.Context) error {
+	s, boot, _ := c.session()
+	_, err := c.rpc.Close(ctx, &pb.CloseRequest{Session: s, BootId: boot})
+	if err != nil {
+		err = fmt.Errorf("kvtier storeclient: close: %w", err)
+	}
+	c.mu.Lock()
+	unmap(c.slabs)
+	c.slabs = nil
+	c.mu.Unlock()
+	return errors.Join(err, c.conn.Close())
+}
