@@ -10,6 +10,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"strings"
 	"sync"
 
@@ -155,12 +157,26 @@ func (c *Client) check(ctx context.Context, boot, got string) error {
 	return ErrRestarted
 }
 
+// gone turns a call's error into ErrRestarted, registering again, when
+// serve no longer knows the session (it restarted, or the session ended:
+// NotFound naming the session, docs/store-api.md); other errors pass.
+func (c *Client) gone(ctx context.Context, what string, err error) error {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.NotFound || !strings.HasPrefix(st.Message(), "session ") {
+		return fmt.Errorf("kvtier storeclient: %s: %w", what, err)
+	}
+	if rerr := c.register(ctx); rerr != nil {
+		return fmt.Errorf("%w: %s: %w; register again: %w", ErrRestarted, what, err, rerr)
+	}
+	return fmt.Errorf("%w: %s: %w", ErrRestarted, what, err)
+}
+
 // Exists returns the count of leading keys present and each one's tier.
 func (c *Client) Exists(ctx context.Context, keys []string) (int, []pb.Tier, error) {
 	s, boot, _ := c.session()
 	r, err := c.rpc.BatchExists(ctx, &pb.ExistsRequest{Session: s, BootId: boot, Keys: keys})
 	if err != nil {
-		return 0, nil, fmt.Errorf("kvtier storeclient: exists: %w", err)
+		return 0, nil, c.gone(ctx, "exists", err)
 	}
 	if err := c.check(ctx, boot, r.GetBootId()); err != nil {
 		return 0, nil, err
@@ -189,7 +205,7 @@ func (c *Client) Get(ctx context.Context, keys []string, deadlineMS uint32) (*Go
 	s, boot, maps := c.session()
 	r, err := c.rpc.BatchGet(ctx, &pb.GetRequest{Session: s, BootId: boot, Keys: keys, DeadlineMs: deadlineMS})
 	if err != nil {
-		return nil, fmt.Errorf("kvtier storeclient: get: %w", err)
+		return nil, c.gone(ctx, "get", err)
 	}
 	if err := c.check(ctx, boot, r.GetBootId()); err != nil {
 		return nil, err
@@ -245,7 +261,7 @@ func (c *Client) Set(ctx context.Context, keys []string) (*Reserved, error) {
 	s, boot, maps := c.session()
 	r, err := c.rpc.BatchSet(ctx, &pb.SetRequest{Session: s, BootId: boot, Keys: keys})
 	if err != nil {
-		return nil, fmt.Errorf("kvtier storeclient: set: %w", err)
+		return nil, c.gone(ctx, "set", err)
 	}
 	if err := c.check(ctx, boot, r.GetBootId()); err != nil {
 		return nil, err
@@ -277,6 +293,15 @@ func (c *Client) Commit(ctx context.Context, rs *Reserved, written []bool) ([]bo
 	if len(written) != len(rs.Status) {
 		return nil, fmt.Errorf("kvtier storeclient: commit: %d written flags for %d keys", len(written), len(rs.Status))
 	}
+	if rs.Lease == 0 {
+		// Nothing was reserved (every key EXISTS, NO_SPACE or INVALID):
+		// no call; the keys that exist are stored.
+		stored := make([]bool, len(written))
+		for i, st := range rs.Status {
+			stored[i] = st == pb.SetStatus_SET_STATUS_EXISTS
+		}
+		return stored, nil
+	}
 	s, boot, _ := c.session()
 	if boot != rs.boot {
 		return make([]bool, len(written)), ErrRestarted
@@ -296,7 +321,7 @@ func (c *Client) Clear(ctx context.Context) error {
 	s, boot, _ := c.session()
 	r, err := c.rpc.Clear(ctx, &pb.ClearRequest{Session: s, BootId: boot})
 	if err != nil {
-		return fmt.Errorf("kvtier storeclient: clear: %w", err)
+		return c.gone(ctx, "clear", err)
 	}
 	return c.check(ctx, boot, r.GetBootId())
 }
@@ -306,7 +331,7 @@ func (c *Client) Stats(ctx context.Context) (*pb.StatsReply, error) {
 	s, boot, _ := c.session()
 	r, err := c.rpc.Stats(ctx, &pb.StatsRequest{Session: s, BootId: boot})
 	if err != nil {
-		return nil, fmt.Errorf("kvtier storeclient: stats: %w", err)
+		return nil, c.gone(ctx, "stats", err)
 	}
 	if err := c.check(ctx, boot, r.GetBootId()); err != nil {
 		return nil, err

@@ -1,0 +1,240 @@
+package storeclient_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	pb "github.com/kvtier/kvtier/api/storev1"
+	"github.com/kvtier/kvtier/client/storeclient"
+	"github.com/kvtier/kvtier/host/serve"
+)
+
+// doorYAML is a small store stack: 16 KiB k and v payloads, a slab of 16
+// pages, a real l3disk with an LMDB index.
+const doorYAML = `
+version: 1
+model:
+  page_tokens: 16
+  payloads:
+    - {name: k, page_bytes: 16KiB}
+    - {name: v, page_bytes: 16KiB}
+tiers:
+  - name: l2
+    role: slab
+    use: l2hugetlb
+    config: {size: 512KiB, fallback: shm, name: "kvtier-storeclient-{{DIRHASH}}", stale: remove}
+  - name: l3
+    role: store
+    use: l3disk
+    index: {use: lmdb, config: {dir: "{{DIR}}/store/index"}}
+    config:
+      disks: [{dir: "{{DIR}}/store/l3", budget: 64MiB}]
+policy:
+  evictor: lru
+write_policy: write_through
+ranks: {world_size: 1, rank: 0}
+`
+
+// startDoor runs a real kvtier serve with only the store door, over a
+// unix socket, with dir as its data dir; stop ends it.
+func startDoor(t *testing.T, dir string) (sock string, stop func()) {
+	t.Helper()
+	sd, err := os.MkdirTemp("", "kvsc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock = filepath.Join(sd, "s.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := serve.Open(ctx, serve.Config{DataDir: dir, Socket: sock, Doors: []string{serve.DoorStore}, StoreYAML: doorYAML, StoreConfigName: "storeclient test stack"})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx) }()
+	select {
+	case <-s.Listening():
+	case err := <-done:
+		t.Fatalf("serve stopped before listening: %v", err)
+	}
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+		os.RemoveAll(sd)
+	}
+	t.Cleanup(stop)
+	return sock, stop
+}
+
+func namespace() *pb.Namespace {
+	return &pb.Namespace{Model: "storeclient-model", Dtype: "bfloat16", KvLayout: "page_first", PageTokens: 16, TpSize: 1,
+		Kinds: []*pb.PayloadKind{{Name: "k", PageBytes: 16 << 10}, {Name: "v", PageBytes: 16 << 10}}}
+}
+
+// page fills the bytes of key's kind k deterministically.
+func page(key string, k int, n int) []byte {
+	r := rand.New(rand.NewPCG(uint64(len(key))*7919+uint64(k), uint64(key[len(key)-1])))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	copy(b, key)
+	return b
+}
+
+// TestClientAgainstDoor drives the client through a real serve: set,
+// copy, commit, exists, get with every byte checked, release, dedup,
+// stats, then a restart of serve (a new boot_id): the client registers
+// again by itself and finds the durable pages in L3.
+func TestClientAgainstDoor(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	sock, stop := startDoor(t, dir)
+	c, err := storeclient.Dial(ctx, storeclient.Options{Socket: sock, ClientID: "test", Namespace: namespace()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	const pb16 = 16 << 10
+	keys := make([]string, 8)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%064x", i+1)
+	}
+	rs, err := c.Set(ctx, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	written := make([]bool, len(keys))
+	for i, st := range rs.Status {
+		if st != pb.SetStatus_SET_STATUS_RESERVED || len(rs.Spans[i]) != 2 {
+			t.Fatalf("set %d: %v with %d spans, want RESERVED with 2", i, st, len(rs.Spans[i]))
+		}
+		for k, sp := range rs.Spans[i] {
+			copy(sp, page(keys[i], k, pb16))
+		}
+		written[i] = true
+	}
+	stored, err := c.Commit(ctx, rs, written)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ok := range stored {
+		if !ok {
+			t.Fatalf("commit: key %d not stored", i)
+		}
+	}
+	// A second set of the same keys writes nothing: one copy is kept.
+	again, err := c.Set(ctx, keys[:2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, st := range again.Status {
+		if st != pb.SetStatus_SET_STATUS_EXISTS {
+			t.Fatalf("second set %d: %v, want EXISTS", i, st)
+		}
+	}
+	if _, err := c.Commit(ctx, again, make([]bool, 2)); err != nil {
+		t.Fatal(err)
+	}
+	n, tiers, err := c.Exists(ctx, append(keys, fmt.Sprintf("%064x", 999)))
+	if err != nil || n != len(keys) || len(tiers) != n {
+		t.Fatalf("exists: %d pages, tiers %v, err %v; want %d", n, tiers, err, len(keys))
+	}
+	check := func(what string, want pb.GetStatus) {
+		t.Helper()
+		g, err := c.Get(ctx, keys, 5000)
+		if err != nil {
+			t.Fatalf("%s: get: %v", what, err)
+		}
+		for i, st := range g.Status {
+			if st != want {
+				t.Fatalf("%s: get %d: %v, want %v", what, i, st, want)
+			}
+			for k, sp := range g.Spans[i] {
+				if !bytes.Equal(sp, page(keys[i], k, pb16)) {
+					t.Fatalf("%s: key %d kind %d: wrong bytes", what, i, k)
+				}
+			}
+		}
+		if err := c.Release(ctx, g); err != nil {
+			t.Fatalf("%s: release: %v", what, err)
+		}
+	}
+	check("from L2", pb.GetStatus_GET_STATUS_HIT)
+	st, err := c.Stats(ctx)
+	if err != nil || st.GetStoredPages() < uint64(len(keys)) || st.GetHitPagesL2() < uint64(len(keys)) {
+		t.Fatalf("stats %v, err %v: want %d stored and L2 hits", st, err, len(keys))
+	}
+	// Wait until the write-through is durable, then restart serve.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, err := c.Stats(ctx)
+		if err == nil && st.GetL2UsedPages() >= uint64(len(keys)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pages not in L2: %v %v", st, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // NB: the l3disk puts land (fsync) off the Commit
+	stop()
+	sock2, _ := startDoorAt(t, dir, sock)
+	if sock2 != sock {
+		t.Fatalf("restarted on %s, not %s", sock2, sock)
+	}
+	// The first call sees the new boot_id: the client registers again and
+	// says so; the pages come back from L3.
+	var g *storeclient.Got
+	for range 50 {
+		g, err = c.Get(ctx, keys, 5000)
+		if err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("get after the restart: %v", err)
+	}
+	_ = c.Release(ctx, g)
+	check("after the restart", pb.GetStatus_GET_STATUS_HIT)
+}
+
+// startDoorAt starts serve again over dir on the socket path sock.
+func startDoorAt(t *testing.T, dir, sock string) (string, func()) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := serve.Open(ctx, serve.Config{DataDir: dir, Socket: sock, Doors: []string{serve.DoorStore}, StoreYAML: doorYAML, StoreConfigName: "storeclient test stack"})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx) }()
+	<-s.Listening()
+	stop := func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	}
+	t.Cleanup(stop)
+	return sock, stop
+}
