@@ -192,9 +192,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	start := time.Now()
 	var wg sync.WaitGroup
+	idle := newIdleBarrier(len(ranks))
 	for _, r := range ranks {
+		r.idle = idle
 		wg.Add(1)
-		go func() { defer wg.Done(); r.run(ctx) }()
+		go func() { defer wg.Done(); defer idle.leave(); r.run(ctx) }()
 	}
 	wg.Wait()
 	res := Result{Ranks: cfg.Ranks, Seconds: time.Since(start).Seconds(), HitTokensByTier: map[string]int64{},
@@ -304,6 +306,62 @@ type rank struct {
 	steps, loaded, stored, loadNs, storeNs             int64
 	lat, pings                                         []time.Duration
 	firstErr                                           string
+	// idle is shared by the ranks: a rank stops when every rank is idle.
+	idle *idleBarrier
+}
+
+// idleBarrier decides, step by step, whether every rank of the run has
+// nothing left: agree waits for each rank still running to say whether it
+// is idle at this step, and is true when all are. A rank that returned
+// (an error) counts as idle from then on.
+type idleBarrier struct {
+	mu      sync.Mutex
+	cond    *sync.Cond
+	running int // ranks still in run
+	arrived int // ranks that said this round
+	busy    bool
+	round   uint64
+	result  bool
+}
+
+func newIdleBarrier(n int) *idleBarrier {
+	b := &idleBarrier{running: n}
+	b.cond = sync.NewCond(&b.mu)
+	return b
+}
+
+func (b *idleBarrier) agree(idle bool) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.arrived++
+	b.busy = b.busy || !idle
+	round := b.round
+	if b.arrived >= b.running {
+		b.finish()
+		return b.result
+	}
+	for b.round == round {
+		b.cond.Wait()
+	}
+	return b.result
+}
+
+// finish ends the round; b.mu is held.
+func (b *idleBarrier) finish() {
+	b.result = !b.busy
+	b.arrived, b.busy = 0, false
+	b.round++
+	b.cond.Broadcast()
+}
+
+// leave takes a rank that returned out of every later round.
+func (b *idleBarrier) leave() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.running--
+	if b.arrived > 0 && b.arrived >= b.running {
+		b.finish()
+	}
 }
 
 type req struct {
@@ -390,7 +448,12 @@ func (r *rank) run(ctx context.Context) {
 			q.Lookups = append(q.Lookups, &pb.Lookup{ReqId: rq.name, Pages: uint32(len(rq.key)), Hashes: client.PackHashes(nil, rq.key)})
 			added++
 		}
-		if len(q.Lookups)+len(q.Stores)+len(q.Completions) == 0 && len(live) == 0 {
+		// NB: the ranks of a group step in lockstep (every tick waits for
+		// each rank's step), so a rank with nothing left steps on, empty,
+		// until every rank has nothing left: one that stopped alone (its
+		// last plans reported while a peer still owes some) would leave
+		// its peer waiting in the exchange until the group timeout.
+		if r.idle.agree(len(q.Lookups)+len(q.Stores)+len(q.Completions) == 0 && len(live) == 0) {
 			return
 		}
 		if r.cfg.Ping {
