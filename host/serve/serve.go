@@ -464,7 +464,10 @@ func (s *Server) openRank(ctx context.Context, i int) (_ *rank, err error) {
 	}
 	base := control.DefaultOptions()
 	base.SpillQueueCap, base.SpillInflight = 1024, 64
-	base.ReloadMaxInflight, base.ReloadTTL = 16, 64
+	// NB: one tick a step, so ReloadTTL is in engine steps: 256 steps
+	// give the L3 2.5 s at 10 ms a step, 25 ms at 0.1 ms (64 made
+	// back-to-back steps on a loaded machine miss what L3 held).
+	base.ReloadMaxInflight, base.ReloadTTL = 16, 256
 	base.DigestEvery = 64
 	base.Logger = log
 	lanes, lane := s.lanes(), 0
