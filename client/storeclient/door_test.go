@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -42,41 +43,15 @@ ranks: {world_size: 1, rank: 0}
 `
 
 // startDoor runs a real kvtier serve with only the store door, over a
-// unix socket, with dir as its data dir; stop ends it.
+// new unix socket, with dir as its data dir; stop ends it.
 func startDoor(t *testing.T, dir string) (sock string, stop func()) {
 	t.Helper()
 	sd, err := os.MkdirTemp("", "kvsc")
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock = filepath.Join(sd, "s.sock")
-	ctx, cancel := context.WithCancel(context.Background())
-	s, err := serve.Open(ctx, serve.Config{DataDir: dir, Socket: sock, Doors: []string{serve.DoorStore}, StoreYAML: doorYAML, StoreConfigName: "storeclient test stack"})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx) }()
-	select {
-	case <-s.Listening():
-	case err := <-done:
-		t.Fatalf("serve stopped before listening: %v", err)
-	}
-	stopped := false
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-		os.RemoveAll(sd)
-	}
-	t.Cleanup(stop)
-	return sock, stop
+	t.Cleanup(func() { os.RemoveAll(sd) })
+	return startDoorAt(t, dir, filepath.Join(sd, "s.sock"))
 }
 
 func namespace() *pb.Namespace {
@@ -214,7 +189,8 @@ func TestClientAgainstDoor(t *testing.T) {
 	check("after the restart", pb.GetStatus_GET_STATUS_HIT)
 }
 
-// startDoorAt starts serve again over dir on the socket path sock.
+// startDoorAt starts serve over dir on the socket path sock (a restart
+// reuses the path); stop ends it, once.
 func startDoorAt(t *testing.T, dir, sock string) (string, func()) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
@@ -228,12 +204,19 @@ func startDoorAt(t *testing.T, dir, sock string) (string, func()) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx) }()
-	<-s.Listening()
+	select {
+	case <-s.Listening():
+	case err := <-done:
+		t.Fatalf("serve stopped before listening: %v", err)
+	}
+	var once sync.Once
 	stop := func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("serve: %v", err)
+			}
+		})
 	}
 	t.Cleanup(stop)
 	return sock, stop
