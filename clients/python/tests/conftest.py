@@ -29,3 +29,16 @@ def kvtier_bin():
     subprocess.run([go, "build", "-o", out, "./cmd/kvtier"], cwd=REPO, check=True)
     yield out
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _drop_tmp_path(request):
+    """Removes a test's tmp_path once the test and its other fixtures are
+    done (this fixture is set up first, so it is torn down last): the
+    tests start ``kvtier serve`` with data dirs of hundreds of MiB (L3
+    slabs are written out in full), and pytest would keep them all until
+    the session ends, then keep the last three sessions' on disk."""
+    yield
+    tmp = request.node.funcargs.get("tmp_path")
+    if tmp is not None:
+        shutil.rmtree(str(tmp), ignore_errors=True)

@@ -29,9 +29,12 @@ class Serve:
 
     def start(self):
         self.proc = subprocess.Popen([self.binary, "serve", "--data-dir", self.data, "--socket", self.sock,
-                                      "--log-level", "error"], stdout=subprocess.DEVNULL)
-        deadline = time.time() + 15
+                                      "--log-level", "error", "--doors", "engine"],
+                                     stdout=subprocess.DEVNULL)
+        deadline = time.time() + 60
         while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("kvtier serve exited with %d before it listened" % self.proc.returncode)
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 s.connect(self.sock)
@@ -40,7 +43,7 @@ class Serve:
                 time.sleep(0.02)
             finally:
                 s.close()
-        raise RuntimeError("kvtier serve did not listen within 15 s")
+        raise RuntimeError("kvtier serve did not listen within 60 s")
 
     def kill(self):
         self.proc.send_signal(signal.SIGKILL)

@@ -24,16 +24,19 @@ def start_serve(kvtier_bin, data, *args):
     the process, the socket and a function that stops it."""
     sockdir = tempfile.mkdtemp(prefix="kvg-")
     sock = os.path.join(sockdir, "s.sock")
-    proc = subprocess.Popen([kvtier_bin, "serve", "--data-dir", data, "--socket", sock, "--log-level", "error", *args],
-                            stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen([kvtier_bin, "serve", "--data-dir", data, "--socket", sock, "--log-level", "error",
+                             "--doors", "engine", *args], stdout=subprocess.DEVNULL)
 
     def stop():
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
         shutil.rmtree(sockdir, ignore_errors=True)
 
-    deadline = time.time() + 15
+    deadline = time.time() + 60
     while True:
+        if proc.poll() is not None:
+            shutil.rmtree(sockdir, ignore_errors=True)
+            raise RuntimeError("kvtier serve exited with %d before it listened" % proc.returncode)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             s.connect(sock)
@@ -41,7 +44,7 @@ def start_serve(kvtier_bin, data, *args):
         except OSError:
             if time.time() > deadline:
                 stop()
-                raise RuntimeError("kvtier serve did not listen within 15 s")
+                raise RuntimeError("kvtier serve did not listen within 60 s")
             time.sleep(0.02)
         finally:
             s.close()
