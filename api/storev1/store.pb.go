@@ -1036,9 +1036,17 @@ type GetRequest struct {
 	BootId  string                 `protobuf:"bytes,2,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
 	Keys    []string               `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
 	// deadline_ms bounds the reloads (0: limits.default_deadline_ms).
-	DeadlineMs    uint32 `protobuf:"varint,4,opt,name=deadline_ms,json=deadlineMs,proto3" json:"deadline_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DeadlineMs uint32 `protobuf:"varint,4,opt,name=deadline_ms,json=deadlineMs,proto3" json:"deadline_ms,omitempty"`
+	// check_at_release: reply before the door has checked the L2 hits'
+	// CRC32C, and check them while the client copies; Release waits for the
+	// check and lists the hits that failed it in ReleaseReply.corrupt. The
+	// client must not use those pages' bytes, nor any hit's bytes when
+	// Release fails (the check is then unconfirmed). Without it (false) the
+	// check ends before the reply and a failed page is GET_STATUS_CORRUPT.
+	// A serve that checks no hits (--store-verify=false) ignores it.
+	CheckAtRelease bool `protobuf:"varint,5,opt,name=check_at_release,json=checkAtRelease,proto3" json:"check_at_release,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *GetRequest) Reset() {
@@ -1097,6 +1105,13 @@ func (x *GetRequest) GetDeadlineMs() uint32 {
 		return x.DeadlineMs
 	}
 	return 0
+}
+
+func (x *GetRequest) GetCheckAtRelease() bool {
+	if x != nil {
+		return x.CheckAtRelease
+	}
+	return false
 }
 
 type GetPage struct {
@@ -1284,8 +1299,12 @@ func (x *ReleaseRequest) GetLease() uint64 {
 }
 
 type ReleaseReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	BootId        string                 `protobuf:"bytes,1,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	BootId string                 `protobuf:"bytes,1,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
+	// corrupt lists the positions, in the GetRequest's keys, of the hits of
+	// a check_at_release get that failed their check: misses, whose bytes
+	// the client must not use (the door dropped them). Empty otherwise.
+	Corrupt       []uint32 `protobuf:"varint,2,rep,packed,name=corrupt,proto3" json:"corrupt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1325,6 +1344,13 @@ func (x *ReleaseReply) GetBootId() string {
 		return x.BootId
 	}
 	return ""
+}
+
+func (x *ReleaseReply) GetCorrupt() []uint32 {
+	if x != nil {
+		return x.Corrupt
+	}
+	return nil
 }
 
 type SetRequest struct {
@@ -2177,14 +2203,15 @@ const file_store_v1_store_proto_rawDesc = "" +
 	"\vExistsReply\x12\x17\n" +
 	"\aboot_id\x18\x01 \x01(\tR\x06bootId\x12\x18\n" +
 	"\apresent\x18\x02 \x01(\rR\apresent\x12/\n" +
-	"\x05tiers\x18\x03 \x03(\x0e2\x19.kvtier.pagestore.v1.TierR\x05tiers\"t\n" +
+	"\x05tiers\x18\x03 \x03(\x0e2\x19.kvtier.pagestore.v1.TierR\x05tiers\"\x9e\x01\n" +
 	"\n" +
 	"GetRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12\x12\n" +
 	"\x04keys\x18\x03 \x03(\tR\x04keys\x12\x1f\n" +
 	"\vdeadline_ms\x18\x04 \x01(\rR\n" +
-	"deadlineMs\"\xa1\x01\n" +
+	"deadlineMs\x12(\n" +
+	"\x10check_at_release\x18\x05 \x01(\bR\x0echeckAtRelease\"\xa1\x01\n" +
 	"\aGetPage\x126\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x1e.kvtier.pagestore.v1.GetStatusR\x06status\x12-\n" +
 	"\x04tier\x18\x02 \x01(\x0e2\x19.kvtier.pagestore.v1.TierR\x04tier\x12/\n" +
@@ -2196,9 +2223,10 @@ const file_store_v1_store_proto_rawDesc = "" +
 	"\x0eReleaseRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12\x14\n" +
-	"\x05lease\x18\x03 \x01(\x04R\x05lease\"'\n" +
+	"\x05lease\x18\x03 \x01(\x04R\x05lease\"A\n" +
 	"\fReleaseReply\x12\x17\n" +
-	"\aboot_id\x18\x01 \x01(\tR\x06bootId\"S\n" +
+	"\aboot_id\x18\x01 \x01(\tR\x06bootId\x12\x18\n" +
+	"\acorrupt\x18\x02 \x03(\rR\acorrupt\"S\n" +
 	"\n" +
 	"SetRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x17\n" +

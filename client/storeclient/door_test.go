@@ -221,3 +221,67 @@ func startDoorAt(t *testing.T, dir, sock string) (string, func()) {
 	t.Cleanup(stop)
 	return sock, stop
 }
+
+// TestClientCheckAtRelease: with Options.CheckAtRelease, Get answers
+// before the door checked the hits and Release turns the hits that failed
+// into GET_STATUS_CORRUPT, here a page another client scribbled on.
+func TestClientCheckAtRelease(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sock, stop := startDoor(t, t.TempDir())
+	defer stop()
+	c, err := storeclient.Dial(ctx, storeclient.Options{Socket: sock, ClientID: "checked", Namespace: namespace(), CheckAtRelease: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	const pb16 = 16 << 10
+	keys := []string{fmt.Sprintf("%064x", 101), fmt.Sprintf("%064x", 102), fmt.Sprintf("%064x", 103)}
+	rs, err := c.Set(ctx, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range keys {
+		for k, sp := range rs.Spans[i] {
+			copy(sp, page(keys[i], k, pb16))
+		}
+	}
+	if _, err := c.Commit(ctx, rs, []bool{true, true, true}); err != nil {
+		t.Fatal(err)
+	}
+	// A client of the check-first kind scribbles on key 1's committed page
+	// through its own mapping, after its check passed.
+	w, err := storeclient.Dial(ctx, storeclient.Options{Socket: sock, ClientID: "scribbler", Namespace: namespace()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(ctx)
+	for _, scribble := range []bool{false, true} {
+		if scribble {
+			wg, err := w.Get(ctx, keys[1:2], 5000)
+			if err != nil || wg.Status[0] != pb.GetStatus_GET_STATUS_HIT {
+				t.Fatalf("scribbler's get: %v %v", wg, err)
+			}
+			wg.Spans[0][1][77] ^= 0xff
+			if err := w.Release(ctx, wg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		g, err := c.Get(ctx, keys, 5000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Release(ctx, g); err != nil {
+			t.Fatalf("scribble %t: release: %v", scribble, err)
+		}
+		for i, st := range g.Status {
+			want := pb.GetStatus_GET_STATUS_HIT
+			if scribble && i == 1 {
+				want = pb.GetStatus_GET_STATUS_CORRUPT
+			}
+			if st != want {
+				t.Fatalf("scribble %t: key %d: %v, want %v", scribble, i, st, want)
+			}
+		}
+	}
+}

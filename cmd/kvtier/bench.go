@@ -23,6 +23,7 @@ func benches() map[string]benchCommand {
 		"redis":   runBenchRedis,
 		"host":    runBenchHost,
 		"serve":   runBenchServe,
+		"store":   runBenchStore,
 	}
 }
 

@@ -127,6 +127,9 @@ type Options struct {
 // entry states.
 const (
 	stReserved uint8 = iota + 1
+	// stCommitting: committed by its client, its checksum being taken
+	// off the Commit call; a get waits for ready, a set finds it EXISTS.
+	stCommitting
 	stCommitted
 )
 
@@ -143,6 +146,9 @@ type entry struct {
 	// AckGathered or AckFailed.
 	pins, putPending int32
 	crc              []uint32
+	// ready is closed when a stCommitting entry's checksum is taken (it
+	// is then stCommitted).
+	ready chan struct{}
 	// node is its id in the evictor (0: not inserted); evictable what
 	// the evictor was last told.
 	node      policy.NodeID
@@ -185,6 +191,19 @@ type lease struct {
 	// set: one per key of the BatchSet.
 	res    []*entry
 	status []pb.SetStatus
+	// chk is the check of a check_at_release get's L2 hits, running
+	// while the client copies; Release waits for it.
+	chk *pendingCheck
+}
+
+// pendingCheck is a check_at_release get's CRC check of its L2 hits.
+type pendingCheck struct {
+	done chan struct{}
+	// corrupt: the positions of the hits that failed (set before done
+	// is closed); void: the lease ended before the check finished, so
+	// its pins were gone and nothing is confirmed.
+	corrupt []uint32
+	void    bool
 }
 
 // counters are the door's Stats.
@@ -242,9 +261,12 @@ type Door struct {
 	gathered   []*entry // pages gathered by the store, to verify
 	checking   int      // pages taken from gathered, being verified
 	loading    int      // slots held by reloads in flight
-	st         counters
-	closed     bool
-	genMu      sync.Mutex // serialises writes of the generations file
+	// commits are the Commits whose checksums are being taken: their
+	// pages hold slots that become evictable when done is closed.
+	commits map[chan struct{}]struct{}
+	st      counters
+	closed  bool
+	genMu   sync.Mutex // serialises writes of the generations file
 
 	stop chan struct{}
 	wg   sync.WaitGroup

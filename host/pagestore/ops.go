@@ -114,7 +114,7 @@ func (d *Door) BatchExists(ctx context.Context, q *pb.ExistsRequest) (*pb.Exists
 	d.st.existsCalls++
 	for i := range n {
 		e := d.entries[hs[i]]
-		inL2[i] = e != nil && e.state == stCommitted
+		inL2[i] = e != nil && (e.state == stCommitted || e.state == stCommitting)
 	}
 	d.mu.Unlock()
 	out := &pb.ExistsReply{BootId: d.opt.BootID}
@@ -234,6 +234,10 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 	var checkSlot []int32
 	var checkCRC [][]uint32
 	var cand []int // keys the slab lacks: reloads, if the store holds them
+	// keys whose pages are committing (checksums being taken) and what
+	// closes when they are done
+	var committing []int
+	var ready []chan struct{}
 	d.mu.Lock()
 	if _, open := d.sessions[ses.id]; !open {
 		d.mu.Unlock()
@@ -250,6 +254,12 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 			continue
 		}
 		if e := d.entries[hs[i]]; e != nil {
+			if e.state == stCommitting {
+				// Committed, its checksum being taken: wait for it.
+				committing = append(committing, i)
+				ready = append(ready, e.ready)
+				continue
+			}
 			if e.state != stCommitted {
 				// Being set by a client: not readable yet.
 				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_MISS}
@@ -273,6 +283,9 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 		cand = append(cand, i)
 	}
 	d.mu.Unlock()
+	if len(committing) > 0 {
+		d.awaitCommitting(ctx, wait, l, hs, committing, ready, out)
+	}
 	if len(cand) > 0 {
 		// Only pages the store holds take a slot (and may evict): a get
 		// of absent keys must not empty the slab.
@@ -300,6 +313,16 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 				continue
 			}
 			s := d.alloc()
+			if s < 0 && d.waitCommits() {
+				// Committed pages became evictable; the map may have
+				// changed meanwhile (a key being set now is not read).
+				if d.entries[hs[i]] != nil {
+					out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_MISS}
+					d.st.miss++
+					continue
+				}
+				s = d.alloc()
+			}
 			if s < 0 {
 				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_NO_SPACE}
 				d.st.noSpace++
@@ -318,7 +341,9 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 	if ld != nil {
 		d.startLoad(ld)
 	}
-	if !d.opt.SkipVerify && len(check) > 0 {
+	if !d.opt.SkipVerify && len(check) > 0 && q.GetCheckAtRelease() {
+		d.startCheck(ses, l, keys, check, checkE, checkSlot, checkCRC)
+	} else if !d.opt.SkipVerify && len(check) > 0 {
 		bad := make([]bool, len(check))
 		d.forPages(len(check), func(j int) { bad[j] = !d.verify(checkSlot[j], checkCRC[j]) })
 		d.mu.Lock()
@@ -398,6 +423,84 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 	}
 	d.mu.Unlock()
 	return out, nil
+}
+
+// awaitCommitting waits (within the get's deadline) for the pages at
+// positions committing, whose checksums their Commit is taking, and pins
+// those that became readable as L2 hits: their checksums were just taken
+// from these bytes, so they are not checked again.
+func (d *Door) awaitCommitting(ctx context.Context, wait time.Duration, l *lease, hs []pagehash.Hash, committing []int, ready []chan struct{}, out *pb.GetReply) {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for _, c := range ready {
+		select {
+		case <-c:
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, i := range committing {
+		e := d.entries[hs[i]]
+		switch {
+		case e == nil || l.ended:
+			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_MISS}
+			d.st.miss++
+		case e.state != stCommitted:
+			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_TIMEOUT}
+			d.st.timeout++
+		default:
+			e.pins++
+			d.updateEvictable(e)
+			d.hit(e)
+			l.pinned[i] = e
+			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_HIT, Tier: pb.Tier_TIER_L2, Spans: d.spansOf(e.slot)}
+			d.st.hitL2++
+			d.st.readBytes += uint64(d.pageBytes)
+		}
+	}
+}
+
+// startCheck checks a check_at_release get's L2 hits on a goroutine while
+// the client copies them; Release waits for it and reports the failures.
+// The lease's pins keep the slots from reuse until then; a lease that ends
+// first (expiry, Close) voids the check, and nothing is dropped on it.
+func (d *Door) startCheck(ses *session, l *lease, keys []string, check []int, es []*entry, slots []int32, crcs [][]uint32) {
+	pc := &pendingCheck{done: make(chan struct{})}
+	d.mu.Lock()
+	l.chk = pc
+	d.mu.Unlock()
+	d.busy.Add(1) // NB: inside the BatchGet's own enter, as startLoad
+	go func() {
+		defer d.busy.Done()
+		defer close(pc.done)
+		bad := make([]bool, len(check))
+		d.forPages(len(check), func(j int) { bad[j] = !d.verify(slots[j], crcs[j]) })
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if l.ended {
+			pc.void = true
+			return
+		}
+		for j, i := range check {
+			e := es[j]
+			if !bad[j] {
+				d.st.hitL2++
+				d.st.readBytes += uint64(d.pageBytes)
+				continue
+			}
+			d.st.corrupt++
+			d.st.verifyFailures++
+			d.log.Error("kvtier store: slab page failed its checksum while the client copied it: dropped, reported at Release", "session", ses.id, "key", keys[i], "slot", slots[j])
+			if l.pinned[i] == e {
+				l.pinned[i] = nil
+				e.pins--
+			}
+			d.drop(e)
+			pc.corrupt = append(pc.corrupt, uint32(i))
+		}
+	}()
 }
 
 // install makes a reloaded page readable (under d.mu) and, with a live
@@ -486,7 +589,7 @@ func (d *Door) startLoad(ld *load) {
 }
 
 // Release ends a BatchGet's lease.
-func (d *Door) Release(_ context.Context, q *pb.ReleaseRequest) (*pb.ReleaseReply, error) {
+func (d *Door) Release(ctx context.Context, q *pb.ReleaseRequest) (*pb.ReleaseReply, error) {
 	ses, err := d.session(q.GetSession())
 	if err != nil {
 		return nil, err
@@ -497,8 +600,28 @@ func (d *Door) Release(_ context.Context, q *pb.ReleaseRequest) (*pb.ReleaseRepl
 	if l == nil || l.set {
 		return nil, status.Errorf(codes.NotFound, "lease %d: no BatchGet lease of this session (released, expired, or never given)", q.GetLease())
 	}
+	out := &pb.ReleaseReply{BootId: d.opt.BootID}
+	if pc := l.chk; pc != nil {
+		// The check holds no lock while it reads; wait for it outside
+		// d.mu (it is CPU work over pinned pages: bounded).
+		d.mu.Unlock()
+		select {
+		case <-pc.done:
+		case <-ctx.Done():
+		}
+		d.mu.Lock()
+		select {
+		case <-pc.done:
+		default:
+			return nil, status.Errorf(codes.DeadlineExceeded, "lease %d: the check of its hits did not finish before the call's deadline: use none of them", q.GetLease())
+		}
+		if pc.void || l.ended {
+			return nil, status.Errorf(codes.NotFound, "lease %d: ended (expired, or its session closed) before its check finished: use none of its hits", q.GetLease())
+		}
+		out.Corrupt = pc.corrupt
+	}
 	d.endLease(l, false)
-	return &pb.ReleaseReply{BootId: d.opt.BootID}, nil
+	return out, nil
 }
 
 // BatchSet reserves a slot for each key not stored yet.
@@ -544,6 +667,25 @@ func (d *Door) BatchSet(ctx context.Context, q *pb.SetRequest) (*pb.SetReply, er
 			d.st.exists++
 		default:
 			s := d.alloc()
+			if s < 0 && d.waitCommits() {
+				// Committed pages became evictable; the map may have
+				// changed meanwhile.
+				if _, open := d.sessions[ses.id]; !open {
+					// Closed meanwhile: this call's reservations go too.
+					for _, e := range l.res {
+						if e != nil {
+							d.abandon(e, false)
+						}
+					}
+					return nil, status.Errorf(codes.NotFound, "session %q: %v", ses.id, errUnknownSession)
+				}
+				if d.entries[hs[i]] != nil {
+					st = pb.SetStatus_SET_STATUS_EXISTS
+					d.st.exists++
+					break
+				}
+				s = d.alloc()
+			}
 			if s < 0 {
 				st = pb.SetStatus_SET_STATUS_NO_SPACE
 				d.st.noSpace++
@@ -648,13 +790,62 @@ func (d *Door) Commit(_ context.Context, q *pb.CommitRequest) (*pb.CommitReply, 
 			d.abandon(e, false)
 		}
 	}
-	d.mu.Unlock()
-	crcs := make([][]uint32, len(commit))
-	d.forPages(len(commit), func(j int) { crcs[j] = d.checksum(commit[j].slot) })
-	out := &pb.CommitReply{Stored: make([]bool, len(l.status))}
+	out := &pb.CommitReply{Stored: make([]bool, len(l.status)), BootId: d.opt.BootID}
 	for i, st := range l.status {
 		out.Stored[i] = st == pb.SetStatus_SET_STATUS_EXISTS
 	}
+	for j, e := range commit {
+		e.state = stCommitting
+		e.ready = make(chan struct{})
+		out.Stored[at[j]] = true
+		d.st.stored++
+		d.st.writtenBytes += uint64(d.pageBytes)
+	}
+	d.mu.Unlock()
+	if len(commit) > 0 {
+		// The checksums are taken off the call: the client's copy is
+		// done and its backup thread goes on; a get of these pages waits
+		// for them (ready), a set finds them EXISTS, and a call that finds
+		// no free slot waits for them too (waitCommits).
+		done := make(chan struct{})
+		d.mu.Lock()
+		if d.commits == nil {
+			d.commits = map[chan struct{}]struct{}{}
+		}
+		d.commits[done] = struct{}{}
+		d.mu.Unlock()
+		d.busy.Add(1) // NB: inside the Commit's own enter, as startLoad
+		go d.finishCommit(commit, done)
+	}
+	return out, nil
+}
+
+// waitCommits, under d.mu, waits for the Commits whose checksums are
+// being taken (their slots become evictable then), releasing d.mu
+// meanwhile; it reports whether there were any. The caller re-reads
+// what it read under d.mu before.
+func (d *Door) waitCommits() bool {
+	if len(d.commits) == 0 {
+		return false
+	}
+	chans := make([]chan struct{}, 0, len(d.commits))
+	for c := range d.commits {
+		chans = append(chans, c)
+	}
+	d.mu.Unlock()
+	for _, c := range chans {
+		<-c // CPU work over slab pages: bounded
+	}
+	d.mu.Lock()
+	return true
+}
+
+// finishCommit takes committed pages' checksums, makes them readable and
+// evictable, and starts their write-through.
+func (d *Door) finishCommit(commit []*entry, done chan struct{}) {
+	defer d.busy.Done()
+	crcs := make([][]uint32, len(commit))
+	d.forPages(len(commit), func(j int) { crcs[j] = d.checksum(commit[j].slot) })
 	nk := len(d.kinds)
 	var puts []tiers.PutRequest
 	var items []putItem
@@ -662,6 +853,8 @@ func (d *Door) Commit(_ context.Context, q *pb.CommitRequest) (*pb.CommitReply, 
 	for j, e := range commit {
 		e.crc = crcs[j]
 		e.state = stCommitted
+		close(e.ready)
+		e.ready = nil
 		if d.opt.Store != nil {
 			e.putPending = int32(nk)
 			for k := range nk {
@@ -670,16 +863,13 @@ func (d *Door) Commit(_ context.Context, q *pb.CommitRequest) (*pb.CommitReply, 
 			}
 		}
 		d.insert(e)
-		out.Stored[at[j]] = true
-		d.st.stored++
-		d.st.writtenBytes += uint64(d.pageBytes)
 	}
+	delete(d.commits, done)
+	close(done)
 	d.mu.Unlock()
 	if len(puts) > 0 {
 		d.writeThrough(puts, items)
 	}
-	out.BootId = d.opt.BootID
-	return out, nil
 }
 
 // writeThrough puts committed pages to the store from their slab spans
@@ -759,13 +949,14 @@ func (d *Door) Gauges() Gauges {
 		Entries: len(d.entries), PutFailures: d.st.putFailures, VerifyFailures: d.st.verifyFailures}
 }
 
-// PendingPuts is the number of write-through batches not yet settled
-// plus the pages whose gathered bytes are being verified: 0 means every
-// committed, unpinned page is evictable.
+// PendingPuts is the number of write-through batches not yet settled,
+// plus the Commits whose checksums are being taken (their write-through
+// is still to start), plus the pages whose gathered bytes are being
+// verified: 0 means every committed, unpinned page is evictable.
 func (d *Door) PendingPuts() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return len(d.puts) + len(d.gathered) + d.checking
+	return len(d.puts) + len(d.commits) + len(d.gathered) + d.checking
 }
 
 // Stats returns the door's counters.

@@ -205,7 +205,8 @@ class KvtierStorage(HiCacheStorage):
         self._stats_lock = threading.Lock()
         self._metrics = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [], "backup_bandwidth": []}
         self.counters = {"get_pages": 0, "hit_pages": 0, "set_pages": 0, "stored_pages": 0,
-                         "exists_calls": 0, "unavailable_calls": 0, "registrations": 0, "errors": 0}
+                         "exists_calls": 0, "unavailable_calls": 0, "registrations": 0, "errors": 0,
+                         "corrupt_pages": 0}
 
         self._channel = None
         self._redial_at = 0.0
@@ -456,8 +457,10 @@ class KvtierStorage(HiCacheStorage):
                 continue
             ks = [keys[i] for i in idx]
             rep, session, boot, slab, _ = self._rpc(
-                "BatchGet", lambda s, b: pb.GetRequest(session=s, boot_id=b, keys=ks, deadline_ms=self.get_deadline_ms),
+                "BatchGet", lambda s, b: pb.GetRequest(session=s, boot_id=b, keys=ks, deadline_ms=self.get_deadline_ms,
+                                                       check_at_release=True),
                 hold=True)
+            copied = []  # positions j of ks copied: confirmed only by Release
             try:
                 if len(rep.pages) != len(ks):
                     raise ValueError("BatchGet: %d pages for %d keys" % (len(rep.pages), len(ks)))
@@ -468,19 +471,31 @@ class KvtierStorage(HiCacheStorage):
                         if len(page.spans) != len(self.kind_bytes):
                             raise ValueError("%d spans, want %d" % (len(page.spans), len(self.kind_bytes)))
                         copy_out(idx[j], slab, page.spans)
-                        results[idx[j]] = True
+                        copied.append(j)
                     except (ValueError, RuntimeError) as e:
                         self.counters["errors"] += 1
                         logger.error("kvtier: get of page %r: %s", keys[idx[j]], e)
             finally:
                 slab.release()
+                corrupt = None  # None: the hits are unconfirmed
                 if rep.lease:
                     try:
-                        self._stub.Release(pb.ReleaseRequest(session=session, boot_id=boot, lease=rep.lease),
-                                           timeout=self._remaining(0.1))
+                        rel = self._stub.Release(pb.ReleaseRequest(session=session, boot_id=boot, lease=rep.lease),
+                                                 timeout=self._remaining(0.1))
+                        corrupt = set(rel.corrupt)
                     except (grpc.RpcError, ValueError) as e:
-                        # The lease ends by itself (lease_ms, or the session's end).
-                        logger.info("kvtier: release of lease %d: %s", rep.lease, e)
+                        # The lease ends by itself (lease_ms, or the session's
+                        # end); its check is unconfirmed: no hit counts.
+                        logger.info("kvtier: release of lease %d: %s: the batch's pages count as misses", rep.lease, e)
+                else:
+                    corrupt = set()  # nothing pinned: no hit to confirm
+            if corrupt is not None:
+                for j in copied:
+                    if j in corrupt:
+                        self.counters["corrupt_pages"] += 1
+                        logger.error("kvtier: page %r failed its check while it was copied: a miss", keys[idx[j]])
+                    else:
+                        results[idx[j]] = True
         self.counters["get_pages"] += len(keys)
         self.counters["hit_pages"] += sum(results)
         return results

@@ -406,6 +406,36 @@ def test_same_key_at_once(kvtier_bin, tmp_path):
         s.stop()
 
 
+def test_scribbled_page_is_a_miss(kvtier_bin, tmp_path):
+    """A committed slab page that something scribbled on fails the check
+    serve runs while the client copies it (check_at_release): batch_get_v1
+    answers False for it alone, never its wrong bytes; the others load
+    whole; a retry reloads the L3's copy whole or misses."""
+    s = start_serve(kvtier_bin, tmp_path, False, 64)
+    try:
+        keys = chain_keys("scribble", 4)
+        pool = HostPool(False, "page_first", pages=8)
+        b = backend(s.sock, pool)
+        fill(pool, keys, range(4), 0)
+        assert b.batch_set_v1(keys, pool.slot_indices(range(4))) == [True] * 4
+        rep, session, boot, _, _ = b._rpc("BatchGet", lambda ss, bb: pb.GetRequest(session=ss, boot_id=bb, keys=[keys[2]]))
+        span = rep.pages[0].spans[1]  # the page's "v" kind
+        b._stub.Release(pb.ReleaseRequest(session=session, boot_id=boot, lease=rep.lease), timeout=5)
+        b._slab.tensors[span.slab][span.offset + 100] ^= 0xFF
+        pool.kv_buffer.zero_()
+        assert b.batch_get_v1(keys, pool.slot_indices(range(4, 8))) == [True, True, False, True]
+        assert wrong_pages(pool, [keys[i] for i in (0, 1, 3)], [4, 5, 7], 0) == []
+        assert b.counters["corrupt_pages"] == 1
+        # Dropped from the slab; the write-through's L3 copy (when it
+        # landed before the scribble: the gather checks too) reloads whole.
+        pool.kv_buffer.zero_()
+        again = b.batch_get_v1(keys[2:3], pool.slot_indices([6]))
+        assert again == [False] or wrong_pages(pool, keys[2:3], [6], 0) == []
+        b.close()
+    finally:
+        s.stop()
+
+
 def test_slab_full(kvtier_bin, tmp_path):
     """A slab of 8 pages, a batch of 12 new pages: the 8 that fit are
     saved, False for the 4 that did not, within the deadline."""

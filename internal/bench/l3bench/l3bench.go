@@ -466,3 +466,16 @@ func parseFio(out []byte, rw string) (float64, error) {
 	}
 	return bw / mib, nil
 }
+
+// FioReadWrite lays out file with fio's sequential O_DIRECT writes of n
+// blocks of bs at iodepth and reads them back the same way, and returns
+// both in bytes/s: the disk's limits for a store whose pages are bs. fio
+// is the binary ("" for fio on PATH, "-" to refuse).
+func FioReadWrite(ctx context.Context, fio, file string, bs, n int64, depth int) (write, read float64, err error) {
+	bin, err := findFio(fio)
+	if err != nil {
+		return 0, 0, err
+	}
+	w, r, err := runFio(ctx, bin, file, bs, n, depth)
+	return w * mib, r * mib, err
+}

@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bkvtier/store/v1/store.proto\x12\x13kvtier.pagestore.v1\"/\n\x0bPayloadKind\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\npage_bytes\x18\x02 \x01(\x04\"\xca\x02\n\tNamespace\x12\r\n\x05model\x18\x01 \x01(\t\x12\x16\n\x0emodel_revision\x18\x02 \x01(\t\x12\x11\n\tkv_layout\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x13\n\x0bpage_tokens\x18\x05 \x01(\r\x12/\n\x05kinds\x18\x06 \x03(\x0b\x32 .kvtier.pagestore.v1.PayloadKind\x12\x0f\n\x07tp_rank\x18\x07 \x01(\r\x12\x0f\n\x07tp_size\x18\x08 \x01(\r\x12\x0f\n\x07\x63p_rank\x18\t \x01(\r\x12\x0f\n\x07\x63p_size\x18\n \x01(\r\x12\x0f\n\x07pp_rank\x18\x0b \x01(\r\x12\x0f\n\x07pp_size\x18\x0c \x01(\r\x12\x0f\n\x07\x64p_rank\x18\r \x01(\r\x12\x0f\n\x07\x64p_size\x18\x0e \x01(\r\x12\x18\n\x10shared_across_tp\x18\x0f \x01(\x08\x12\x0c\n\x04salt\x18\x10 \x01(\t\"r\n\x0fRegisterRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x31\n\tnamespace\x18\x02 \x01(\x0b\x32\x1e.kvtier.pagestore.v1.Namespace\x12\x19\n\x11protocol_versions\x18\x03 \x03(\r\"2\n\x08SlabFile\x12\n\n\x02id\x18\x01 \x01(\r\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x04\"`\n\x0cSlabGeometry\x12,\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x1d.kvtier.pagestore.v1.SlabFile\x12\x11\n\tpage_size\x18\x02 \x01(\x04\x12\x0f\n\x07\x62\x61\x63king\x18\x03 \x01(\t\"\xac\x01\n\x06Limits\x12\x17\n\x0fmax_batch_pages\x18\x01 \x01(\r\x12\x15\n\rmax_key_bytes\x18\x02 \x01(\r\x12\x10\n\x08lease_ms\x18\x03 \x01(\r\x12\x16\n\x0esession_ttl_ms\x18\x04 \x01(\r\x12\x1b\n\x13\x64\x65\x66\x61ult_deadline_ms\x18\x05 \x01(\r\x12\x17\n\x0fmax_deadline_ms\x18\x06 \x01(\r\x12\x12\n\nslab_pages\x18\x07 \x01(\x04\"\xff\x01\n\rRegisterReply\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\r\x12/\n\x04slab\x18\x04 \x01(\x0b\x32!.kvtier.pagestore.v1.SlabGeometry\x12/\n\x05kinds\x18\x05 \x03(\x0b\x32 .kvtier.pagestore.v1.PayloadKind\x12+\n\x06limits\x18\x06 \x01(\x0b\x32\x1b.kvtier.pagestore.v1.Limits\x12\x14\n\x0cnamespace_id\x18\x07 \x01(\x0c\x12\r\n\x05tiers\x18\x08 \x03(\t\"4\n\x04Span\x12\x0c\n\x04slab\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\"?\n\rExistsRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x0c\n\x04keys\x18\x03 \x03(\t\"Y\n\x0b\x45xistsReply\x12\x0f\n\x07\x62oot_id\x18\x01 \x01(\t\x12\x0f\n\x07present\x18\x02 \x01(\r\x12(\n\x05tiers\x18\x03 \x03(\x0e\x32\x19.kvtier.pagestore.v1.Tier\"Q\n\nGetRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x0c\n\x04keys\x18\x03 \x03(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x04 \x01(\r\"\x8c\x01\n\x07GetPage\x12.\n\x06status\x18\x01 \x01(\x0e\x32\x1e.kvtier.pagestore.v1.GetStatus\x12\'\n\x04tier\x18\x02 \x01(\x0e\x32\x19.kvtier.pagestore.v1.Tier\x12(\n\x05spans\x18\x03 \x03(\x0b\x32\x19.kvtier.pagestore.v1.Span\"W\n\x08GetReply\x12\x0f\n\x07\x62oot_id\x18\x01 \x01(\t\x12\r\n\x05lease\x18\x02 \x01(\x04\x12+\n\x05pages\x18\x03 \x03(\x0b\x32\x1c.kvtier.pagestore.v1.GetPage\"A\n\x0eReleaseRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\r\n\x05lease\x18\x03 \x01(\x04\"\x1f\n\x0cReleaseReply\x12\x0f\n\x07\x62oot_id\x18\x01 \x01(\t\"<\n\nSetRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x0c\n\x04keys\x18\x03 \x03(\t\"c\n\x07SetPage\x12.\n\x06status\x18\x01 \x01(\x0e\x32\x1e.kvtier.pagestore.v1.SetStatus\x12(\n\x05spans\x18\x02 \x03(\x0b\x32\x19.kvtier.pagestore.v1.Span\"W\n\x08SetReply\x12\x0f\n\x07\x62oot_id\x18\x01 \x01(\t\x12\r\n\x05lease\x18\x02 \x01(\x04\x12+\n\x05pages\x18\x03 \x03(\x0b\x32\x1c.kvtier.pagestore.v1.SetPage\"Q\n\rCommitRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\r\n\x05lease\x18\x03 \x01(\x04\x12\x0f\n\x07written\x18\x04 \x03(\x08\".\n\x0b\x43ommitReply\x12\x0f\n\x07\x62oot_id\x18\x01 \x01(\t\x12\x0e\n\x06stored\x18\x02 \x03(\x08\"0\n\x0c\x43learRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\"\x1d\n\nClearReply\x12\x0f\n\x07\x62oot_id\x18\x01 \x01(\t\"0\n\x0cStatsRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\"\xff\x02\n\nStatsReply\x12\x0f\n\x07\x62oot_id\x18\x01 \x01(\t\x12\x14\n\x0c\x65xists_calls\x18\x02 \x01(\x04\x12\x11\n\tget_pages\x18\x03 \x01(\x04\x12\x14\n\x0chit_pages_l2\x18\x04 \x01(\x04\x12\x14\n\x0chit_pages_l3\x18\x05 \x01(\x04\x12\x12\n\nmiss_pages\x18\x06 \x01(\x04\x12\x15\n\rcorrupt_pages\x18\x07 \x01(\x04\x12\x15\n\rtimeout_pages\x18\x08 \x01(\x04\x12\x11\n\tset_pages\x18\t \x01(\x04\x12\x14\n\x0cstored_pages\x18\n \x01(\x04\x12\x14\n\x0c\x65xists_pages\x18\x0b \x01(\x04\x12\x16\n\x0eno_space_pages\x18\x0c \x01(\x04\x12\x12\n\nread_bytes\x18\r \x01(\x04\x12\x15\n\rwritten_bytes\x18\x0e \x01(\x04\x12\x15\n\rl2_used_pages\x18\x0f \x01(\x04\x12\x19\n\x11l2_capacity_pages\x18\x10 \x01(\x04\x12\x15\n\revicted_pages\x18\x11 \x01(\x04\"0\n\x0c\x43loseRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\"\x0c\n\nCloseReply\"\r\n\x0bPingRequest\"\x0b\n\tPingReply*6\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\x0b\n\x07TIER_L2\x10\x01\x12\x0b\n\x07TIER_L3\x10\x02*\xb1\x01\n\tGetStatus\x12\x1a\n\x16GET_STATUS_UNSPECIFIED\x10\x00\x12\x12\n\x0eGET_STATUS_HIT\x10\x01\x12\x13\n\x0fGET_STATUS_MISS\x10\x02\x12\x16\n\x12GET_STATUS_CORRUPT\x10\x03\x12\x16\n\x12GET_STATUS_TIMEOUT\x10\x04\x12\x17\n\x13GET_STATUS_NO_SPACE\x10\x05\x12\x16\n\x12GET_STATUS_INVALID\x10\x06*\x88\x01\n\tSetStatus\x12\x1a\n\x16SET_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13SET_STATUS_RESERVED\x10\x01\x12\x15\n\x11SET_STATUS_EXISTS\x10\x02\x12\x17\n\x13SET_STATUS_NO_SPACE\x10\x03\x12\x16\n\x12SET_STATUS_INVALID\x10\x04\x32\x9e\x06\n\x05Store\x12T\n\x08Register\x12$.kvtier.pagestore.v1.RegisterRequest\x1a\".kvtier.pagestore.v1.RegisterReply\x12S\n\x0b\x42\x61tchExists\x12\".kvtier.pagestore.v1.ExistsRequest\x1a .kvtier.pagestore.v1.ExistsReply\x12J\n\x08\x42\x61tchGet\x12\x1f.kvtier.pagestore.v1.GetRequest\x1a\x1d.kvtier.pagestore.v1.GetReply\x12Q\n\x07Release\x12#.kvtier.pagestore.v1.ReleaseRequest\x1a!.kvtier.pagestore.v1.ReleaseReply\x12J\n\x08\x42\x61tchSet\x12\x1f.kvtier.pagestore.v1.SetRequest\x1a\x1d.kvtier.pagestore.v1.SetReply\x12N\n\x06\x43ommit\x12\".kvtier.pagestore.v1.CommitRequest\x1a .kvtier.pagestore.v1.CommitReply\x12K\n\x05\x43lear\x12!.kvtier.pagestore.v1.ClearRequest\x1a\x1f.kvtier.pagestore.v1.ClearReply\x12K\n\x05Stats\x12!.kvtier.pagestore.v1.StatsRequest\x1a\x1f.kvtier.pagestore.v1.StatsReply\x12K\n\x05\x43lose\x12!.kvtier.pagestore.v1.CloseRequest\x1a\x1f.kvtier.pagestore.v1.CloseReply\x12H\n\x04Ping\x12 .kvtier.pagestore.v1.PingRequest\x1a\x1e.kvtier.pagestore.v1.PingReplyB.Z,github.com/kvtier/kvtier/api/storev1;storev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bkvtier/store/v1/store.proto\x12\x13kvtier.pagestore.v1\"/\n\x0bPayloadKind\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\npage_bytes\x18\x02 \x01(\x04\"\xca\x02\n\tNamespace\x12\r\n\x05model\x18\x01 \x01(\t\x12\x16\n\x0emodel_revision\x18\x02 \x01(\t\x12\x11\n\tkv_layout\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x13\n\x0bpage_tokens\x18\x05 \x01(\r\x12/\n\x05kinds\x18\x06 \x03(\x0b\x32 .kvtier.pagestore.v1.PayloadKind\x12\x0f\n\x07tp_rank\x18\x07 \x01(\r\x12\x0f\n\x07tp_size\x18\x08 \x01(\r\x12\x0f\n\x07\x63p_rank\x18\t \x01(\r\x12\x0f\n\x07\x63p_size\x18\n \x01(\r\x12\x0f\n\x07pp_rank\x18\x0b \x01(\r\x12\x0f\n\x07pp_size\x18\x0c \x01(\r\x12\x0f\n\x07\x64p_rank\x18\r \x01(\r\x12\x0f\n\x07\x64p_size\x18\x0e \x01(\r\x12\x18\n\x10shared_across_tp\x18\x0f \x01(\x08\x12\x0c\n\x04salt\x18\x10 \x01(\t\"r\n\x0fRegisterRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x31\n\tnamespace\x18\x02 \x01(\x0b\x32\x1e.kvtier.pagestore.v1.Namespace\x12\x19\n\x11protocol_versions\x18\x03 \x03(\r\"2\n\x08SlabFile\x12\n\n\x02id\x18\x01 \x01(\r\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x04\"`\n\x0cSlabGeometry\x12,\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x1d.kvtier.pagestore.v1.SlabFile\x12\x11\n\tpage_size\x18\x02 \x01(\x04\x12\x0f\n\x07\x62\x61\x63king\x18\x03 \x01(\t\"\xac\x01\n\x06Limits\x12\x17\n\x0fmax_batch_pages\x18\x01 \x01(\r\x12\x15\n\rmax_key_bytes\x18\x02 \x01(\r\x12\x10\n\x08lease_ms\x18\x03 \x01(\r\x12\x16\n\x0esession_ttl_ms\x18\x04 \x01(\r\x12\x1b\n\x13\x64\x65\x66\x61ult_deadline_ms\x18\x05 \x01(\r\x12\x17\n\x0fmax_deadline_ms\x18\x06 \x01(\r\x12\x12\n\nslab_pages\x18\x07 \x01(\x04\"\xff\x01\n\rRegisterReply\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x18\n\x10protocol_version\x18\x03 \x01(\r\x12/\n\x04slab\x18\x04 \x01(\x0b\x32!.kvtier.pagestore.v1.SlabGeometry\x12/\n\x05kinds\x18\x05 \x03(\x0b\x32 .kvtier.pagestore.v1.PayloadKind\x12+\n\x06limits\x18\x06 \x01(\x0b\x32\x1b.kvtier.pagestore.v1.Limits\x12\x14\n\x0cnamespace_id\x18\x07 \x01(\x0c\x12\r\n\x05tiers\x18\x08 \x03(\t\"4\n\x04Span\x12\x0c\n\x04slab\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\"?\n\rExistsRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x0c\n\x04keys\x18\x03 \x03(\t\"Y\n\x0b\x45xistsReply\x12\x0f\n\x07\x62oot_id\x18\x01 \x01(\t\x12\x0f\n\x07present\x18\x02 \x01(\r\x12(\n\x05tiers\x18\x03 \x03(\x0e\x32\x19.kvtier.pagestore.v1.Tier\"k\n\nGetRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x0c\n\x04keys\x18\x03 \x03(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x04 \x01(\r\x12\x18\n\x10\x63heck_at_release\x18\x05 \x01(\x08\"\x8c\x01\n\x07GetPage\x12.\n\x06status\x18\x01 \x01(\x0e\x32\x1e.kvtier.pagestore.v1.GetStatus\x12\'\n\x04tier\x18\x02 \x01(\x0e\x32\x19.kvtier.pagestore.v1.Tier\x12(\n\x05spans\x18\x03 \x03(\x0b\x32\x19.kvtier.pagestore.v1.Span\"W\n\x08GetReply\x12\x0f\n\x07\x62oot_id\x18\x01 \x01(\t\x12\r\n\x05lease\x18\x02 \x01(\x04\x12+\n\x05pages\x18\x03 \x03(\x0b\x32\x1c.kvtier.pagestore.v1.GetPage\"A\n\x0eReleaseRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\r\n\x05lease\x18\x03 \x01(\x04\"0\n\x0cReleaseReply\x12\x0f\n\x07\x62oot_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63orrupt\x18\x02 \x03(\r\"<\n\nSetRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x0c\n\x04keys\x18\x03 \x03(\t\"c\n\x07SetPage\x12.\n\x06status\x18\x01 \x01(\x0e\x32\x1e.kvtier.pagestore.v1.SetStatus\x12(\n\x05spans\x18\x02 \x03(\x0b\x32\x19.kvtier.pagestore.v1.Span\"W\n\x08SetReply\x12\x0f\n\x07\x62oot_id\x18\x01 \x01(\t\x12\r\n\x05lease\x18\x02 \x01(\x04\x12+\n\x05pages\x18\x03 \x03(\x0b\x32\x1c.kvtier.pagestore.v1.SetPage\"Q\n\rCommitRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\r\n\x05lease\x18\x03 \x01(\x04\x12\x0f\n\x07written\x18\x04 \x03(\x08\".\n\x0b\x43ommitReply\x12\x0f\n\x07\x62oot_id\x18\x01 \x01(\t\x12\x0e\n\x06stored\x18\x02 \x03(\x08\"0\n\x0c\x43learRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\"\x1d\n\nClearReply\x12\x0f\n\x07\x62oot_id\x18\x01 \x01(\t\"0\n\x0cStatsRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\"\xff\x02\n\nStatsReply\x12\x0f\n\x07\x62oot_id\x18\x01 \x01(\t\x12\x14\n\x0c\x65xists_calls\x18\x02 \x01(\x04\x12\x11\n\tget_pages\x18\x03 \x01(\x04\x12\x14\n\x0chit_pages_l2\x18\x04 \x01(\x04\x12\x14\n\x0chit_pages_l3\x18\x05 \x01(\x04\x12\x12\n\nmiss_pages\x18\x06 \x01(\x04\x12\x15\n\rcorrupt_pages\x18\x07 \x01(\x04\x12\x15\n\rtimeout_pages\x18\x08 \x01(\x04\x12\x11\n\tset_pages\x18\t \x01(\x04\x12\x14\n\x0cstored_pages\x18\n \x01(\x04\x12\x14\n\x0c\x65xists_pages\x18\x0b \x01(\x04\x12\x16\n\x0eno_space_pages\x18\x0c \x01(\x04\x12\x12\n\nread_bytes\x18\r \x01(\x04\x12\x15\n\rwritten_bytes\x18\x0e \x01(\x04\x12\x15\n\rl2_used_pages\x18\x0f \x01(\x04\x12\x19\n\x11l2_capacity_pages\x18\x10 \x01(\x04\x12\x15\n\revicted_pages\x18\x11 \x01(\x04\"0\n\x0c\x43loseRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\"\x0c\n\nCloseReply\"\r\n\x0bPingRequest\"\x0b\n\tPingReply*6\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\x0b\n\x07TIER_L2\x10\x01\x12\x0b\n\x07TIER_L3\x10\x02*\xb1\x01\n\tGetStatus\x12\x1a\n\x16GET_STATUS_UNSPECIFIED\x10\x00\x12\x12\n\x0eGET_STATUS_HIT\x10\x01\x12\x13\n\x0fGET_STATUS_MISS\x10\x02\x12\x16\n\x12GET_STATUS_CORRUPT\x10\x03\x12\x16\n\x12GET_STATUS_TIMEOUT\x10\x04\x12\x17\n\x13GET_STATUS_NO_SPACE\x10\x05\x12\x16\n\x12GET_STATUS_INVALID\x10\x06*\x88\x01\n\tSetStatus\x12\x1a\n\x16SET_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13SET_STATUS_RESERVED\x10\x01\x12\x15\n\x11SET_STATUS_EXISTS\x10\x02\x12\x17\n\x13SET_STATUS_NO_SPACE\x10\x03\x12\x16\n\x12SET_STATUS_INVALID\x10\x04\x32\x9e\x06\n\x05Store\x12T\n\x08Register\x12$.kvtier.pagestore.v1.RegisterRequest\x1a\".kvtier.pagestore.v1.RegisterReply\x12S\n\x0b\x42\x61tchExists\x12\".kvtier.pagestore.v1.ExistsRequest\x1a .kvtier.pagestore.v1.ExistsReply\x12J\n\x08\x42\x61tchGet\x12\x1f.kvtier.pagestore.v1.GetRequest\x1a\x1d.kvtier.pagestore.v1.GetReply\x12Q\n\x07Release\x12#.kvtier.pagestore.v1.ReleaseRequest\x1a!.kvtier.pagestore.v1.ReleaseReply\x12J\n\x08\x42\x61tchSet\x12\x1f.kvtier.pagestore.v1.SetRequest\x1a\x1d.kvtier.pagestore.v1.SetReply\x12N\n\x06\x43ommit\x12\".kvtier.pagestore.v1.CommitRequest\x1a .kvtier.pagestore.v1.CommitReply\x12K\n\x05\x43lear\x12!.kvtier.pagestore.v1.ClearRequest\x1a\x1f.kvtier.pagestore.v1.ClearReply\x12K\n\x05Stats\x12!.kvtier.pagestore.v1.StatsRequest\x1a\x1f.kvtier.pagestore.v1.StatsReply\x12K\n\x05\x43lose\x12!.kvtier.pagestore.v1.CloseRequest\x1a\x1f.kvtier.pagestore.v1.CloseReply\x12H\n\x04Ping\x12 .kvtier.pagestore.v1.PingRequest\x1a\x1e.kvtier.pagestore.v1.PingReplyB.Z,github.com/kvtier/kvtier/api/storev1;storev1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvtier.store.v1.store_pb2', globals())
@@ -21,12 +21,12 @@ if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'Z,github.com/kvtier/kvtier/api/storev1;storev1'
-  _TIER._serialized_start=2750
-  _TIER._serialized_end=2804
-  _GETSTATUS._serialized_start=2807
-  _GETSTATUS._serialized_end=2984
-  _SETSTATUS._serialized_start=2987
-  _SETSTATUS._serialized_end=3123
+  _TIER._serialized_start=2793
+  _TIER._serialized_end=2847
+  _GETSTATUS._serialized_start=2850
+  _GETSTATUS._serialized_end=3027
+  _SETSTATUS._serialized_start=3030
+  _SETSTATUS._serialized_end=3166
   _PAYLOADKIND._serialized_start=52
   _PAYLOADKIND._serialized_end=99
   _NAMESPACE._serialized_start=102
@@ -48,41 +48,41 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _EXISTSREPLY._serialized_start=1252
   _EXISTSREPLY._serialized_end=1341
   _GETREQUEST._serialized_start=1343
-  _GETREQUEST._serialized_end=1424
-  _GETPAGE._serialized_start=1427
-  _GETPAGE._serialized_end=1567
-  _GETREPLY._serialized_start=1569
-  _GETREPLY._serialized_end=1656
-  _RELEASEREQUEST._serialized_start=1658
-  _RELEASEREQUEST._serialized_end=1723
-  _RELEASEREPLY._serialized_start=1725
-  _RELEASEREPLY._serialized_end=1756
-  _SETREQUEST._serialized_start=1758
-  _SETREQUEST._serialized_end=1818
-  _SETPAGE._serialized_start=1820
-  _SETPAGE._serialized_end=1919
-  _SETREPLY._serialized_start=1921
-  _SETREPLY._serialized_end=2008
-  _COMMITREQUEST._serialized_start=2010
-  _COMMITREQUEST._serialized_end=2091
-  _COMMITREPLY._serialized_start=2093
-  _COMMITREPLY._serialized_end=2139
-  _CLEARREQUEST._serialized_start=2141
-  _CLEARREQUEST._serialized_end=2189
-  _CLEARREPLY._serialized_start=2191
-  _CLEARREPLY._serialized_end=2220
-  _STATSREQUEST._serialized_start=2222
-  _STATSREQUEST._serialized_end=2270
-  _STATSREPLY._serialized_start=2273
-  _STATSREPLY._serialized_end=2656
-  _CLOSEREQUEST._serialized_start=2658
-  _CLOSEREQUEST._serialized_end=2706
-  _CLOSEREPLY._serialized_start=2708
-  _CLOSEREPLY._serialized_end=2720
-  _PINGREQUEST._serialized_start=2722
-  _PINGREQUEST._serialized_end=2735
-  _PINGREPLY._serialized_start=2737
-  _PINGREPLY._serialized_end=2748
-  _STORE._serialized_start=3126
-  _STORE._serialized_end=3924
+  _GETREQUEST._serialized_end=1450
+  _GETPAGE._serialized_start=1453
+  _GETPAGE._serialized_end=1593
+  _GETREPLY._serialized_start=1595
+  _GETREPLY._serialized_end=1682
+  _RELEASEREQUEST._serialized_start=1684
+  _RELEASEREQUEST._serialized_end=1749
+  _RELEASEREPLY._serialized_start=1751
+  _RELEASEREPLY._serialized_end=1799
+  _SETREQUEST._serialized_start=1801
+  _SETREQUEST._serialized_end=1861
+  _SETPAGE._serialized_start=1863
+  _SETPAGE._serialized_end=1962
+  _SETREPLY._serialized_start=1964
+  _SETREPLY._serialized_end=2051
+  _COMMITREQUEST._serialized_start=2053
+  _COMMITREQUEST._serialized_end=2134
+  _COMMITREPLY._serialized_start=2136
+  _COMMITREPLY._serialized_end=2182
+  _CLEARREQUEST._serialized_start=2184
+  _CLEARREQUEST._serialized_end=2232
+  _CLEARREPLY._serialized_start=2234
+  _CLEARREPLY._serialized_end=2263
+  _STATSREQUEST._serialized_start=2265
+  _STATSREQUEST._serialized_end=2313
+  _STATSREPLY._serialized_start=2316
+  _STATSREPLY._serialized_end=2699
+  _CLOSEREQUEST._serialized_start=2701
+  _CLOSEREQUEST._serialized_end=2749
+  _CLOSEREPLY._serialized_start=2751
+  _CLOSEREPLY._serialized_end=2763
+  _PINGREQUEST._serialized_start=2765
+  _PINGREQUEST._serialized_end=2778
+  _PINGREPLY._serialized_start=2780
+  _PINGREPLY._serialized_end=2791
+  _STORE._serialized_start=3169
+  _STORE._serialized_end=3967
 # @@protoc_insertion_point(module_scope)
