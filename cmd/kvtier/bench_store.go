@@ -369,7 +369,7 @@ type storeRun struct {
 	getL3Hits, getL3Pages                          int
 	existsUs, pingUs                               []float64
 	kvSet, kvGet, fileSet, fileGet                 float64 // seconds, vs-file phases
-	fileCold, kvL2Hits, vsPages                    int
+	fileCold, vsPages                              int
 	wrong                                          int
 	fioErr                                         error
 }
