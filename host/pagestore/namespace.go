@@ -16,55 +16,38 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/kvtier/kvtier/api/storev1"
+	"github.com/kvtier/kvtier/internal/nsdigest"
 	"github.com/kvtier/kvtier/pagehash"
 )
 
-// maxNamespaceString bounds a namespace's strings: generous, but a client
-// cannot make serve hash or log megabytes.
-const maxNamespaceString = 256
-
-// namespaceID is the digest the door keys a namespace by: SHA-256 over a
-// versioned, length-prefixed encoding of every field that takes part (the
-// proto's Namespace says which), so two namespaces that differ in any of
-// them (or only in where a string ends) differ.
+// namespaceID is the digest the door keys a namespace by (nsdigest's
+// encoding) over every field that takes part (the proto's Namespace says
+// which).
 func namespaceID(ns *pb.Namespace) [32]byte {
-	h := sha256.New()
-	var b [8]byte
-	str := func(s string) {
-		binary.LittleEndian.PutUint64(b[:], uint64(len(s)))
-		h.Write(b[:])
-		h.Write([]byte(s))
-	}
-	num := func(v uint64) {
-		binary.LittleEndian.PutUint64(b[:], v)
-		h.Write(b[:])
-	}
-	str("kvtier.store.namespace.v1")
-	str(ns.GetModel())
-	str(ns.GetModelRevision())
-	str(ns.GetKvLayout())
-	str(ns.GetDtype())
-	num(uint64(ns.GetPageTokens()))
-	num(uint64(len(ns.GetKinds())))
+	w := nsdigest.New("kvtier.store.namespace.v1")
+	w.Str(ns.GetModel())
+	w.Str(ns.GetModelRevision())
+	w.Str(ns.GetKvLayout())
+	w.Str(ns.GetDtype())
+	w.Num(uint64(ns.GetPageTokens()))
+	w.Num(uint64(len(ns.GetKinds())))
 	for _, k := range ns.GetKinds() {
-		str(k.GetName())
-		num(k.GetPageBytes())
+		w.Str(k.GetName())
+		w.Num(k.GetPageBytes())
 	}
 	if ns.GetSharedAcrossTp() {
-		num(1)
+		w.Num(1)
 	} else {
-		num(0)
-		num(uint64(ns.GetTpRank()))
-		num(uint64(ns.GetTpSize()))
+		w.Num(0)
+		w.Num(uint64(ns.GetTpRank()))
+		w.Num(uint64(ns.GetTpSize()))
 	}
-	num(uint64(ns.GetCpRank()))
-	num(uint64(ns.GetCpSize()))
-	num(uint64(ns.GetPpRank()))
-	num(uint64(ns.GetPpSize()))
-	str(ns.GetSalt())
-	var id [32]byte
-	h.Sum(id[:0])
-	return id
+	w.Num(uint64(ns.GetCpRank()))
+	w.Num(uint64(ns.GetCpSize()))
+	w.Num(uint64(ns.GetPpRank()))
+	w.Num(uint64(ns.GetPpSize()))
+	w.Str(ns.GetSalt())
+	return w.Sum()
 }
 
 // checkNamespace validates ns against the door's kinds; the error names
@@ -76,11 +59,9 @@ func (d *Door) checkNamespace(ns *pb.Namespace) error {
 	if ns.GetModel() == "" {
 		return fmt.Errorf("namespace.model: empty")
 	}
-	for _, f := range []struct{ name, v string }{{"model", ns.GetModel()}, {"model_revision", ns.GetModelRevision()},
-		{"kv_layout", ns.GetKvLayout()}, {"dtype", ns.GetDtype()}, {"salt", ns.GetSalt()}} {
-		if len(f.v) > maxNamespaceString {
-			return fmt.Errorf("namespace.%s: %d bytes, at most %d", f.name, len(f.v), maxNamespaceString)
-		}
+	if err := nsdigest.CheckStrings(nsdigest.Field{Name: "model", Value: ns.GetModel()}, nsdigest.Field{Name: "model_revision", Value: ns.GetModelRevision()},
+		nsdigest.Field{Name: "kv_layout", Value: ns.GetKvLayout()}, nsdigest.Field{Name: "dtype", Value: ns.GetDtype()}, nsdigest.Field{Name: "salt", Value: ns.GetSalt()}); err != nil {
+		return err
 	}
 	if ns.GetPageTokens() == 0 {
 		return fmt.Errorf("namespace.page_tokens: 0, want the tokens of one page")
@@ -198,8 +179,8 @@ const keyCacheSize = 1 << 14
 
 // Register opens a session for one client in a namespace.
 func (d *Door) Register(ctx context.Context, q *pb.RegisterRequest) (*pb.RegisterReply, error) {
-	if len(q.GetClientId()) > maxNamespaceString {
-		return nil, status.Errorf(codes.InvalidArgument, "client_id: %d bytes, at most %d", len(q.GetClientId()), maxNamespaceString)
+	if len(q.GetClientId()) > nsdigest.MaxString {
+		return nil, status.Errorf(codes.InvalidArgument, "client_id: %d bytes, at most %d", len(q.GetClientId()), nsdigest.MaxString)
 	}
 	v1 := false
 	for _, v := range q.GetProtocolVersions() {

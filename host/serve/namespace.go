@@ -1,50 +1,31 @@
 package serve
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
 	"fmt"
 
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/kvtier/kvtier/api/enginev1"
+	"github.com/kvtier/kvtier/internal/nsdigest"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
 )
 
-// Field bounds of a namespace: generous, but a client cannot make serve
-// hash or log megabytes.
-const maxNamespaceString = 256
-
-// namespaceID is the digest serve keys a namespace by: SHA-256 over a
-// versioned, length-prefixed encoding of every field, so two namespaces
-// that differ in any field (or only in where a string ends) differ.
+// namespaceID is the digest serve keys a namespace by (nsdigest's
+// encoding) over every field.
 func namespaceID(ns *pb.Namespace) [32]byte {
-	h := sha256.New()
-	var b [8]byte
-	str := func(s string) {
-		binary.LittleEndian.PutUint64(b[:], uint64(len(s)))
-		h.Write(b[:])
-		h.Write([]byte(s))
-	}
-	num := func(v uint64) {
-		binary.LittleEndian.PutUint64(b[:], v)
-		h.Write(b[:])
-	}
-	str("kvtier.namespace.v1")
-	str(ns.GetModel())
-	str(ns.GetKvLayout())
-	str(ns.GetDtype())
-	num(uint64(ns.GetPageTokens()))
-	num(uint64(len(ns.GetPageBytes())))
+	w := nsdigest.New("kvtier.namespace.v1")
+	w.Str(ns.GetModel())
+	w.Str(ns.GetKvLayout())
+	w.Str(ns.GetDtype())
+	w.Num(uint64(ns.GetPageTokens()))
+	w.Num(uint64(len(ns.GetPageBytes())))
 	for _, pbytes := range ns.GetPageBytes() {
-		num(pbytes)
+		w.Num(pbytes)
 	}
-	num(uint64(ns.GetShard()))
-	str(ns.GetSalt())
-	var id [32]byte
-	h.Sum(id[:0])
-	return id
+	w.Num(uint64(ns.GetShard()))
+	w.Str(ns.GetSalt())
+	return w.Sum()
 }
 
 // keyNamespace is the namespace serve keys pages by: every field but the
@@ -68,12 +49,9 @@ func checkNamespace(ns *pb.Namespace, g tiers.PayloadGeometry) error {
 	if ns.GetModel() == "" {
 		return fmt.Errorf("namespace.model: empty")
 	}
-	for _, f := range []struct {
-		name, v string
-	}{{"model", ns.GetModel()}, {"kv_layout", ns.GetKvLayout()}, {"dtype", ns.GetDtype()}, {"salt", ns.GetSalt()}} {
-		if len(f.v) > maxNamespaceString {
-			return fmt.Errorf("namespace.%s: %d bytes, at most %d", f.name, len(f.v), maxNamespaceString)
-		}
+	if err := nsdigest.CheckStrings(nsdigest.Field{Name: "model", Value: ns.GetModel()}, nsdigest.Field{Name: "kv_layout", Value: ns.GetKvLayout()},
+		nsdigest.Field{Name: "dtype", Value: ns.GetDtype()}, nsdigest.Field{Name: "salt", Value: ns.GetSalt()}); err != nil {
+		return err
 	}
 	if int(ns.GetPageTokens()) != g.PageTokens {
 		return fmt.Errorf("namespace.page_tokens: %d, serve's stack has %d tokens per page", ns.GetPageTokens(), g.PageTokens)

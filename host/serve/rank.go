@@ -18,6 +18,7 @@ import (
 	"github.com/kvtier/kvtier/host/consensus/enginegroup"
 	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/host/stack"
+	"github.com/kvtier/kvtier/internal/nsdigest"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l1cuda"
@@ -775,8 +776,8 @@ func (r *rank) checkKey(errs stepErrs, item ref, name string, pages uint32, hash
 	case name == "":
 		errs.add(item, name, pb.ErrorCode_ERROR_CODE_INVALID, "empty req_id")
 		return nil, false
-	case len(name) > maxNamespaceString:
-		errs.add(item, "", pb.ErrorCode_ERROR_CODE_INVALID, "req_id of %d bytes, at most %d", len(name), maxNamespaceString)
+	case len(name) > nsdigest.MaxString:
+		errs.add(item, "", pb.ErrorCode_ERROR_CODE_INVALID, "req_id of %d bytes, at most %d", len(name), nsdigest.MaxString)
 		return nil, false
 	case pages == 0:
 		errs.add(item, name, pb.ErrorCode_ERROR_CODE_INVALID, "no pages")

@@ -47,6 +47,7 @@ import (
 	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/host/pagestore"
 	"github.com/kvtier/kvtier/host/stack"
+	"github.com/kvtier/kvtier/internal/nsdigest"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/tiers"
@@ -980,8 +981,8 @@ func (s *Server) Register(ctx context.Context, q *pb.RegisterRequest) (*pb.Regis
 	if vs := q.GetProtocolVersions(); !containsV1(vs) {
 		return nil, status.Errorf(codes.FailedPrecondition, "protocol_versions: %v, this serve speaks 1", vs)
 	}
-	if len(q.GetEngineId()) > maxNamespaceString {
-		return nil, status.Errorf(codes.InvalidArgument, "engine_id: %d bytes, at most %d", len(q.GetEngineId()), maxNamespaceString)
+	if len(q.GetEngineId()) > nsdigest.MaxString {
+		return nil, status.Errorf(codes.InvalidArgument, "engine_id: %d bytes, at most %d", len(q.GetEngineId()), nsdigest.MaxString)
 	}
 	out, err := s.call(ctx, s.ranks[int(q.GetRank())-first], call{kind: callRegister, reg: q})
 	if err != nil {
