@@ -44,7 +44,7 @@ ranks: {world_size: 1, rank: 0}
 
 // startDoor runs a real kvtier serve with only the store door, over a
 // new unix socket, with dir as its data dir; stop ends it.
-func startDoor(t *testing.T, dir string) (sock string, stop func()) {
+func startDoor(t *testing.T, dir string) (sock string, stop func(), s *serve.Server) {
 	t.Helper()
 	sd, err := os.MkdirTemp("", "kvsc")
 	if err != nil {
@@ -78,7 +78,7 @@ func TestClientAgainstDoor(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	dir := t.TempDir()
-	sock, stop := startDoor(t, dir)
+	sock, stop, srv := startDoor(t, dir)
 	c, err := storeclient.Dial(ctx, storeclient.Options{Socket: sock, ClientID: "test", Namespace: namespace()})
 	if err != nil {
 		t.Fatal(err)
@@ -166,9 +166,16 @@ func TestClientAgainstDoor(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	time.Sleep(500 * time.Millisecond) // NB: the l3disk puts land (fsync) off the Commit
+	// The write-through has reached the l3disk (gathered); a graceful
+	// stop makes it durable.
+	for srv.StoreDoor().PendingPuts() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the write-through did not land within 20 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	stop()
-	sock2, _ := startDoorAt(t, dir, sock)
+	sock2, _, _ := startDoorAt(t, dir, sock)
 	if sock2 != sock {
 		t.Fatalf("restarted on %s, not %s", sock2, sock)
 	}
@@ -191,7 +198,7 @@ func TestClientAgainstDoor(t *testing.T) {
 
 // startDoorAt starts serve over dir on the socket path sock (a restart
 // reuses the path); stop ends it, once.
-func startDoorAt(t *testing.T, dir, sock string) (string, func()) {
+func startDoorAt(t *testing.T, dir, sock string) (string, func(), *serve.Server) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
 		t.Fatal(err)
@@ -219,7 +226,7 @@ func startDoorAt(t *testing.T, dir, sock string) (string, func()) {
 		})
 	}
 	t.Cleanup(stop)
-	return sock, stop
+	return sock, stop, s
 }
 
 // TestClientCheckAtRelease: with Options.CheckAtRelease, Get answers
@@ -228,7 +235,7 @@ func startDoorAt(t *testing.T, dir, sock string) (string, func()) {
 func TestClientCheckAtRelease(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	sock, stop := startDoor(t, t.TempDir())
+	sock, stop, _ := startDoor(t, t.TempDir())
 	defer stop()
 	c, err := storeclient.Dial(ctx, storeclient.Options{Socket: sock, ClientID: "checked", Namespace: namespace(), CheckAtRelease: true})
 	if err != nil {
