@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strings"
 
@@ -36,6 +37,7 @@ func runBenchServe(ctx context.Context, args []string, stdout, stderr io.Writer)
 	asJSON := fs.Bool("json", false, "print one JSON object per line")
 	copies := fs.Bool("copies", true, "run the engine's copies in the bench process (false: report plans done without copying, the control plane alone)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to `file`")
+	traceFile := fs.String("trace", "", "write a Go execution trace of the run to `file` (go tool trace; -pprof=sched shows what steps waited for)")
 	pageBytes := fs.String("page-bytes", "", "page `size` per payload kind (e.g. 2816KiB, the seed's geometry); the stack is sized in pages: an L1 of 2x --max-pages, an L2 of 6x, an L3 of 16x per rank (empty: the embedded demo stack)")
 	maxPages := fs.Int("max-pages", 64, "pages per request at most (longer prompts are cut)")
 	rounds := fs.Int("rounds", 0, "alternate N rounds with the --l3 tier and N without L3, each a fresh serve, and report the step p99 of each and their ratio (0: one run)")
@@ -87,6 +89,17 @@ func runBenchServe(ctx context.Context, args []string, stdout, stderr io.Writer)
 			return fmt.Errorf("bench serve: %w", err)
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if *traceFile != "" {
+		f, err := os.Create(*traceFile)
+		if err != nil {
+			return fmt.Errorf("bench serve: %w", err)
+		}
+		defer f.Close()
+		if err := trace.Start(f); err != nil {
+			return fmt.Errorf("bench serve: %w", err)
+		}
+		defer trace.Stop()
 	}
 	if *rounds > 0 {
 		return benchServeRounds(ctx, o, *l3, *rounds, stdout, *asJSON)
