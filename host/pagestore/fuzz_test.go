@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -95,21 +96,44 @@ func FuzzDoor(f *testing.F) {
 					w[j] = mask&(1<<(j%8)) != 0
 				}
 				_, _ = h.d.Commit(ctx, &pb.CommitRequest{Session: l.ses, Lease: l.id, Written: w})
-			case 3: // get
+			case 3: // get (odd selector: checked at release, and released at once)
 				ks := keysOf(next(), next())
-				r, err := h.d.BatchGet(ctx, &pb.GetRequest{Session: ses, Keys: ks, DeadlineMs: 2000})
+				atRelease := next()%2 == 1
+				r, err := h.d.BatchGet(ctx, &pb.GetRequest{Session: ses, Keys: ks, DeadlineMs: 2000, CheckAtRelease: atRelease})
 				if err != nil {
 					continue
 				}
+				var wrong []uint32
 				for i, p := range r.GetPages() {
 					if p.GetStatus() != pb.GetStatus_GET_STATUS_HIT {
 						continue
 					}
 					for k, s := range p.GetSpans() {
 						if !bytes.Equal(h.bytesOf(t, s), page(ks[i], k, int64(s.GetLength()))) {
-							t.Fatalf("key %q kind %d: wrong bytes on a hit", ks[i], k)
+							if !atRelease {
+								t.Fatalf("key %q kind %d: wrong bytes on a hit", ks[i], k)
+							}
+							wrong = append(wrong, uint32(i))
 						}
 					}
+				}
+				if atRelease {
+					if r.GetLease() == 0 {
+						if len(wrong) > 0 {
+							t.Fatalf("wrong bytes on hits %v of a get without a lease", wrong)
+						}
+						continue
+					}
+					rel, err := h.d.Release(ctx, &pb.ReleaseRequest{Session: ses, Lease: r.GetLease()})
+					if err != nil {
+						continue // unconfirmed: the client uses none of the hits
+					}
+					for _, i := range wrong {
+						if !slices.Contains(rel.GetCorrupt(), i) {
+							t.Fatalf("key %q: wrong bytes on a hit that its release confirmed (corrupt %v)", ks[i], rel.GetCorrupt())
+						}
+					}
+					continue
 				}
 				if r.GetLease() != 0 {
 					gets = append(gets, getLease{ses, r.GetLease()})
