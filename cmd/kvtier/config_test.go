@@ -29,7 +29,7 @@ func TestConfigCommand(t *testing.T) {
 		errText string // substring of the error; empty: success
 		usage   bool   // error wraps errUsage
 	}{
-		{name: "validate good", args: []string{"validate", good}, out: "ok: 2 tiers, policy lru\n"},
+		{name: "validate good", args: []string{"validate", good}, out: "ok: 2 tiers, policy adaptive\n"},
 		{name: "validate bad", args: []string{"validate", bad}, errText: bad + ":5:30: $.model.payloads[0].page_bytes: must be positive"},
 		{name: "validate missing file", args: []string{"validate", filepath.Join(dir, "nope.yaml")}, errText: "nope.yaml"},
 		{name: "validate no file", args: []string{"validate"}, errText: "want one FILE", usage: true},

@@ -56,9 +56,9 @@ func TestReplayJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	// Per finite capacity: lru (the default stack's policy), slru, belady;
-	// then infinite once.
-	wantPolicies := []string{"lru", "slru", "belady", "lru", "slru", "belady", "infinite"}
+	// Per finite capacity: adaptive (the default stack's policy), slru,
+	// lru, belady; then infinite once.
+	wantPolicies := []string{"adaptive", "slru", "lru", "belady", "adaptive", "slru", "lru", "belady", "infinite"}
 	if len(lines) != len(wantPolicies) {
 		t.Fatalf("got %d JSON lines, want %d:\n%s", len(lines), len(wantPolicies), out)
 	}

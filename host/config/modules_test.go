@@ -100,7 +100,7 @@ func testModules() Modules {
 	for _, p := range []struct {
 		name  string
 		known []string
-	}{{"lru", nil}, {"slru", []string{"protected_share"}}} {
+	}{{"lru", nil}, {"slru", []string{"protected_share"}}, {"adaptive", []string{"margin", "decay_shift"}}} {
 		must(pr.Register(policy.Registration{
 			Type: policy.EvictorV1, Name: p.name,
 			Factory: func(o policy.Options) (policy.Evictor, error) {

@@ -195,7 +195,7 @@ type Endpoint struct {
 
 // Defaults of the optional settings, applied when a config omits them.
 const (
-	DefaultEvictor        = "lru"
+	DefaultEvictor        = "adaptive"
 	DefaultPlanner        = PlannerHeap
 	DefaultWritePolicy    = WriteThrough
 	DefaultMetricsListen  = "127.0.0.1:9400"

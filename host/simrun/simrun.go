@@ -157,7 +157,7 @@ tiers:
     use: memstore
     config: {capacity: 16MiB}
 policy:
-  evictor: lru
+  evictor: adaptive
 write_policy: write_through
 `
 

@@ -7,7 +7,7 @@ import (
 	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/policy"
-	"github.com/kvtier/kvtier/policy/lru"
+	"github.com/kvtier/kvtier/policy/adaptive"
 	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l2hugetlb"
@@ -21,7 +21,7 @@ func TestStackConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	pr := policy.NewRegistry()
-	if err := lru.Register(pr); err != nil {
+	if err := adaptive.Register(pr); err != nil { // the default policy
 		t.Fatal(err)
 	}
 	m := config.Modules{Tiers: tr, Indexes: indexes.NewRegistry(), Policies: pr}
