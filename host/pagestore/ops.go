@@ -347,21 +347,7 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 		bad := make([]bool, len(check))
 		d.forPages(len(check), func(j int) { bad[j] = !d.verify(checkSlot[j], checkCRC[j]) })
 		d.mu.Lock()
-		for j, i := range check {
-			e := checkE[j]
-			if !bad[j] {
-				d.st.hitL2++
-				d.st.readBytes += uint64(d.pageBytes)
-				continue
-			}
-			d.st.corrupt++
-			d.st.verifyFailures++
-			d.log.Error("kvtier store: slab page failed its checksum: dropped, answered as a miss", "session", ses.id, "key", keys[i], "slot", checkSlot[j])
-			if !l.ended && l.pinned[i] == e {
-				l.pinned[i] = nil
-				e.pins--
-			}
-			d.drop(e)
+		for _, i := range d.applyCheck(ses, l, keys, check, checkE, checkSlot, bad, "answered as a miss") {
 			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_CORRUPT}
 		}
 		d.mu.Unlock()
@@ -462,6 +448,31 @@ func (d *Door) awaitCommitting(ctx context.Context, wait time.Duration, l *lease
 	}
 }
 
+// applyCheck, under d.mu, counts a get's checked L2 hits (positions
+// check, their entries es in slots) and drops those that failed (bad),
+// unpinning them from the live lease l; it returns the failed positions.
+func (d *Door) applyCheck(ses *session, l *lease, keys []string, check []int, es []*entry, slots []int32, bad []bool, what string) []int {
+	var failed []int
+	for j, i := range check {
+		e := es[j]
+		if !bad[j] {
+			d.st.hitL2++
+			d.st.readBytes += uint64(d.pageBytes)
+			continue
+		}
+		d.st.corrupt++
+		d.st.verifyFailures++
+		d.log.Error("kvtier store: slab page failed its checksum: dropped, "+what, "session", ses.id, "key", keys[i], "slot", slots[j])
+		if !l.ended && l.pinned[i] == e {
+			l.pinned[i] = nil
+			e.pins--
+		}
+		d.drop(e)
+		failed = append(failed, i)
+	}
+	return failed
+}
+
 // startCheck checks a check_at_release get's L2 hits on a goroutine while
 // the client copies them; Release waits for it and reports the failures.
 // The lease's pins keep the slots from reuse until then; a lease that ends
@@ -483,21 +494,7 @@ func (d *Door) startCheck(ses *session, l *lease, keys []string, check []int, es
 			pc.void = true
 			return
 		}
-		for j, i := range check {
-			e := es[j]
-			if !bad[j] {
-				d.st.hitL2++
-				d.st.readBytes += uint64(d.pageBytes)
-				continue
-			}
-			d.st.corrupt++
-			d.st.verifyFailures++
-			d.log.Error("kvtier store: slab page failed its checksum while the client copied it: dropped, reported at Release", "session", ses.id, "key", keys[i], "slot", slots[j])
-			if l.pinned[i] == e {
-				l.pinned[i] = nil
-				e.pins--
-			}
-			d.drop(e)
+		for _, i := range d.applyCheck(ses, l, keys, check, es, slots, bad, "reported at Release") {
 			pc.corrupt = append(pc.corrupt, uint32(i))
 		}
 	}()
