@@ -75,6 +75,9 @@ func TestFlagLimits(t *testing.T) {
 		{"serve plan-timeout 0", []string{"serve", "--data-dir", dir, "--plan-timeout", "0s"}, []string{"--plan-timeout 0s: want 100ms..24h"}},
 		{"serve max-message-bytes 1000", []string{"serve", "--data-dir", dir, "--max-message-bytes", "1000"}, []string{"--max-message-bytes 1000: want 1048576..1073741824"}},
 		{"serve max-message-bytes 2GiB", []string{"serve", "--data-dir", dir, "--max-message-bytes", "2147483648"}, []string{"--max-message-bytes 2147483648: want"}},
+		{"serve record-max-bytes tiny", []string{"serve", "--data-dir", dir, "--record-max-bytes", "5"}, []string{`--record-max-bytes "5": want a size in 1MiB..1TiB`}},
+		{"serve record-max-bytes junk", []string{"serve", "--data-dir", dir, "--record-max-bytes", "lots"}, []string{`--record-max-bytes "lots"`}},
+		{"serve record-keep 0", []string{"serve", "--data-dir", dir, "--record-keep", "0"}, []string{"--record-keep 0: want 1..10000"}},
 		// bench planner
 		{"planner candidates 2e9", []string{"bench", "planner", "--candidates", "2e9"}, []string{"--candidates 2000000000: at most 1048576", "2.0 KiB of memory per candidate"}},
 		{"planner candidates 0", []string{"bench", "planner", "--candidates", "0"}, []string{"--candidates 0: must be at least 1"}},

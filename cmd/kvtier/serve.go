@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvtier/kvtier/host/pagestore"
 	"github.com/kvtier/kvtier/host/serve"
+	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers"
 )
 
@@ -64,6 +65,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	ttl := fs.Duration("session-ttl", 30*time.Second, "expire a session silent this long")
 	planTimeout := fs.Duration("plan-timeout", 30*time.Second, "fail (and roll back) a copy plan the engine has not reported this long after the reply that carried it")
 	maxMsg := fs.Int("max-message-bytes", serve.DefaultMaxMessageBytes, "largest gRPC message serve receives (a larger Step is refused with ResourceExhausted)")
+	record := fs.String("record", "", "write rank 0's lookups to `file` as a Mooncake-format JSONL trace (hash ids remapped to small integers per file; replay it with kvtier replay FILE --sweep)")
+	recordMax := fs.String("record-max-bytes", "256MiB", "rotate the recording past this `size` (FILE.1, FILE.2, ...)")
+	recordKeep := fs.Int("record-keep", serve.DefaultRecordKeep, "recording files kept (the oldest beyond are removed)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	doorsFlag := fs.String("doors", "", "the doors served on the socket, comma-separated: engine (kvtier.engine.v1), store (kvtier.store.v1, the page store of SGLang's HiCache backend); with store alone serve hosts no engine ranks (default: engine,store; with --group tcp: engine, as the node's one store door belongs to one process)")
 	storeCfg := fs.String("store-config", "", "the store door's stack config `file` (a slab and stores, no pool; {{DIR}} = --data-dir; default: the embedded demo store stack under DIR/store)")
@@ -126,6 +130,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *maxMsg < 1<<20 || *maxMsg > 1<<30 {
 		return fmt.Errorf("serve: --max-message-bytes %d: want 1048576..1073741824 (1 MiB..1 GiB): %w", *maxMsg, errUsage)
 	}
+	recMax, err := quantity.ParseSize(*recordMax)
+	if err != nil || recMax < 1<<20 || recMax > 1<<40 {
+		return fmt.Errorf("serve: --record-max-bytes %q: want a size in 1MiB..1TiB: %w", *recordMax, errUsage)
+	}
+	if *recordKeep < 1 || *recordKeep > 10000 {
+		return fmt.Errorf("serve: --record-keep %d: want 1..10000: %w", *recordKeep, errUsage)
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("serve: --log-level %q: %w", *logLevel, errUsage)
@@ -171,7 +182,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Listen: *listen, AllowRemote: *allowRemote, Metrics: *metricsAddr, ColdStart: cs, SessionTTL: *ttl, PlanTimeout: *planTimeout, MaxMessageBytes: *maxMsg, Group: *group,
 		GroupRank: *groupRank, GroupSize: *groupSize, GroupHub: *groupHub, GroupName: *groupName, GroupTimeout: *groupTimeout, OwnerLanes: *ownerLanes,
 		Version: version, Logger: logger, Doors: doors, StoreYAML: storeText, StoreConfigName: *storeCfg, StoreSkipVerify: !*storeVerify,
-		StoreLimits: pagestore.Limits{Lease: *storeLease, SessionTTL: *storeTTL}})
+		StoreLimits: pagestore.Limits{Lease: *storeLease, SessionTTL: *storeTTL},
+		Record:      *record, RecordMaxBytes: int64(recMax), RecordKeep: *recordKeep})
 	if err != nil {
 		return err
 	}

@@ -806,6 +806,9 @@ func (r *rank) lookup(ctx context.Context, errs stepErrs, item ref, s *session, 
 		return
 	}
 	r.stats.lookups.Add(1)
+	if r.idx == 0 {
+		r.srv.rec.Record(time.Now(), key)
+	}
 	s.reqs[name] = rq
 	r.byID[rq.id] = rq
 	if len(rd.Matches) > 0 {

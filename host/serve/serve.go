@@ -175,6 +175,14 @@ type Config struct {
 	// store door's stores after its stack opened; the returned function
 	// closes what it opened, before the stack.
 	StoreStores func(ctx context.Context, s *stack.Stack) (func() error, error)
+	// Record, when set, writes rank 0's lookups to this file as a
+	// Mooncake-format JSONL trace (hash ids remapped to small integers
+	// per file, never the page hashes), off the step's path; the file
+	// rotates past RecordMaxBytes (DefaultRecordMaxBytes) to Record.1,
+	// .2, ..., keeping the newest RecordKeep (DefaultRecordKeep).
+	Record         string
+	RecordMaxBytes int64
+	RecordKeep     int
 }
 
 // DefaultMaxMessageBytes is the default of Config.MaxMessageBytes: 64
@@ -195,6 +203,8 @@ const (
 // Server is a running kvtier serve.
 type Server struct {
 	cfg Config
+	// rec records rank 0's lookups (Config.Record), or is nil.
+	rec *recorder
 	// text is the stack config every rank expands ({{RANK}}, {{DIR}}):
 	// cfg.YAML or the embedded default; name names it in errors.
 	text, name string
@@ -358,6 +368,11 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	if s.door(DoorStore) {
 		if err := s.openStoreDoor(ctx); err != nil {
+			return nil, fmt.Errorf("serve: %w", err)
+		}
+	}
+	if cfg.Record != "" && len(s.ranks) > 0 {
+		if s.rec, err = openRecorder(cfg.Record, cfg.RecordMaxBytes, cfg.RecordKeep, s.log); err != nil {
 			return nil, fmt.Errorf("serve: %w", err)
 		}
 	}
@@ -888,6 +903,9 @@ func (s *Server) closeRanks(ctx context.Context) error {
 	}
 	if err := s.closeStore(); err != nil {
 		errs = append(errs, err)
+	}
+	if err := s.rec.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("serve: %w", err))
 	}
 	return errors.Join(errs...)
 }
