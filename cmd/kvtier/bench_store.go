@@ -98,7 +98,7 @@ func runBenchStore(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	if free, err := machineOf(ctx).FreeDisk(o.dir); err == nil {
 		l3 := max(o.rounds+3, o.workBatches()+1)
-		if need := saturatingMul(bb, int64(l3+o.workBatches()+1)); need > free {
+		if need := o.l3Budget(l3) + saturatingMul(bb, int64(o.workBatches()+1)); need > free {
 			return fmt.Errorf("bench store: needs %s of disk under %s (an L3 of %d batches of %s, the file store's %d, fio's one), %s is free: %w",
 				quantity.Size(need), o.dir, l3, quantity.Size(bb), o.workBatches(), quantity.Size(free), errUsage)
 		}
@@ -111,14 +111,22 @@ func runBenchStore(ctx context.Context, args []string, stdout, stderr io.Writer)
 }
 
 func (o storeBench) batchBytes() int64 { return o.pageBytes * int64(o.batch) }
-func (o storeBench) workBatches() int  { return o.l2Batches * o.fileFactor }
+
+// l3Budget is an l3disk budget that holds batches whole: a slot per page
+// with its 4 KiB header (8 KiB counted), and a quarter more so the
+// store's own reclaim, which starts before it is full, evicts none of
+// them.
+func (o storeBench) l3Budget(batches int) int64 {
+	return int64(batches) * int64(o.batch) * (o.pageBytes + 8<<10) * 5 / 4
+}
+func (o storeBench) workBatches() int { return o.l2Batches * o.fileFactor }
 
 // yaml is the door's stack: one payload kind, an L2 slab of l2Batches
 // batches (2 MiB-rounded, hugetlbfs or the shm fallback) written through
 // to an l3disk of l3Batches batches with an LMDB index.
 func (o storeBench) yaml(l2Batches, l3Batches int) string {
 	l2 := (int64(l2Batches)*o.batchBytes() + 2<<20 - 1) &^ (2<<20 - 1)
-	l3 := int64(l3Batches) * o.batchBytes()
+	l3 := o.l3Budget(l3Batches)
 	return fmt.Sprintf(`version: 1
 model:
   page_tokens: 64

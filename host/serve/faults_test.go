@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -260,7 +261,14 @@ func TestServeIndexFull(t *testing.T) {
 		s.Stores = []stack.Store{{Name: "small-index-l3", Store: st, Index: ix}}
 		return func() error { return errors.Join(st.Close(), ix.Close()) }, nil
 	}
-	s, sock, _ := startWith(t, Config{DataDir: dir, Stores: stores})
+	// NB: lru, so the oldest keys are the ones that left L1 and L2 (the
+	// default, adaptive, may keep some of them in the slab, and a slab
+	// hit is not the L3 hit this test looks for).
+	lru := strings.Replace(defaultYAML, "evictor: adaptive", "evictor: lru", 1)
+	if lru == defaultYAML {
+		t.Fatal("the embedded default stack names no adaptive evictor to replace")
+	}
+	s, sock, _ := startWith(t, Config{DataDir: dir, Stores: stores, YAML: lru, ConfigName: "default stack with lru"})
 	e := dialEngine(t, sock, 0, 1)
 	if err := e.register(ctx); err != nil {
 		t.Fatal(err)
