@@ -861,12 +861,17 @@ func (d *Door) finishCommit(commit []*entry, done chan struct{}) {
 		}
 		d.insert(e)
 	}
-	delete(d.commits, done)
-	close(done)
 	d.mu.Unlock()
 	if len(puts) > 0 {
 		d.writeThrough(puts, items)
 	}
+	// NB: only now, with the write-through's puts registered: until then
+	// PendingPuts counts this commit, so "0 pending" still means every
+	// committed, unpinned page is evictable.
+	d.mu.Lock()
+	delete(d.commits, done)
+	close(done)
+	d.mu.Unlock()
 }
 
 // writeThrough puts committed pages to the store from their slab spans
