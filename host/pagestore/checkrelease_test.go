@@ -2,11 +2,13 @@ package pagestore
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
 
 	pb "github.com/kvtier/kvtier/api/storev1"
+	"github.com/kvtier/kvtier/tiers"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -131,5 +133,49 @@ func TestCommitOffTheCall(t *testing.T) {
 		if err := h.d.check(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestScribbleDroppedByAGetBeforeGather: a page scribbled on before the
+// store gathered it, and dropped by a get's check first, is still checked
+// when the store's gather ack comes, and deleted from the store: a later
+// get misses, never reloads the store's copy of the changed bytes.
+func TestScribbleDroppedByAGetBeforeGather(t *testing.T) {
+	for _, atRelease := range []bool{false, true} {
+		t.Run(fmt.Sprintf("check at release %t", atRelease), func(t *testing.T) {
+			ctx := context.Background()
+			ha := &heldAcks{release: make(chan struct{})}
+			h := newHarness(t, 8, false, func(s tiers.Store) tiers.Store { ha.Store = s; return ha }, Limits{})
+			ses := h.register(t)
+			h.set(t, ses, "a", "b")
+			h.d.mu.Lock()
+			k, _ := pageKey(h.d.sessions[ses].ns.id, 0, "a", nil)
+			slot := h.d.entries[k].slot
+			h.d.mu.Unlock()
+			h.d.view(slot, 0)[7] ^= 0x80 // before the store's gather is acked
+			g, err := h.d.BatchGet(ctx, &pb.GetRequest{Session: ses, Keys: []string{"a"}, CheckAtRelease: atRelease})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if atRelease {
+				rel, err := h.d.Release(ctx, &pb.ReleaseRequest{Session: ses, Lease: g.GetLease()})
+				if err != nil || !slices.Equal(rel.GetCorrupt(), []uint32{0}) {
+					t.Fatalf("release: %v %v, want position 0 corrupt", rel, err)
+				}
+			} else if st := g.GetPages()[0].GetStatus(); st != pb.GetStatus_GET_STATUS_CORRUPT {
+				t.Fatalf("get: %v, want CORRUPT", st)
+			}
+			close(ha.release)
+			waitEvictable(t, h.d)
+			// Neither the slab nor the store answers with a's changed
+			// bytes (h.get checks every hit's bytes); b is whole.
+			got := h.get(t, ses, 1000, "a", "b")
+			if got[0] != pb.GetStatus_GET_STATUS_MISS || got[1] != pb.GetStatus_GET_STATUS_HIT {
+				t.Fatalf("got %v, want a missing and b a hit", got)
+			}
+			if err := h.d.check(); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

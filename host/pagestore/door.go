@@ -672,10 +672,12 @@ func (d *Door) checkGathered(es []*entry) {
 	d.mu.Lock()
 	for i, e := range es {
 		if bad[i] {
-			d.st.corrupt++
-			d.st.verifyFailures++
+			if !e.dead { // else a get's check counted and dropped it
+				d.st.corrupt++
+				d.st.verifyFailures++
+				d.drop(e)
+			}
 			d.log.Error("kvtier store: a page changed in the slab before the store gathered it: dropped here and from the store", "key", e.hash.Short(), "slot", e.slot)
-			d.drop(e)
 			for k := range d.kinds {
 				del = append(del, tiers.Key{Hash: e.hash, Kind: tiers.PayloadKind(k)})
 			}
@@ -706,9 +708,12 @@ func (d *Door) applyAck(id tiers.BatchID, b *putBatch, a tiers.Ack) {
 	case tiers.AckGathered, tiers.AckFailed, tiers.AckDurable:
 		if !it.done {
 			it.done = true
-			if it.e.putPending == 1 && a.Stage != tiers.AckFailed && !it.e.dead {
+			if it.e.putPending == 1 && a.Stage != tiers.AckFailed {
 				// The last kind is gathered: checkGathered takes the
-				// last count after verifying the slab's bytes.
+				// last count after verifying the slab's bytes. A dead
+				// entry too (a get's check dropped it meanwhile): its
+				// slot is kept until then, and if the store gathered
+				// changed bytes they must be deleted from it.
 				d.gathered = append(d.gathered, it.e)
 				break
 			}
