@@ -21,11 +21,13 @@ import (
 // batches get ids, acks are whatever the input says (wrong batches,
 // indexes out of range, duplicates, stages out of order).
 type scriptedAcks struct {
-	mu      sync.Mutex
-	next    tiers.BatchID
-	sizes   map[tiers.BatchID]int
-	queue   []tiers.Ack
-	ready   chan struct{}
+	mu    sync.Mutex
+	next  tiers.BatchID
+	sizes map[tiers.BatchID]int
+	queue []tiers.Ack
+	ready chan struct{}
+	// longest and getErr are the store's answers; the Node's store
+	// worker reads them while the test changes them (under mu).
 	longest int
 	getErr  error
 }
@@ -82,12 +84,17 @@ func (s scriptedStore) Put(_ context.Context, b []tiers.PutRequest) (tiers.Batch
 	return s.batch(len(b)), nil
 }
 func (s scriptedStore) Get(_ context.Context, b []tiers.GetRequest, res []error) error {
+	s.mu.Lock()
+	e := s.getErr
+	s.mu.Unlock()
 	for i := range res {
-		res[i] = s.getErr
+		res[i] = e
 	}
 	return nil
 }
 func (s scriptedStore) LongestPrefix(_ context.Context, _ tiers.PayloadKind, chain []pagehash.Hash) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	return min(s.longest, len(chain)), nil
 }
 func (s scriptedStore) Delete(context.Context, []tiers.Key) error { return nil }
@@ -161,12 +168,14 @@ func fuzzNode(t *testing.T, in []byte) {
 					t.Fatal(err)
 				}
 			case 6: // the store's answers change
+				acks.mu.Lock()
 				acks.longest = int(arg % 5)
 				if arg%2 == 0 {
 					acks.getErr = tiers.ErrMiss
 				} else {
 					acks.getErr = nil
 				}
+				acks.mu.Unlock()
 			case 7: // finish and release the latest request
 				if req > 0 {
 					_, _ = n.Apply(ctx, control.Event{Kind: control.EvFinish, Req: req})
