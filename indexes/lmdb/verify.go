@@ -144,12 +144,28 @@ func (v *verifier) run() error {
 		metas[i] = b
 	}
 	m := metas[0]
-	if binary.LittleEndian.Uint64(metas[0][metaTxnID:]) < binary.LittleEndian.Uint64(metas[1][metaTxnID:]) {
+	t0, t1 := binary.LittleEndian.Uint64(metas[0][metaTxnID:]), binary.LittleEndian.Uint64(metas[1][metaTxnID:])
+	if t0 < t1 {
 		m = metas[1]
+	}
+	// NB: each commit writes its meta to page txnid&1, so the two metas
+	// hold consecutive transactions, the even one on page 0 (or both 0 in
+	// a new file). A flipped bit in the older one's id would make LMDB
+	// open that older snapshot as the newest: a consistent tree that
+	// silently lacks the last commits.
+	if (t0 != 0 || t1 != 0) && (t0&1 != 0 || t1&1 != 1 || max(t0, t1)-min(t0, t1) != 1) {
+		return fmt.Errorf("meta pages hold transactions %d and %d, not consecutive ones on pages of their parity", t0, t1)
 	}
 	v.lastPg = binary.LittleEndian.Uint64(m[metaLastPg:])
 	if v.lastPg < 1 || v.lastPg > uint64(1)<<44/v.psize {
 		return fmt.Errorf("meta: last page %d", v.lastPg)
+	}
+	// NB: LMDB writes a transaction's pages before the meta that names
+	// them, so the file holds every page up to the last one in use. A meta
+	// naming a later page is damaged: trusted, it would count phantom
+	// pages as in use and fill the map.
+	if (v.lastPg+1)*v.psize > uint64(v.size) {
+		return fmt.Errorf("meta: last page %d lies past the end of the %d-byte file", v.lastPg, v.size)
 	}
 	free, main := decodeDB(m[metaDBs:]), decodeDB(m[metaDBs+dbRecordSize:])
 	// The free tree's records are page lists (a count, then page
@@ -217,7 +233,7 @@ func (v *verifier) tree(name string, db mdbDB, leaf func(key, data []byte, flags
 	}
 	v.branch, v.leaf, v.overflow, v.entries = 0, 0, 0, 0
 	ordered := name != "free" // the free tree has integer keys
-	if err := v.page(name, db.root, int(db.depth), ordered, leaf); err != nil {
+	if err := v.page(name, db.root, int(db.depth), ordered, nil, nil, leaf); err != nil {
 		return err
 	}
 	if v.branch != db.branch || v.leaf != db.leaf || v.overflow != db.overflow || v.entries != db.entries {
@@ -252,7 +268,12 @@ func (v *verifier) readPage(name string, pgno, n uint64) ([]byte, error) {
 	return b, nil
 }
 
-func (v *verifier) page(name string, pgno uint64, depth int, ordered bool, leaf func(key, data []byte, flags uint16) error) error {
+// page walks the subtree at pgno. In an ordered tree every key in it must
+// lie in [lo, hi) (nil: unbounded), the range its parent's separators give
+// it: a damaged separator leaves each page in order while lookups of the
+// keys beside it go to the wrong child and miss entries that iteration
+// still returns.
+func (v *verifier) page(name string, pgno uint64, depth int, ordered bool, lo, hi []byte, leaf func(key, data []byte, flags uint16) error) error {
 	b, err := v.readPage(name, pgno, 1)
 	if err != nil {
 		return err
@@ -278,35 +299,59 @@ func (v *verifier) page(name string, pgno uint64, depth int, ordered bool, leaf 
 	} else {
 		v.leaf++
 	}
+	// node parses node i's header and key.
+	node := func(i int) (ptr uint64, key []byte, err error) {
+		ptr = uint64(binary.LittleEndian.Uint16(b[pageHdrSize+2*i:]))
+		if ptr < upper || ptr%2 != 0 || ptr+nodeHdrSize > v.psize {
+			return 0, nil, fmt.Errorf("%s tree: page %d node %d at offset %d outside [%d, %d)", name, pgno, i, ptr, upper, v.psize)
+		}
+		ksize := uint64(binary.LittleEndian.Uint16(b[ptr+6:]))
+		if ksize > maxKeySize || ptr+nodeHdrSize+ksize > v.psize {
+			return 0, nil, fmt.Errorf("%s tree: page %d node %d key of %d bytes overruns the page", name, pgno, i, ksize)
+		}
+		return ptr, b[ptr+nodeHdrSize : ptr+nodeHdrSize+ksize], nil
+	}
 	var prev []byte
 	for i := range n {
-		ptr := uint64(binary.LittleEndian.Uint16(b[pageHdrSize+2*i:]))
-		if ptr < upper || ptr%2 != 0 || ptr+nodeHdrSize > v.psize {
-			return fmt.Errorf("%s tree: page %d node %d at offset %d outside [%d, %d)", name, pgno, i, ptr, upper, v.psize)
+		ptr, key, err := node(i)
+		if err != nil {
+			return err
 		}
-		node := b[ptr:]
-		lo, hi := uint64(binary.LittleEndian.Uint16(node[0:])), uint64(binary.LittleEndian.Uint16(node[2:]))
-		nflags := binary.LittleEndian.Uint16(node[4:])
-		ksize := uint64(binary.LittleEndian.Uint16(node[6:]))
-		if ksize > maxKeySize || ptr+nodeHdrSize+ksize > v.psize {
-			return fmt.Errorf("%s tree: page %d node %d key of %d bytes overruns the page", name, pgno, i, ksize)
-		}
-		key := node[nodeHdrSize : nodeHdrSize+ksize]
+		nd := b[ptr:]
+		dlo, dhi := uint64(binary.LittleEndian.Uint16(nd[0:])), uint64(binary.LittleEndian.Uint16(nd[2:]))
+		nflags := binary.LittleEndian.Uint16(nd[4:])
+		ksize := uint64(len(key))
 		if ordered && (depth == 1 || i > 0) {
 			if prev != nil && bytes.Compare(prev, key) >= 0 {
 				return fmt.Errorf("%s tree: page %d node %d key out of order", name, pgno, i)
 			}
+			if (lo != nil && bytes.Compare(key, lo) < 0) || (hi != nil && bytes.Compare(key, hi) >= 0) {
+				return fmt.Errorf("%s tree: page %d node %d key outside the range its parent gives the page", name, pgno, i)
+			}
 			prev = key
 		}
 		if depth > 1 {
-			child := lo | hi<<16 | uint64(nflags)<<32
-			if err := v.page(name, child, depth-1, ordered, leaf); err != nil {
+			child := dlo | dhi<<16 | uint64(nflags)<<32
+			clo, chi := lo, hi
+			if ordered {
+				if i > 0 {
+					clo = key
+				}
+				if i+1 < n {
+					_, next, err := node(i + 1)
+					if err != nil {
+						return err
+					}
+					chi = next
+				}
+			}
+			if err := v.page(name, child, depth-1, ordered, clo, chi, leaf); err != nil {
 				return err
 			}
 			continue
 		}
 		v.entries++
-		dsize := lo | hi<<16
+		dsize := dlo | dhi<<16
 		if nflags&^(fBigData|fSubData) != 0 || nflags&fDupData != 0 {
 			return fmt.Errorf("%s tree: page %d node %d flags %#x", name, pgno, i, nflags)
 		}

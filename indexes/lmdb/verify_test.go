@@ -3,6 +3,7 @@ package lmdb
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
@@ -57,6 +58,25 @@ func TestVerifyFile(t *testing.T) {
 			"meta magic":    func(b []byte) []byte { b[16] ^= 1; return b },
 			"zeroed page 3": func(b []byte) []byte { clear(b[3*4096 : 4*4096]); return b },
 			"short":         func(b []byte) []byte { return b[:100] },
+			"older meta's transaction id": func(b []byte) []byte {
+				older := 0
+				if binary.LittleEndian.Uint64(b[metaTxnID:]) > binary.LittleEndian.Uint64(b[4096+metaTxnID:]) {
+					older = 4096
+				}
+				b[older+metaTxnID+7] ^= 0x20
+				return b
+			},
+			"last page past the end": func(b []byte) []byte {
+				newer := 0
+				if binary.LittleEndian.Uint64(b[metaTxnID:]) < binary.LittleEndian.Uint64(b[4096+metaTxnID:]) {
+					newer = 4096
+				}
+				binary.LittleEndian.PutUint64(b[newer+metaLastPg:], uint64(len(b)/4096+5))
+				return b
+			},
+		}
+		if n >= 5000 {
+			cases["branch separator out of its child's range"] = damageSeparator(t)
 		}
 		for name, damage := range cases {
 			if err := os.WriteFile(path, damage(bytes.Clone(b)), 0o644); err != nil {
@@ -66,6 +86,29 @@ func TestVerifyFile(t *testing.T) {
 				t.Errorf("%d entries, %s: %v, want ErrCorrupt", n, name, err)
 			}
 		}
+	}
+}
+
+// damageSeparator returns a damage that raises the kind byte of the second
+// separator key of the first branch page of 33-byte keys: the page stays in
+// order while its child's first key falls below the separator.
+func damageSeparator(t *testing.T) func([]byte) []byte {
+	return func(b []byte) []byte {
+		for p := 2; (p+1)*4096 <= len(b); p++ {
+			pg := b[p*4096 : (p+1)*4096]
+			lower := int(binary.LittleEndian.Uint16(pg[12:]))
+			if binary.LittleEndian.Uint16(pg[10:]) != pBranch || (lower-pageHdrSize)/2 < 3 {
+				continue
+			}
+			ptr := int(binary.LittleEndian.Uint16(pg[pageHdrSize+2:]))
+			if binary.LittleEndian.Uint16(pg[ptr+6:]) != 33 {
+				continue
+			}
+			pg[ptr+nodeHdrSize+32]++
+			return b
+		}
+		t.Fatal("no branch page of 33-byte keys in the pristine file")
+		return nil
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/pagehash"
+	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l3disk/diskfs"
 )
 
@@ -223,11 +224,16 @@ func (s *Store) loadFromIndex(ctx context.Context, scans []headerScan) (rebuild 
 		claimed[k] = make([]bool, s.files[k].sb.Slots)
 	}
 	var (
-		live  []liveSlot
-		drop  []indexes.Entry
-		stale int
-		owned int
-		top   = make([]uint64, len(s.files))
+		live []liveSlot
+		drop []indexes.Entry
+		// rescue: slots a dropped entry points at whose valid header
+		// names another page (a damaged key, or a reused slot whose new
+		// entry was lost): that page is adopted unless it is live
+		// elsewhere.
+		rescue []liveSlot
+		stale  int
+		owned  int
+		top    = make([]uint64, len(s.files))
 	)
 	err = s.index.Iterate(ctx, func(e indexes.Entry) error {
 		if !s.ownsRecord(e.Key, e.Record) {
@@ -244,6 +250,10 @@ func (s *Store) loadFromIndex(ctx context.Context, scans []headerScan) (rebuild 
 		case rec.Kind != k || rec.Slot >= uint64(f.sb.Slots) || !scans[k].valid[rec.Slot] ||
 			scans[k].headers[rec.Slot].Hash != e.Key.Hash || claimed[k][rec.Slot]:
 			drop = append(drop, e)
+			if rec.Kind == k && rec.Slot < uint64(f.sb.Slots) && scans[k].valid[rec.Slot] &&
+				scans[k].headers[rec.Slot].Hash != e.Key.Hash {
+				rescue = append(rescue, liveSlot{kind: k, slot: int32(rec.Slot), hash: scans[k].headers[rec.Slot].Hash, at: rec.LastAccess})
+			}
 		default:
 			claimed[k][rec.Slot] = true
 			live = append(live, liveSlot{kind: k, slot: int32(rec.Slot), hash: e.Key.Hash, at: rec.LastAccess})
@@ -255,6 +265,13 @@ func (s *Store) loadFromIndex(ctx context.Context, scans []headerScan) (rebuild 
 	}
 	if err != nil {
 		return nil, fmt.Errorf("iterate index: %w", err)
+	}
+	if reason, err := s.lookupsAgree(ctx, live, drop); reason != nil || err != nil {
+		return reason, err
+	}
+	live, err = s.rescueSlots(ctx, live, rescue, claimed)
+	if err != nil {
+		return nil, err
 	}
 	valid := 0
 	for k := range scans {
@@ -517,4 +534,89 @@ func (s *Store) sweepStale(ctx context.Context) {
 		s.st.staleDropped.Add(int64(n))
 		s.log.Info("l3 stale-entry sweep done", "entries", n)
 	}
+}
+
+// lookupsAgree returns a reason to rebuild when a point lookup of an
+// entry that the index's iteration returned does not find the same record.
+// A damaged inner page (a flipped bit in a separator key) leaves the leaves
+// in order, so iteration sees every entry while lookups of the keys beside
+// the damage go to the wrong leaf and miss: those pages would be lost for
+// good, held in slots that nothing can reach, and the entries to drop could
+// not be deleted. One batched lookup of each entry at cold start
+// (microseconds each, against the header scan's read of every slot) catches
+// it.
+func (s *Store) lookupsAgree(ctx context.Context, live []liveSlot, drop []indexes.Entry) (rebuild error, err error) {
+	const part = 4096
+	n := len(live) + len(drop)
+	want := func(i int) indexes.Entry {
+		if i < len(live) {
+			l := live[i]
+			return indexes.Entry{Key: indexes.Key{Hash: l.hash, Kind: l.kind}, Record: indexes.Record{Kind: l.kind, Slot: uint64(l.slot)}}
+		}
+		return drop[i-len(live)]
+	}
+	keys := make([]indexes.Key, 0, min(n, part))
+	recs := make([]indexes.Record, min(n, part))
+	found := make([]bool, min(n, part))
+	for start := 0; start < n; start += part {
+		end := min(n, start+part)
+		keys = keys[:0]
+		for i := start; i < end; i++ {
+			keys = append(keys, want(i).Key)
+		}
+		recs, found := recs[:len(keys)], found[:len(keys)]
+		err := s.index.Get(ctx, keys, recs, found)
+		if errors.Is(err, indexes.ErrCorrupt) {
+			return fmt.Errorf("a lookup of an iterated entry read a corrupt record: %w", err), nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("look up %d index entries: %w", len(keys), err)
+		}
+		for j := range keys {
+			w := want(start + j).Record
+			if !found[j] || recs[j].Kind != w.Kind || recs[j].Slot != w.Slot {
+				// NB: ErrCorrupt, so that the rebuild resets the index:
+				// deletes through a misrouting tree would miss the same
+				// entries.
+				return fmt.Errorf("the index's iteration holds %s at slot %d that a lookup of the same key does not find (a damaged inner page): %w", keys[j], w.Slot, indexes.ErrCorrupt), nil
+			}
+		}
+	}
+	return nil, nil
+}
+
+// rescueSlots adopts the rescue candidates (see loadFromIndex) whose slot
+// is still unclaimed and whose page is not live in another slot, indexing
+// them under their headers' hashes. Their payloads are checked at their
+// first read, like every slot the load keeps.
+func (s *Store) rescueSlots(ctx context.Context, live, rescue []liveSlot, claimed [][]bool) ([]liveSlot, error) {
+	if len(rescue) == 0 {
+		return live, nil
+	}
+	type kh struct {
+		kind uint8
+		hash pagehash.Hash
+	}
+	have := make(map[kh]bool, len(live))
+	for _, l := range live {
+		have[kh{l.kind, l.hash}] = true
+	}
+	var puts []indexes.Entry
+	for _, r := range rescue {
+		if claimed[r.kind][r.slot] || have[kh{r.kind, r.hash}] {
+			continue
+		}
+		claimed[r.kind][r.slot] = true
+		have[kh{r.kind, r.hash}] = true
+		live = append(live, r)
+		puts = append(puts, indexes.Entry{Key: indexes.Key{Hash: r.hash, Kind: r.kind}, Record: s.record(tiers.PayloadKind(r.kind), r.slot, r.at)})
+	}
+	if len(puts) == 0 {
+		return live, nil
+	}
+	if err := s.index.Put(ctx, puts); err != nil {
+		return nil, fmt.Errorf("index %d pages whose entries were damaged: %w", len(puts), err)
+	}
+	s.log.Warn("l3 cold start load: pages whose index entries named another page are indexed again under their slot headers", "pages", len(puts))
+	return live, nil
 }

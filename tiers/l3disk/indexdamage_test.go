@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/kvtier/kvtier/indexes/indextest"
@@ -72,7 +73,7 @@ func TestIndexDamageLoad(t *testing.T) {
 				cmd.Env = append(os.Environ(), ixDamageEnvDir+"="+base, ixDamageEnvIx+"="+ixo.name)
 				out, err := cmd.CombinedOutput()
 				if err != nil || !bytes.Contains(out, []byte("--- PASS: TestIndexDamageChild")) {
-					t.Fatalf("case %d (seed %d): %s %s: victim failed: %v\n%s", c, seed, filepath.Base(file), what, err, out[max(0, len(out)-4000):])
+					t.Fatalf("case %d (seed %d): %s %s: victim failed: %v\n%s", c, seed, filepath.Base(file), what, err, headTail(out, 4000))
 				}
 				o := "?"
 				if i := bytes.Index(out, []byte("outcome: ")); i >= 0 {
@@ -106,4 +107,14 @@ func TestIndexDamageChild(t *testing.T) {
 		outcome = "rebuilt from the slabs"
 	}
 	fmt.Printf("outcome: %s\n", outcome)
+}
+
+// headTail returns out, or its first and last n bytes when it is longer
+// (a crash's signal and first frames are at the head, the test's verdict
+// at the tail).
+func headTail(out []byte, n int) []byte {
+	if len(out) <= 2*n {
+		return out
+	}
+	return slices.Concat(out[:n], []byte("\n[...]\n"), out[len(out)-n:])
 }
