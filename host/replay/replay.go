@@ -113,7 +113,8 @@ func Run(tr *Trace, ev policy.Evictor, capacityTokens int64, progress func(int))
 
 // runner is one replay in progress.
 type runner struct {
-	tr       *Trace
+	tr       *Trace // nil for an online replay
+	name     string
 	tree     *radix.Tree
 	ev       policy.Evictor
 	capacity int
@@ -142,9 +143,10 @@ func newRunner(tr *Trace, ev policy.Evictor, capacityTokens int64, breakdown boo
 		Policy:         ev.Name(),
 		CapacityTokens: capacityTokens,
 		CapacityBlocks: blocks,
-		InputTokens:    tr.InputTokens(),
-		Blocks:         int64(tr.Blocks()),
-		Requests:       tr.Requests(),
+	}
+	if tr != nil {
+		r.name = tr.Name
+		r.res.InputTokens, r.res.Blocks, r.res.Requests = tr.InputTokens(), int64(tr.Blocks()), tr.Requests()
 	}
 	if capacityTokens == 0 {
 		r.res.Policy = Infinite
@@ -158,6 +160,13 @@ func newRunner(tr *Trace, ev policy.Evictor, capacityTokens int64, breakdown boo
 // request replays request i.
 func (r *runner) request(i int) error {
 	keys, input, off := r.tr.request(i)
+	return r.requestKeys(i, keys, input, r.tr.output[i], off)
+}
+
+// requestKeys replays one request: its keys, input and output tokens, the
+// position of its first key in the trace (for the miss breakdown) and its
+// index i (for errors).
+func (r *runner) requestKeys(i int, keys []pagehash.Hash, input, output, off int) error {
 	tree := r.tree
 	var hit int
 	r.path, hit = tree.MatchHashes(keys, r.path)
@@ -171,7 +180,7 @@ func (r *runner) request(i int) error {
 		last = r.path[len(r.path)-1]
 	}
 	if err := tree.Lock(last); err != nil {
-		return fmt.Errorf("replay %s: request %d: %w", r.tr.Name, i+1, err)
+		return fmt.Errorf("replay %s: request %d: %w", r.name, i+1, err)
 	}
 	insert := len(keys)
 	if add := len(keys) - hit; r.capacity > 0 && add > 0 {
@@ -180,7 +189,7 @@ func (r *runner) request(i int) error {
 			var err error
 			r.victims, freed, err = tree.EvictPages(need, r.victims[:0])
 			if err != nil {
-				return fmt.Errorf("replay %s: request %d: %w", r.tr.Name, i+1, err)
+				return fmt.Errorf("replay %s: request %d: %w", r.name, i+1, err)
 			}
 			r.account(r.victims)
 			// NB: only a request longer than the capacity runs out of
@@ -202,14 +211,14 @@ func (r *runner) request(i int) error {
 	// instead of walking the whole key again.
 	leaf, _, err := tree.ExtendBorrowed(last, keys[hit:insert])
 	if err != nil {
-		return fmt.Errorf("replay %s: request %d: %w", r.tr.Name, i+1, err)
+		return fmt.Errorf("replay %s: request %d: %w", r.name, i+1, err)
 	}
 	if err := tree.Unlock(last); err != nil {
-		return fmt.Errorf("replay %s: request %d: %w", r.tr.Name, i+1, err)
+		return fmt.Errorf("replay %s: request %d: %w", r.name, i+1, err)
 	}
 	// NB: replay does not model time in flight: a request finishes right
 	// after its insert, before the next one arrives.
-	tree.Finished(leaf, policy.RequestInfo{InputTokens: input, OutputTokens: r.tr.output[i], MatchedPages: hit, Pages: keys})
+	tree.Finished(leaf, policy.RequestInfo{InputTokens: input, OutputTokens: output, MatchedPages: hit, Pages: keys})
 	return nil
 }
 
