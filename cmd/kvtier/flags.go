@@ -343,3 +343,15 @@ func roundsRange(flagName string, value int64) flagRange {
 	return flagRange{Flag: flagName, Value: value, Min: 1, Max: maxRounds,
 		MaxWhy: fmt.Sprintf("a fixed bound: rounds cost time, and a median of %d rounds no longer moves", maxRounds)}
 }
+
+// splitList splits a comma-separated flag value into its trimmed,
+// non-empty items (nil for an empty value).
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}

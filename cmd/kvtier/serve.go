@@ -68,6 +68,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	record := fs.String("record", "", "write rank 0's lookups to `file` as a Mooncake-format JSONL trace (hash ids remapped to small integers per file; replay it with kvtier replay FILE --sweep)")
 	recordMax := fs.String("record-max-bytes", "256MiB", "rotate the recording past this `size` (FILE.1, FILE.2, ...)")
 	recordKeep := fs.Int("record-keep", serve.DefaultRecordKeep, "recording files kept (the oldest beyond are removed)")
+	shadow := fs.String("shadow", "", "comma-separated `policies` to run as shadows beside the live one: metadata-only replays of rank 0's lookups at the live tiers' capacities, exported as kvtier_shadow_hit_tokens_total{policy,tier} (compare with kvtier ab; replaces the stack's policy.shadow)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	doorsFlag := fs.String("doors", "", "the doors served on the socket, comma-separated: engine (kvtier.engine.v1), store (kvtier.store.v1, the page store of SGLang's HiCache backend); with store alone serve hosts no engine ranks (default: engine,store; with --group tcp: engine, as the node's one store door belongs to one process)")
 	storeCfg := fs.String("store-config", "", "the store door's stack config `file` (a slab and stores, no pool; {{DIR}} = --data-dir; default: the embedded demo store stack under DIR/store)")
@@ -183,7 +184,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		GroupRank: *groupRank, GroupSize: *groupSize, GroupHub: *groupHub, GroupName: *groupName, GroupTimeout: *groupTimeout, OwnerLanes: *ownerLanes,
 		Version: version, Logger: logger, Doors: doors, StoreYAML: storeText, StoreConfigName: *storeCfg, StoreSkipVerify: !*storeVerify,
 		StoreLimits: pagestore.Limits{Lease: *storeLease, SessionTTL: *storeTTL},
-		Record:      *record, RecordMaxBytes: int64(recMax), RecordKeep: *recordKeep})
+		Record:      *record, RecordMaxBytes: int64(recMax), RecordKeep: *recordKeep, Shadow: splitList(*shadow)})
 	if err != nil {
 		return err
 	}

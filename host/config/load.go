@@ -3,6 +3,7 @@ package config
 import (
 	"bytes"
 	_ "embed"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -207,6 +208,7 @@ type rawPolicy struct {
 	Evictor string             `yaml:"evictor"`
 	Params  map[string]float64 `yaml:"params"`
 	Planner string             `yaml:"planner"`
+	Shadow  []string           `yaml:"shadow"`
 }
 
 type rawRanks struct {
@@ -366,7 +368,7 @@ func (s *source) build(raw *rawStack, m Modules) (*Stack, error) {
 			Kinds:      make([]tiers.PayloadSpec, 0, len(raw.Model.Payloads)),
 		},
 		Tiers:       make([]Tier, 0, len(raw.Tiers)),
-		Policy:      Policy{Evictor: raw.Policy.Evictor, Params: raw.Policy.Params, Planner: Planner(raw.Policy.Planner)},
+		Policy:      Policy{Evictor: raw.Policy.Evictor, Params: raw.Policy.Params, Planner: Planner(raw.Policy.Planner), Shadow: raw.Policy.Shadow},
 		WritePolicy: WritePolicy(raw.WritePolicy),
 		Ranks:       Ranks{WorldSize: int(raw.Ranks.WorldSize), Rank: int(raw.Ranks.Rank)},
 		Metrics:     Endpoint{Listen: raw.Metrics.Listen},
@@ -522,6 +524,54 @@ func (s *source) checkPolicy(st *Stack, r *policy.Registry) error {
 			path = "$.policy.params"
 		}
 		return s.errAt(path, err, "policy %s refuses this configuration: %v", quantity.Quote(st.Policy.Evictor), err)
+	}
+	if err := CheckShadow(st.Policy.Shadow, r); err != nil {
+		var se *ShadowError
+		if errors.As(err, &se) {
+			return s.errAt(fmt.Sprintf("$.policy.shadow[%d]", se.Index), se.Err, "%s", se.Msg)
+		}
+		return s.errAt("$.policy.shadow", err, "%v", err)
+	}
+	return nil
+}
+
+// MaxShadows bounds the shadow policies of a stack: each runs a replay
+// tree per tier on serve's CPU.
+const MaxShadows = 8
+
+// ShadowError says which entry of a shadow list is refused and why.
+type ShadowError struct {
+	Index int
+	Msg   string
+	Err   error
+}
+
+func (e *ShadowError) Error() string { return fmt.Sprintf("shadow policy %d: %s", e.Index, e.Msg) }
+func (e *ShadowError) Unwrap() error { return e.Err }
+
+// CheckShadow checks a list of shadow policies (serve's --shadow, the
+// stack's policy.shadow): at most MaxShadows, each registered in r, built
+// with default params and online (no future knowledge), none twice.
+func CheckShadow(names []string, r *policy.Registry) error {
+	if len(names) > MaxShadows {
+		return &ShadowError{Index: MaxShadows, Msg: fmt.Sprintf("%d shadow policies, at most %d", len(names), MaxShadows)}
+	}
+	seen := map[string]bool{}
+	for i, name := range names {
+		reg, err := r.Lookup(policy.EvictorV1, name)
+		if err != nil {
+			return &ShadowError{Index: i, Err: err, Msg: fmt.Sprintf("no eviction policy named %s is registered (known: %s)", quantity.Quote(name), knownList(r.Names(policy.EvictorV1)))}
+		}
+		if seen[name] {
+			return &ShadowError{Index: i, Msg: fmt.Sprintf("policy %s is named twice", quantity.Quote(name))}
+		}
+		seen[name] = true
+		if reg.Factory == nil {
+			return &ShadowError{Index: i, Msg: fmt.Sprintf("policy %s has no factory (a broken registration)", reg.FullID())}
+		}
+		if _, err := reg.Factory(policy.Options{Params: map[string]float64{}}); err != nil {
+			return &ShadowError{Index: i, Err: err, Msg: fmt.Sprintf("policy %s cannot run as a shadow (shadows run online, with default params): %v", quantity.Quote(name), err)}
+		}
 	}
 	return nil
 }

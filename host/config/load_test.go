@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -186,7 +187,7 @@ func TestLoadErrors(t *testing.T) {
 		{name: "unknown payload field", yaml: "version: 1\nmodel:\n  page_tokens: 512\n  payloads:\n    - {name: kv, bytes: 1} #<\n", path: "$.model.payloads[0].bytes", msg: `(known: name, page_bytes)`},
 		{name: "unknown module field", yaml: "version: 1\n" + model + "tiers:\n  - name: l2\n    role: slab\n    use: testslab\n    config:\n      sise: 1GiB #<\n", path: "$.tiers[0].config.sise", msg: `unknown field "sise" (known: path, size, fallback) (config of kvtier.tier.slab.v1/testslab)`},
 		{name: "unknown index field", yaml: "version: 1\n" + model + "tiers:\n" + slab + "  - name: l3\n    role: store\n    use: teststore\n    index:\n      use: testindex\n      config: {mapsize: 1} #<\n", path: "$.tiers[1].index.config.mapsize", msg: `(known: map_size, sync) (config of kvtier.index.v1/testindex)`},
-		{name: "unknown policy field", yaml: "version: 1\n" + model + "policy:\n  evicter: lru #<\n", path: "$.policy.evicter", msg: `(known: evictor, params, planner)`},
+		{name: "unknown policy field", yaml: "version: 1\n" + model + "policy:\n  evicter: lru #<\n", path: "$.policy.evicter", msg: `(known: evictor, params, planner, shadow)`},
 		// Wrong types.
 		{name: "version is a string", yaml: "version: one #<\n" + model, path: "$.version", msg: `want an integer, got the string "one"`},
 		{name: "page_tokens is a float", yaml: "version: 1\nmodel:\n  page_tokens: 512.5 #<\n  payloads: [{name: kv, page_bytes: 2MiB}]\n", path: "$.model.page_tokens", msg: "want an integer, got float 512.5"},
@@ -371,5 +372,38 @@ func TestLoadFileMissing(t *testing.T) {
 	_, err := LoadFile(t.TempDir()+"/nope.yaml", testModules())
 	if err == nil || !strings.Contains(err.Error(), "nope.yaml") || errors.Is(err, ErrInvalid) {
 		t.Fatalf("got %v, want a read error naming the file", err)
+	}
+}
+
+// TestShadowList loads policy.shadow and refuses each bad entry by its
+// path: an unknown name, a repeat, an offline policy, too many.
+func TestShadowList(t *testing.T) {
+	model := "model: {page_tokens: 16, payloads: [{name: kv, page_bytes: 16KiB}]}\n"
+	tests := []struct {
+		name, shadow, path, msg string
+	}{
+		{"three", "[slru, adaptive, lru]", "", ""},
+		{"unknown", "[slru, nope]", "$.policy.shadow[1]", `no eviction policy named "nope"`},
+		{"twice", "[lru, lru]", "$.policy.shadow[1]", "named twice"},
+		{"offline", "[belady]", "$.policy.shadow[0]", "cannot run as a shadow"},
+		{"too many", "[a, b, c, d, e, f, g, h, i]", "$.policy.shadow[8]", "at most 8"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			st, err := Load([]byte("version: 1\n"+model+"policy: {evictor: lru, shadow: "+tc.shadow+"}\n"), "shadow.yaml", testModules())
+			if tc.path == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(st.Policy.Shadow, []string{"slru", "adaptive", "lru"}) {
+					t.Fatalf("shadow %v", st.Policy.Shadow)
+				}
+				return
+			}
+			var ce *Error
+			if !errors.As(err, &ce) || ce.Path != tc.path || !strings.Contains(err.Error(), tc.msg) {
+				t.Fatalf("error %v, want at %s: %q", err, tc.path, tc.msg)
+			}
+		})
 	}
 }

@@ -176,6 +176,10 @@ type Policy struct {
 	Params map[string]float64
 	// Planner is the eviction planner's algorithm.
 	Planner Planner
+	// Shadow names policies that serve runs as shadows beside the live
+	// one: metadata-only replay trees at the live tiers' capacities, fed
+	// the same lookups, for online A/B (docs/policies.md). Empty: none.
+	Shadow []string
 }
 
 // Ranks places the host in its context-parallel group.

@@ -51,6 +51,7 @@ type outPolicy struct {
 	Evictor string             `yaml:"evictor"`
 	Params  map[string]float64 `yaml:"params,omitempty"`
 	Planner string             `yaml:"planner"`
+	Shadow  []string           `yaml:"shadow,omitempty"`
 }
 
 type outRanks struct {
@@ -75,7 +76,7 @@ func (s *Stack) MarshalYAML() ([]byte, error) {
 		Version:     s.Version,
 		Model:       outModel{PageTokens: s.Payload.PageTokens},
 		Tiers:       make([]outTier, 0, len(s.Tiers)),
-		Policy:      outPolicy{Evictor: s.Policy.Evictor, Params: s.Policy.Params, Planner: string(s.Policy.Planner)},
+		Policy:      outPolicy{Evictor: s.Policy.Evictor, Params: s.Policy.Params, Planner: string(s.Policy.Planner), Shadow: s.Policy.Shadow},
 		WritePolicy: string(s.WritePolicy),
 		Ranks:       outRanks{WorldSize: s.Ranks.WorldSize, Rank: s.Ranks.Rank},
 		Metrics:     rawEndpoint{Listen: s.Metrics.Listen},

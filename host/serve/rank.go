@@ -808,6 +808,7 @@ func (r *rank) lookup(ctx context.Context, errs stepErrs, item ref, s *session, 
 	r.stats.lookups.Add(1)
 	if r.idx == 0 {
 		r.srv.rec.Record(time.Now(), key)
+		r.srv.shadow.Take(key)
 	}
 	s.reqs[name] = rq
 	r.byID[rq.id] = rq

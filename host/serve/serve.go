@@ -183,6 +183,10 @@ type Config struct {
 	Record         string
 	RecordMaxBytes int64
 	RecordKeep     int
+	// Shadow names policies to run as shadows beside the live one
+	// (docs/policies.md, "A/B on live traffic"); it replaces the stack's
+	// policy.shadow list. Empty: the stack's list, if any.
+	Shadow []string
 }
 
 // DefaultMaxMessageBytes is the default of Config.MaxMessageBytes: 64
@@ -205,6 +209,9 @@ type Server struct {
 	cfg Config
 	// rec records rank 0's lookups (Config.Record), or is nil.
 	rec *recorder
+	// shadow replays rank 0's lookups under shadow policies
+	// (Config.Shadow, policy.shadow), or is nil.
+	shadow *shadows
 	// text is the stack config every rank expands ({{RANK}}, {{DIR}}):
 	// cfg.YAML or the embedded default; name names it in errors.
 	text, name string
@@ -376,7 +383,55 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 			return nil, fmt.Errorf("serve: %w", err)
 		}
 	}
+	if len(s.ranks) > 0 {
+		if err := s.openShadows(); err != nil {
+			return nil, fmt.Errorf("serve: %w", err)
+		}
+	}
 	return s, nil
+}
+
+// openShadows starts the shadow policies of Config.Shadow, else of rank
+// 0's policy.shadow, at rank 0's tier capacities; none named, none run.
+func (s *Server) openShadows() error {
+	r := s.ranks[0]
+	names := s.cfg.Shadow
+	if len(names) == 0 {
+		names = r.st.Config.Policy.Shadow
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	reg, err := builtin.Policies()
+	if err != nil {
+		return err
+	}
+	if err := config.CheckShadow(names, reg); err != nil {
+		return fmt.Errorf("--shadow: %w", err)
+	}
+	var ts []shadowTier
+	if r.pool != nil && r.mo.L1Pages > 0 {
+		ts = append(ts, shadowTier{name: "l1", pages: r.mo.L1Pages})
+	}
+	if len(r.mo.L2.Kinds) > 0 {
+		ts = append(ts, shadowTier{name: "l2", pages: r.mo.L2.Kinds[0].Pages()})
+	}
+	for _, t := range r.st.Stores {
+		if c, pb := t.Store.Stats().CapacityBytes, r.st.Config.Payload.Kinds[0].PageBytes; c > 0 && pb > 0 {
+			ts = append(ts, shadowTier{name: t.Name, pages: c / pb})
+		}
+	}
+	sh, err := openShadows(r.st.Config.Policy.Evictor, names, ts, int64(r.st.Config.Payload.PageTokens), s.log)
+	if err != nil {
+		return err
+	}
+	if err := s.metrics.reg.Register(shadowCollector{sh}); err != nil {
+		sh.Close()
+		return fmt.Errorf("shadow metrics: %w", err)
+	}
+	s.shadow = sh
+	s.log.Info("kvtier serve: shadow policies on", "live", sh.policies[0], "shadows", sh.policies[1:], "tiers", ts)
+	return nil
 }
 
 func newBootID() string {
@@ -907,6 +962,7 @@ func (s *Server) closeRanks(ctx context.Context) error {
 	if err := s.rec.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("serve: %w", err))
 	}
+	s.shadow.Close()
 	return errors.Join(errs...)
 }
 
