@@ -35,6 +35,7 @@ func commands() map[string]command {
 		"serve":    {"serve the engine API: the ranks of a stack over a unix socket", runServe},
 		"loadgen":  {"drive a running kvtier serve with a trace: N rank sessions, every loaded byte verified", runLoadgen},
 		"sim":      {"simulate a rank group (delays, faults, divergence) and check it never diverges or hangs", runSim},
+		"ab":       {"compare serve's shadow policies with the live one on live traffic (hit rates, confidence intervals, a verdict)", runAB},
 	}
 }
 
