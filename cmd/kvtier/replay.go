@@ -34,6 +34,9 @@ tokens = min(512 x hit blocks, input_length); then the whole input is
 inserted with the request's own blocks locked, evicting leaves (trimmed from
 the tail when only part is needed). A request longer than the capacity
 inserts only the leading blocks that fit; the rest count as NOT ADMITTED.
+With --lookahead N, the present pages of the next N requests (the engine's
+waiting queue) are locked against eviction while each request is replayed;
+the running request still comes first (docs/policies.md).
 
 flags:
 `
@@ -54,6 +57,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	points := countFlag(fs, "sweep-points", 12, "with --sweep: `number` of capacities (at least 2)")
 	plotPrefix := fs.String("plot", defaultPlotPrefix, "with --sweep: write the plot to PREFIX.png and PREFIX.svg (PREFIX's directory must exist; the default's plots/ is created)")
 	parallel := countFlag(fs, "parallel", 0, "`number` of replays run at once, one tree replica each, at least 1 (default: GOMAXPROCS)")
+	lookahead := countFlag(fs, "lookahead", 0, "the engine's waiting queue as an eviction hint: while a request is replayed, the pages of the next `number` requests that were present when each entered the queue are locked against eviction (0: off)")
 	df := addDataFlags(fs)
 
 	// Flags may come before or after TRACE.
@@ -74,6 +78,9 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if len(positional) > 1 {
 		return fmt.Errorf("replay: want at most one TRACE, got %q: %w", positional, errUsage)
 	}
+	if df.data && flagSet(fs, "lookahead") {
+		return fmt.Errorf("replay: --lookahead applies to the metadata replay, not to --data: %w", errUsage)
+	}
 	if df.data {
 		return runReplayData(ctx, fs, df, positional, *configPath, *asJSON, stdout, stderr)
 	}
@@ -81,6 +88,9 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return fmt.Errorf("replay: --capacity and --sweep exclude each other: %w", errUsage)
 	}
 	if err := checkReplayFlags(fs, *capacity, *points, *parallel); err != nil {
+		return fmt.Errorf("replay: %w: %w", err, errUsage)
+	}
+	if err := (flagRange{Flag: "lookahead", Value: int64(*lookahead), Min: 0, MinWhy: "0 is off", Max: int64(^uint(0) >> 1)}).check(); err != nil {
 		return fmt.Errorf("replay: %w: %w", err, errUsage)
 	}
 	plotExplicit := flagSet(fs, "plot")
@@ -134,6 +144,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		Infinite:   true,
 		Parallel:   *parallel,
 		Breakdown:  true,
+		Lookahead:  *lookahead,
 	}
 	if err := checkReplayMemory(machineOf(ctx), tr, plan, capacityFlag, given); err != nil {
 		return fmt.Errorf("replay: %w: %w", err, errUsage)

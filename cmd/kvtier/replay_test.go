@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -90,6 +91,51 @@ func TestReplayJSON(t *testing.T) {
 	}
 }
 
+// TestReplayLookahead: --lookahead N is in every JSON row; 0 prints what
+// no flag prints, apart from that field; a lookahead changes the finite
+// rows only.
+func TestReplayLookahead(t *testing.T) {
+	dir := t.TempDir()
+	trace := writeTrace(t, dir)
+	rows := func(args ...string) []map[string]any {
+		t.Helper()
+		out, _, err := runCLI(t, append([]string{"replay", trace, "--json", "--capacity", "8K,inf", "--policy", "lru"}, args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rs []map[string]any
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			var r map[string]any
+			if err := json.Unmarshal([]byte(l), &r); err != nil {
+				t.Fatalf("%v: %s", err, l)
+			}
+			rs = append(rs, r)
+		}
+		if len(rs) != 3 {
+			t.Fatalf("%v: got %d rows, want lru, belady, infinite", args, len(rs))
+		}
+		return rs
+	}
+	plain, zero, four := rows(), rows("--lookahead", "0"), rows("--lookahead", "4")
+	for i := range plain {
+		if plain[i]["lookahead"] != 0.0 || zero[i]["lookahead"] != 0.0 || four[i]["lookahead"] != 4.0 {
+			t.Errorf("row %d: lookahead %v, %v, %v; want 0, 0, 4", i, plain[i]["lookahead"], zero[i]["lookahead"], four[i]["lookahead"])
+		}
+		if !reflect.DeepEqual(plain[i], zero[i]) {
+			t.Errorf("row %d: --lookahead 0 differs from no flag:\n%v\n%v", i, zero[i], plain[i])
+		}
+	}
+	// A conversation's first block (its system prompt) comes back every
+	// third conversation: at 8K tokens lru evicts it in between, and
+	// protecting the waiting turns keeps it (81408 hit tokens, not 76800).
+	if four[0]["hit_tokens"].(float64) <= plain[0]["hit_tokens"].(float64) {
+		t.Errorf("lru at 8K: %v hit tokens with --lookahead 4, %v without; want more", four[0]["hit_tokens"], plain[0]["hit_tokens"])
+	}
+	if four[2]["hit_tokens"] != plain[2]["hit_tokens"] {
+		t.Errorf("infinite row: %v hit tokens with --lookahead 4, %v without", four[2]["hit_tokens"], plain[2]["hit_tokens"])
+	}
+}
+
 func TestReplayTable(t *testing.T) {
 	dir := t.TempDir()
 	out, _, err := runCLI(t, "replay", "--policy", "sieve", "--capacity", "6K", writeTrace(t, dir))
@@ -147,6 +193,8 @@ func TestReplayErrors(t *testing.T) {
 		{"infinite is not a policy", []string{trace, "--vs", "infinite"}, "infinite bound", false},
 		{"page size must be the block size", []string{trace, "--config", smallPages}, "page_tokens is 256", false},
 		{"bad flag", []string{"--nope"}, "flag provided but not defined", true},
+		{"negative lookahead", []string{trace, "--lookahead", "-1"}, "--lookahead -1", true},
+		{"lookahead is not a data replay", []string{trace, "--data", "--lookahead", "4"}, "not to --data", true},
 	} {
 		_, _, err := runCLI(t, append([]string{"replay"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -180,6 +180,22 @@ func (t *Tree) MatchHashes(hs []pagehash.Hash, dst []*Node) (path []*Node, pages
 	return path, pages
 }
 
+// PeekHashes finds the longest prefix of hs present in the tree, like
+// MatchHashes, but is not a match: it does not bump the clock and records
+// no hit (no hit count, no last access, no evictor Hit), so looking ahead
+// at a request does not make its pages look recently used. Like
+// MatchHashes it splits the node where the prefix ends inside one, so that
+// the path's last node holds exactly the prefix's last page and can be
+// locked; the evictor hears that split as it hears any split (Insert of
+// the new prefix node, Update of the rest), and both halves keep the
+// node's hit count and last access. The path is appended to dst[:0].
+func (t *Tree) PeekHashes(hs []pagehash.Hash, dst []*Node) (path []*Node, pages int) {
+	t.ops++
+	path, pages, _ = t.walkHashes(t.root, hs, dst[:0])
+	t.checkSampled()
+	return path, pages
+}
+
 // MatchTokens is MatchHashes for a key given as tokens: the longest
 // page-aligned prefix (a trailing partial page never matches). It hashes
 // one page per node boundary it crosses and compares tokens inside nodes.

@@ -38,6 +38,13 @@ type Plan struct {
 	Parallel int
 	// Breakdown classifies misses (slightly slower).
 	Breakdown bool
+	// Lookahead is the engine's waiting queue as an eviction hint: while
+	// request i is replayed, the pages of requests i+1..i+Lookahead that
+	// were present when each entered the window are locked against
+	// eviction (see waitingQueue for exactly what is protected). 0 is the
+	// plain replay, bit for bit; the infinite row evicts nothing and is
+	// the same at every lookahead.
+	Lookahead int
 	// Progress, if set, is called from the replaying goroutines with
 	// counts of requests replayed; it must be safe for concurrent use.
 	Progress func(int)
@@ -119,6 +126,9 @@ func (t tailRanked) Check() string {
 // results do not depend on Parallel. Cancelling ctx stops every replay
 // within a few hundred requests and returns ctx's error.
 func RunPlan(ctx context.Context, tr *Trace, reg *policy.Registry, p Plan) ([]Result, error) {
+	if p.Lookahead < 0 {
+		return nil, fmt.Errorf("replay %s: lookahead %d is negative", tr.Name, p.Lookahead)
+	}
 	jobs := p.jobs()
 	evs := make([]policy.Evictor, len(jobs))
 	for i, j := range jobs {
@@ -141,7 +151,7 @@ func RunPlan(ctx context.Context, tr *Trace, reg *policy.Registry, p Plan) ([]Re
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				results[i], errs[i] = runOne(ctx, tr, evs[i], jobs[i].capacity, p.Breakdown, p.Progress)
+				results[i], errs[i] = runOne(ctx, tr, evs[i], jobs[i].capacity, p.Lookahead, p.Breakdown, p.Progress)
 			}
 		}()
 	}
@@ -159,10 +169,27 @@ func RunPlan(ctx context.Context, tr *Trace, reg *policy.Registry, p Plan) ([]Re
 	return results, nil
 }
 
-func runOne(ctx context.Context, tr *Trace, ev policy.Evictor, capacity int64, breakdown bool, progress func(int)) (Result, error) {
+func runOne(ctx context.Context, tr *Trace, ev policy.Evictor, capacity int64, lookahead int, breakdown bool, progress func(int)) (Result, error) {
+	if lookahead < 0 {
+		return Result{}, fmt.Errorf("replay %s: lookahead %d is negative", tr.Name, lookahead)
+	}
 	r, err := newRunner(tr, ev, capacity, breakdown)
 	if err != nil {
 		return Result{}, err
+	}
+	r.res.Lookahead = lookahead
+	// NB: with no capacity nothing is evicted, so protection would change
+	// nothing; the infinite row skips its cost.
+	if lookahead > 0 && capacity > 0 {
+		// NB: a window longer than the trace is the whole rest of it.
+		r.queue = newWaitingQueue(min(lookahead, tr.Requests()))
+		// Before request 0 the window holds requests 1..lookahead-1;
+		// request 0 adds request lookahead.
+		for j := 1; j < r.queue.n; j++ {
+			if err := r.queue.enter(r, j); err != nil {
+				return r.finish(), fmt.Errorf("replay %s: %w", tr.Name, err)
+			}
+		}
 	}
 	const every = 128
 	for i := range tr.Requests() {

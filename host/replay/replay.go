@@ -12,7 +12,9 @@
 // input_length). A request whose new blocks do not fit even after every
 // evictable leaf is gone (it is longer than the capacity) inserts only the
 // leading blocks that fit; the rest are counted as not admitted and miss
-// again next time.
+// again next time. With a lookahead N (Plan.Lookahead), the present pages
+// of the next N requests are locked against eviction while a request is
+// replayed: the engine's waiting queue as a hint (see waitingQueue).
 //
 // A replay is deterministic: the same trace, policy and capacity give the
 // same result on every machine. This package never reads a wall clock
@@ -67,6 +69,9 @@ type Result struct {
 	Pages int `json:"pages"`
 	// Requests is the number of requests replayed.
 	Requests int `json:"requests"`
+	// Lookahead is how many waiting requests' present pages were
+	// protected from eviction (see Plan.Lookahead); 0 is the plain replay.
+	Lookahead int `json:"lookahead"`
 	// Misses says why blocks missed.
 	Misses MissBreakdown `json:"misses"`
 }
@@ -108,7 +113,14 @@ const (
 // nil, is called now and then with the number of requests replayed since
 // its last call.
 func Run(tr *Trace, ev policy.Evictor, capacityTokens int64, progress func(int)) (Result, error) {
-	return runOne(context.Background(), tr, ev, capacityTokens, true, progress)
+	return runOne(context.Background(), tr, ev, capacityTokens, 0, true, progress)
+}
+
+// RunLookahead is Run with the next lookahead requests of tr protected
+// from eviction while each request is replayed (see Plan.Lookahead);
+// lookahead 0 is Run.
+func RunLookahead(tr *Trace, ev policy.Evictor, capacityTokens int64, lookahead int, progress func(int)) (Result, error) {
+	return runOne(context.Background(), tr, ev, capacityTokens, lookahead, true, progress)
 }
 
 // runner is one replay in progress.
@@ -123,6 +135,11 @@ type runner struct {
 	victims  []radix.Victim
 	// fate of each unique block, when the breakdown is on.
 	fate []uint8
+	// queue protects the waiting requests' pages; nil without lookahead.
+	queue *waitingQueue
+	// grown is the parent of the pages the last request inserted, nil
+	// when it inserted none.
+	grown *radix.Node
 }
 
 func newRunner(tr *Trace, ev policy.Evictor, capacityTokens int64, breakdown bool) (*runner, error) {
@@ -160,7 +177,26 @@ func newRunner(tr *Trace, ev policy.Evictor, capacityTokens int64, breakdown boo
 // request replays request i.
 func (r *runner) request(i int) error {
 	keys, input, off := r.tr.request(i)
-	return r.requestKeys(i, keys, input, r.tr.output[i], off)
+	if r.queue == nil {
+		return r.requestKeys(i, keys, input, r.tr.output[i], off)
+	}
+	if err := r.queue.enter(r, i+r.queue.n); err != nil {
+		return fmt.Errorf("replay %s: request %d: %w", r.name, i+1, err)
+	}
+	if err := r.requestKeys(i, keys, input, r.tr.output[i], off); err != nil {
+		return err
+	}
+	// NB: request i's window lock is released after its own request lock,
+	// so its pages do not flap evictable in between.
+	if err := r.queue.leave(r, i); err != nil {
+		return fmt.Errorf("replay %s: request %d: %w", r.name, i+1, err)
+	}
+	if r.grown != nil {
+		if err := r.queue.grew(r, i, r.grown); err != nil {
+			return fmt.Errorf("replay %s: request %d: %w", r.name, i+1, err)
+		}
+	}
+	return nil
 }
 
 // requestKeys replays one request: its keys, input and output tokens, the
@@ -192,6 +228,24 @@ func (r *runner) requestKeys(i int, keys []pagehash.Hash, input, output, off int
 				return fmt.Errorf("replay %s: request %d: %w", r.name, i+1, err)
 			}
 			r.account(r.victims)
+			// NB: the waiting queue's protection yields to the running
+			// request (see waitingQueue).
+			for freed < need && r.queue != nil {
+				shed, err := r.queue.shed(r, i)
+				if err != nil {
+					return fmt.Errorf("replay %s: request %d: %w", r.name, i+1, err)
+				}
+				if !shed {
+					break
+				}
+				var more int
+				r.victims, more, err = tree.EvictPages(need-freed, r.victims[:0])
+				if err != nil {
+					return fmt.Errorf("replay %s: request %d: %w", r.name, i+1, err)
+				}
+				r.account(r.victims)
+				freed += more
+			}
 			// NB: only a request longer than the capacity runs out of
 			// evictable leaves: its own path is locked. Insert what fits.
 			insert -= need - freed
@@ -209,9 +263,13 @@ func (r *runner) requestKeys(i int, keys []pagehash.Hash, input, output, off int
 	// NB: the new pages hang below the matched path (only its locked
 	// nodes were kept by the evictions), so extend from its last node
 	// instead of walking the whole key again.
-	leaf, _, err := tree.ExtendBorrowed(last, keys[hit:insert])
+	leaf, added, err := tree.ExtendBorrowed(last, keys[hit:insert])
 	if err != nil {
 		return fmt.Errorf("replay %s: request %d: %w", r.name, i+1, err)
+	}
+	r.grown = nil
+	if added > 0 {
+		r.grown = leaf.Parent()
 	}
 	if err := tree.Unlock(last); err != nil {
 		return fmt.Errorf("replay %s: request %d: %w", r.name, i+1, err)
