@@ -40,6 +40,7 @@ func runBenchServe(ctx context.Context, args []string, stdout, stderr io.Writer)
 	traceFile := fs.String("trace", "", "write a Go execution trace of the run to `file` (go tool trace; -pprof=sched shows what steps waited for)")
 	pageBytes := fs.String("page-bytes", "", "page `size` per payload kind (e.g. 2816KiB, the seed's geometry); the stack is sized in pages: an L1 of 2x --max-pages, an L2 of 6x, an L3 of 16x per rank (empty: the embedded demo stack)")
 	maxPages := fs.Int("max-pages", 64, "pages per request at most (longer prompts are cut)")
+	shadow := fs.String("shadow", "", "comma-separated `policies`: alternate rounds of a serve subprocess with --shadow and without, and report serve's CPU per step of each and their ratio (default 3 rounds)")
 	rounds := fs.Int("rounds", 0, "alternate N rounds with the --l3 tier and N without L3, each a fresh serve, and report the step p99 of each and their ratio (0: one run)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -60,7 +61,7 @@ func runBenchServe(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return fmt.Errorf("bench serve: --max-pages %d: want 1..4096: %w", *maxPages, errUsage)
 	case *rounds < 0 || *rounds > 100:
 		return fmt.Errorf("bench serve: --rounds %d: want 0..100: %w", *rounds, errUsage)
-	case *rounds > 0 && *l3 == "none":
+	case *rounds > 0 && *l3 == "none" && *shadow == "":
 		return fmt.Errorf("bench serve: --rounds compares --l3 %s with no L3: name an L3 (l3disk or memstore): %w", *l3, errUsage)
 	}
 	var pb quantity.Size
@@ -100,6 +101,13 @@ func runBenchServe(ctx context.Context, args []string, stdout, stderr io.Writer)
 			return fmt.Errorf("bench serve: %w", err)
 		}
 		defer trace.Stop()
+	}
+	if *shadow != "" {
+		n := *rounds
+		if n == 0 {
+			n = 3
+		}
+		return benchServeShadow(ctx, o, *l3, splitList(*shadow), n, stdout, *asJSON)
 	}
 	if *rounds > 0 {
 		return benchServeRounds(ctx, o, *l3, *rounds, stdout, *asJSON)
@@ -178,6 +186,59 @@ func (o serveRound) geometry() string {
 		quantity.Size(o.pageBytes), 2*o.maxPages, 6*o.maxPages, 16*o.maxPages, o.maxPages)
 }
 
+// stackYAML is the round's stack with L3 l3 (l3disk, memstore or none).
+func (o serveRound) stackYAML(l3 string) (string, error) {
+	yaml, err := o.yaml()
+	if err != nil {
+		return "", fmt.Errorf("bench serve: %w", err)
+	}
+	switch l3 {
+	case "l3disk":
+	case "memstore", "none":
+		i := strings.Index(yaml, "  - name: l3\n")
+		j := strings.Index(yaml, "policy:")
+		if i < 0 || j < i {
+			return "", fmt.Errorf("bench serve: the embedded stack has no l3 entry to replace")
+		}
+		repl := ""
+		if l3 == "memstore" {
+			repl = "  - name: l3\n    role: store\n    use: memstore\n    config: {capacity: 256MiB}\n"
+		}
+		yaml = yaml[:i] + repl + yaml[j:]
+	default:
+		return "", fmt.Errorf("bench serve: --l3 %q: want l3disk, memstore or none: %w", l3, errUsage)
+	}
+	return yaml, nil
+}
+
+// workload is the round's generated requests.
+func (o serveRound) workload() ([]workload.Request, error) {
+	g := workload.DefaultGeneratorConfig()
+	g.Requests = o.requests
+	reqs, err := workload.Generate(g)
+	if err != nil {
+		return nil, fmt.Errorf("bench serve: %w", err)
+	}
+	return reqs, nil
+}
+
+// loadgenConfig is the round's loadgen against the socket sock.
+func (o serveRound) loadgenConfig(sock string, reqs []workload.Request) loadgen.Config {
+	return loadgen.Config{Socket: sock, Ranks: o.sessions, Requests: reqs,
+		PerStep: o.perStep, MaxLive: 2 * o.perStep, MaxPages: o.maxPages, Ping: true, NoPayload: true, NoCopies: !o.copies}
+}
+
+// checked returns res, or an error when loadgen saw errors or wrong bytes.
+func checked(res loadgen.Result) (loadgen.Result, error) {
+	if res.Errors != 0 {
+		return loadgen.Result{}, fmt.Errorf("bench serve: %d errors (first: %s)", res.Errors, res.FirstError)
+	}
+	if res.WrongBytes != 0 {
+		return loadgen.Result{}, fmt.Errorf("bench serve: %d wrong bytes", res.WrongBytes)
+	}
+	return res, nil
+}
+
 // run starts a serve with L3 l3 (l3disk, memstore or none), drives the
 // workload through it and stops it.
 func (o serveRound) run(ctx context.Context, l3 string) (loadgen.Result, error) {
@@ -193,25 +254,9 @@ func (o serveRound) run(ctx context.Context, l3 string) (loadgen.Result, error) 
 	defer os.RemoveAll(sd)
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
-	yaml, err := o.yaml()
+	yaml, err := o.stackYAML(l3)
 	if err != nil {
-		return loadgen.Result{}, fmt.Errorf("bench serve: %w", err)
-	}
-	switch l3 {
-	case "l3disk":
-	case "memstore", "none":
-		i := strings.Index(yaml, "  - name: l3\n")
-		j := strings.Index(yaml, "policy:")
-		if i < 0 || j < i {
-			return loadgen.Result{}, fmt.Errorf("bench serve: the embedded stack has no l3 entry to replace")
-		}
-		repl := ""
-		if l3 == "memstore" {
-			repl = "  - name: l3\n    role: store\n    use: memstore\n    config: {capacity: 256MiB}\n"
-		}
-		yaml = yaml[:i] + repl + yaml[j:]
-	default:
-		return loadgen.Result{}, fmt.Errorf("bench serve: --l3 %q: want l3disk, memstore or none: %w", l3, errUsage)
+		return loadgen.Result{}, err
 	}
 	s, err := serve.Open(sctx, serve.Config{YAML: yaml, ConfigName: "bench stack (--l3 " + l3 + ")", DataDir: data, Socket: filepath.Join(sd, "s.sock"), Ranks: o.sessions,
 		Logger: slog.New(slog.DiscardHandler)})
@@ -225,14 +270,11 @@ func (o serveRound) run(ctx context.Context, l3 string) (loadgen.Result, error) 
 	case err := <-done:
 		return loadgen.Result{}, fmt.Errorf("bench serve: %w", err)
 	}
-	g := workload.DefaultGeneratorConfig()
-	g.Requests = o.requests
-	reqs, err := workload.Generate(g)
+	reqs, err := o.workload()
 	if err != nil {
-		return loadgen.Result{}, fmt.Errorf("bench serve: %w", err)
+		return loadgen.Result{}, err
 	}
-	res, err := loadgen.Run(ctx, loadgen.Config{Socket: filepath.Join(sd, "s.sock"), Ranks: o.sessions, Requests: reqs,
-		PerStep: o.perStep, MaxLive: 2 * o.perStep, MaxPages: o.maxPages, Ping: true, NoPayload: true, NoCopies: !o.copies})
+	res, err := loadgen.Run(ctx, o.loadgenConfig(filepath.Join(sd, "s.sock"), reqs))
 	stop()
 	if serr := <-done; serr != nil && err == nil {
 		err = serr
@@ -240,13 +282,7 @@ func (o serveRound) run(ctx context.Context, l3 string) (loadgen.Result, error) 
 	if err != nil {
 		return loadgen.Result{}, fmt.Errorf("bench serve: %w", err)
 	}
-	if res.Errors != 0 {
-		return loadgen.Result{}, fmt.Errorf("bench serve: %d errors (first: %s)", res.Errors, res.FirstError)
-	}
-	if res.WrongBytes != 0 {
-		return loadgen.Result{}, fmt.Errorf("bench serve: %d wrong bytes", res.WrongBytes)
-	}
-	return res, nil
+	return checked(res)
 }
 
 // benchServeRounds alternates rounds with L3 l3 and without L3, each a

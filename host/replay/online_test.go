@@ -66,3 +66,48 @@ func TestOnlineEqualsRun(t *testing.T) {
 		t.Error("negative capacity accepted")
 	}
 }
+
+// BenchmarkOnline replays the generated trace request by request through
+// serve's default shadow set (adaptive live; slru, s3fifo, lru) at the demo
+// stack's three tier capacities: the shadows' cost per request.
+func BenchmarkOnline(b *testing.B) {
+	tr := generated(b)
+	reg := registry(b)
+	if err := adaptive.Register(reg); err != nil {
+		b.Fatal(err)
+	}
+	keys := make([][]pagehash.Hash, tr.Requests())
+	for i := range keys {
+		k, _, _ := tr.Request(i)
+		keys[i] = make([]pagehash.Hash, len(k))
+		for j := range k {
+			keys[i][j] = sha256.Sum256(k[j][:8])
+		}
+	}
+	b.ResetTimer()
+	n := 0
+	for b.Loop() {
+		var ons []*Online
+		for _, name := range []string{"adaptive", "slru", "s3fifo", "lru"} {
+			for _, pages := range []int64{256, 1024, 13107} {
+				f, _ := reg.Lookup(policy.EvictorV1, name)
+				ev, _ := f.Factory(policy.Options{})
+				on, err := NewOnline(name, ev, pages*BlockTokens)
+				if err != nil {
+					b.Fatal(err)
+				}
+				ons = append(ons, on)
+			}
+		}
+		for i, k := range keys {
+			for _, on := range ons {
+				if _, err := on.Request(k, len(k)*BlockTokens, 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+			_ = i
+		}
+		n += len(keys)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n), "ns/request")
+}
