@@ -103,3 +103,29 @@ func TestABRefuses(t *testing.T) {
 		})
 	}
 }
+
+// TestBenchServeShadow runs one small round each way of bench serve
+// --shadow against a serve subprocess and checks its rows.
+func TestBenchServeShadow(t *testing.T) {
+	var out, errb bytes.Buffer
+	if err := run(context.Background(), []string{"bench", "serve", "--shadow", "lru,slru", "--rounds", "1", "--sessions", "1", "--requests", "300", "--l3", "none", "--copies=false", "--dir", t.TempDir(), "--json"}, &out, &errb); err != nil {
+		t.Fatalf("bench serve --shadow: %v\n%s", err, errb.String())
+	}
+	rows := map[string]map[string]any{}
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var r map[string]any
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("%v: %s", err, line)
+		}
+		rows[r["bench"].(string)] = r
+	}
+	for _, name := range []string{"serve/cpu_per_step_shadow", "serve/cpu_per_step_noshadow", "serve/shadow_cpu_ratio", "serve/shadow_busy_share"} {
+		r := rows[name]
+		if r == nil || r["value"].(float64) <= 0 {
+			t.Errorf("row %s: %v", name, r)
+		}
+	}
+	if r := rows["serve/shadow_busy_share"]; r != nil && (r["ratio"].(float64) <= 0 || r["ratio"].(float64) > 5) {
+		t.Errorf("busy share %v", r["ratio"])
+	}
+}

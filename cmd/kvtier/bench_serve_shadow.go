@@ -82,20 +82,14 @@ func benchServeShadow(ctx context.Context, o serveRound, l3 string, shadow []str
 	return benchreport.Write(stdout, rows, asJSON)
 }
 
-// kvtierExecutable is the kvtier binary to run serve from: this one, or
-// under `go test` the binary KVTIER_BIN names.
+// asMainEnv makes a `go test` binary of this package run as kvtier (see
+// TestMain), so the bench can start serve from it.
+const asMainEnv = "KVTIER_TEST_AS_MAIN"
+
+// kvtierExecutable is the kvtier binary to run serve from: this one (a
+// test binary runs as kvtier with asMainEnv set).
 func kvtierExecutable() (string, error) {
-	if p := os.Getenv("KVTIER_BIN"); p != "" {
-		return p, nil
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		return "", err
-	}
-	if strings.HasSuffix(exe, ".test") {
-		return "", fmt.Errorf("running under go test: set KVTIER_BIN to a kvtier binary")
-	}
-	return exe, nil
+	return os.Executable()
 }
 
 // runChild runs one round against a serve subprocess and returns its CPU
@@ -133,6 +127,7 @@ func (o serveRound) runChild(ctx context.Context, exe, l3 string, shadow []strin
 		args = append(args, "--shadow", strings.Join(shadow, ","))
 	}
 	cmd := exec.CommandContext(ctx, exe, args...)
+	cmd.Env = append(os.Environ(), asMainEnv+"=1")
 	stderr := &limitedWriter{n: 64 << 10}
 	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
