@@ -53,7 +53,7 @@ func runAB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	seed := fs.Uint64("seed", 1, "bootstrap seed")
 	resamples := fs.Int("resamples", 2000, "bootstrap resamples")
 	level := fs.Float64("level", 0.95, "confidence level of the intervals")
-	if err := fs.Parse(args); err != nil {
+	if err := parseInterspersed(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}

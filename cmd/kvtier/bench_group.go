@@ -45,7 +45,7 @@ func runBenchGroup(ctx context.Context, args []string, stdout, stderr io.Writer)
 	ranks := countFlag(fs, "ranks", 8, "`number` of ranks (goroutines, one socket each)")
 	ticks := countFlag(fs, "ticks", 2000, "timed exchanges per round and transport")
 	rounds := countFlag(fs, "rounds", 5, "alternating timed `rounds` per transport (samples of all rounds pooled)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseInterspersed(fs, args); err != nil {
 		return fmt.Errorf("bench group: %w: %w", err, errUsage)
 	}
 	if fs.NArg() != 0 {

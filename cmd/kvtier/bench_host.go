@@ -44,7 +44,7 @@ func runBenchHost(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	rounds := countFlag(fs, "rounds", 3, "timed `rounds` per side (the median counts)")
 	dir := fs.String("dir", os.TempDir(), "`directory` on the file system the spill and reload rows measure")
 	l3Pages := countFlag(fs, "l3-pages", 64, "`number` of pages the spill and reload rows move")
-	if err := fs.Parse(args); err != nil {
+	if err := parseInterspersed(fs, args); err != nil {
 		if err == flag.ErrHelp {
 			return err
 		}

@@ -55,7 +55,7 @@ func runBenchL2(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of the allocator workloads")
 	noHuge := fs.Bool("no-hugetlbfs", false, "do not reserve hugepages; put the slab on /dev/shm")
 	verbose := fs.Bool("v", false, "log progress to stderr")
-	if err := fs.Parse(args); err != nil {
+	if err := parseInterspersed(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}

@@ -88,7 +88,7 @@ func runBenchL3(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.StringVar(&o.Fio, "fio", "", "fio `binary` (default: fio from PATH; - to skip the fio limits)")
 	noIndex := fs.Bool("no-index-bench", false, "skip the Index v1 vs raw library benchmark")
 	verbose := fs.Bool("v", false, "log the store's messages to stderr")
-	if err := fs.Parse(args); err != nil {
+	if err := parseInterspersed(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}

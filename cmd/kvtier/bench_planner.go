@@ -32,7 +32,7 @@ func runBenchPlanner(ctx context.Context, args []string, stdout, stderr io.Write
 	minTime := fs.Duration("min-time", 500*time.Millisecond, "time spent measuring each planner per scenario, over all rounds")
 	rounds := countFlag(fs, "rounds", 5, "alternating timed `rounds` per planner (the median counts)")
 	candidates := countFlag(fs, "candidates", 2000, "`number` of evictable leaves per scenario")
-	if err := fs.Parse(args); err != nil {
+	if err := parseInterspersed(fs, args); err != nil {
 		return fmt.Errorf("bench planner: %w: %w", err, errUsage)
 	}
 	if fs.NArg() != 0 {

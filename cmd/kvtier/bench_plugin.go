@@ -29,7 +29,7 @@ func runBenchPlugin(ctx context.Context, args []string, stdout, stderr io.Writer
 	batch := countFlag(fs, "batch", 128, "`pages` per large batch")
 	rounds := countFlag(fs, "rounds", 10, "measured `rounds` of each large-batch figure (1-page figures run 10x as many)")
 	verbose := fs.Bool("v", false, "log the plugin's lines to stderr")
-	if err := fs.Parse(args); err != nil {
+	if err := parseInterspersed(fs, args); err != nil {
 		if err == flag.ErrHelp {
 			return err
 		}

@@ -31,7 +31,7 @@ func runBenchRadix(ctx context.Context, args []string, stdout, stderr io.Writer)
 	capacity := fs.String("capacity", "3M", "replay capacity in tokens")
 	rounds := countFlag(fs, "rounds", 5, "timed `rounds` per side (the median counts)")
 	minRound := fs.Duration("min-round", 300*time.Millisecond, "least time per round")
-	if err := fs.Parse(args); err != nil {
+	if err := parseInterspersed(fs, args); err != nil {
 		if err == flag.ErrHelp {
 			return err
 		}

@@ -31,7 +31,7 @@ func runBenchRedis(ctx context.Context, args []string, stdout, stderr io.Writer)
 	rounds := fs.Int("rounds", 10, "measured rounds per side")
 	seed := fs.Uint64("seed", 14, "seed of page contents and keys")
 	verbose := fs.Bool("v", false, "log the store's lines to stderr")
-	if err := fs.Parse(args); err != nil {
+	if err := parseInterspersed(fs, args); err != nil {
 		if err == flag.ErrHelp {
 			return err
 		}

@@ -42,7 +42,7 @@ func runBenchServe(ctx context.Context, args []string, stdout, stderr io.Writer)
 	maxPages := fs.Int("max-pages", 64, "pages per request at most (longer prompts are cut)")
 	shadow := fs.String("shadow", "", "comma-separated `policies`: alternate rounds of a serve subprocess with --shadow and without, and report serve's CPU per step of each and their ratio (default 3 rounds)")
 	rounds := fs.Int("rounds", 0, "alternate N rounds with the --l3 tier and N without L3, each a fresh serve, and report the step p99 of each and their ratio (0: one run)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseInterspersed(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}

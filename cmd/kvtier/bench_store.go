@@ -58,7 +58,7 @@ func runBenchStore(ctx context.Context, args []string, stdout, stderr io.Writer)
 	drop := fs.Bool("drop-caches", true, "drop the page cache before each side's get phase of vs-file (root only; else the file store reads what the page cache kept, said in the row)")
 	seed := fs.Uint64("seed", 1, "`seed` of vs-file's get pattern")
 	asJSON := fs.Bool("json", false, "print one JSON object per line")
-	if err := fs.Parse(args); err != nil {
+	if err := parseInterspersed(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}

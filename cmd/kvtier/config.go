@@ -34,7 +34,7 @@ func runConfig(_ context.Context, args []string, stdout, stderr io.Writer) error
 	fs := flag.NewFlagSet("config "+sub, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, configUsage) }
-	if err := fs.Parse(rest); err != nil {
+	if err := parseInterspersed(fs, rest); err != nil {
 		return err
 	}
 	switch sub {

@@ -44,7 +44,7 @@ func doctorWith(ctx context.Context, args []string, stdout, stderr io.Writer, sy
 		fmt.Fprint(stderr, doctorUsage)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseInterspersed(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}

@@ -355,3 +355,27 @@ func splitList(v string) []string {
 	}
 	return out
 }
+
+// parseInterspersed parses args with fs allowing flags before, between
+// and after positional arguments (`kvtier loadgen TRACE --socket S`); a
+// "--" ends the flags, everything after it is positional. fs.Args() then
+// holds the positional arguments in order.
+func parseInterspersed(fs *flag.FlagSet, args []string) error {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if used := len(args) - len(rest); used > 0 && args[used-1] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+	return fs.Parse(append([]string{"--"}, pos...))
+}

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -299,4 +302,38 @@ func FuzzParseMemAvailable(f *testing.F) {
 			t.Fatalf("parseMemAvailable(%q) = %d: want a non-negative multiple of 1 KiB", b, n)
 		}
 	})
+}
+
+// TestParseInterspersed: flags anywhere among the positional arguments,
+// "--" ends the flags.
+func TestParseInterspersed(t *testing.T) {
+	tests := []struct {
+		args []string
+		x    string
+		v    bool
+		pos  []string
+	}{
+		{[]string{"a", "--x", "1", "b"}, "1", false, []string{"a", "b"}},
+		{[]string{"--x=2", "a", "-v"}, "2", true, []string{"a"}},
+		{[]string{"a", "b"}, "", false, []string{"a", "b"}},
+		{[]string{"--", "-x", "3"}, "", false, []string{"-x", "3"}},
+		{[]string{"a", "-v", "--", "--x", "b"}, "", true, []string{"a", "--x", "b"}},
+		{nil, "", false, nil},
+	}
+	for _, tc := range tests {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		x := fs.String("x", "", "")
+		v := fs.Bool("v", false, "")
+		if err := parseInterspersed(fs, tc.args); err != nil {
+			t.Fatalf("%q: %v", tc.args, err)
+		}
+		if *x != tc.x || *v != tc.v || !slices.Equal(fs.Args(), tc.pos) {
+			t.Errorf("%q: x=%q v=%v args %q, want %q %v %q", tc.args, *x, *v, fs.Args(), tc.x, tc.v, tc.pos)
+		}
+	}
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	if err := parseInterspersed(fs, []string{"a", "--nope"}); err == nil || !strings.Contains(err.Error(), "nope") {
+		t.Errorf("unknown flag after a positional: %v", err)
+	}
 }

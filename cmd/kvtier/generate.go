@@ -37,7 +37,7 @@ func runGenerate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	seed := fs.Uint64("seed", 1, "generator seed")
 	requests := fs.Int("requests", 0, "number of requests (default: the profile's)")
 	out := fs.String("o", "-", "output file, - for stdout")
-	if err := fs.Parse(args); err != nil {
+	if err := parseInterspersed(fs, args); err != nil {
 		if err == flag.ErrHelp {
 			return err
 		}

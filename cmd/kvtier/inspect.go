@@ -101,7 +101,7 @@ func inspectL3(ctx context.Context, args []string, stdout, stderr io.Writer, m c
 		fmt.Fprintln(stderr)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseInterspersed(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}

@@ -42,7 +42,7 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fmt.Fprint(stderr, loadgenUsage)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseInterspersed(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}

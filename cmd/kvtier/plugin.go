@@ -59,7 +59,7 @@ func runPluginCheck(ctx context.Context, args []string, stdout, stderr io.Writer
 	cfgJSON := fs.String("config", "", "the plugin's config block as JSON (default: none)")
 	sum := fs.String("sha256", "", "the pinned SHA-256 (default: the binary's own, i.e. check without pinning)")
 	verbose := fs.Bool("v", false, "log the plugin's lines to stderr")
-	if err := fs.Parse(args); err != nil {
+	if err := parseInterspersed(fs, args); err != nil {
 		if err == flag.ErrHelp {
 			return err
 		}

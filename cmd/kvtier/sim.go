@@ -54,7 +54,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprint(stderr, simUsage)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseInterspersed(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
