@@ -8,8 +8,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -140,7 +142,22 @@ func writeDataTable(w io.Writer, tr *replay.Trace, r datareplay.DataResult) erro
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("replay: write table: %w", err)
 	}
-	fmt.Fprintf(w, "\nverified pages %d, wrong bytes %d; bytes l1->l2 %d, l2->l3 %d, l3->l2 %d, l2->l1 %d; skips %v; failed ops %v; %d ticks in %.2fs\n",
-		r.VerifiedPages, r.WrongBytes, r.Bytes.L1ToL2, r.Bytes.L2ToL3, r.Bytes.L3ToL2, r.Bytes.L2ToL1, r.Skips, r.FailedOps, r.Ticks, r.Seconds)
+	fmt.Fprintf(w, "\nverified pages %d, wrong bytes %d; bytes l1->l2 %d, l2->l3 %d, l3->l2 %d, l2->l1 %d; skips %s; failed ops %s; %d ticks in %.2fs\n",
+		r.VerifiedPages, r.WrongBytes, r.Bytes.L1ToL2, r.Bytes.L2ToL3, r.Bytes.L3ToL2, r.Bytes.L2ToL1, formatCounts(r.Skips), formatCounts(r.FailedOps), r.Ticks, r.Seconds)
 	return nil
+}
+
+// formatCounts prints counters by name as "name=value" pairs sorted by
+// name and separated by spaces ("capacity=1 ttl=3"), or "none" when there
+// are none: the text form of a map, which fmt's %v would print as Go
+// syntax ("map[capacity:1]"). Zero counts are shown; JSON keeps the map.
+func formatCounts(m map[string]int64) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	parts := make([]string, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, m[k]))
+	}
+	return strings.Join(parts, " ")
 }

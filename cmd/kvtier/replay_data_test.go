@@ -43,6 +43,28 @@ func TestReplayData(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
 	}
+	if strings.Contains(out, "map[") || !strings.Contains(out, "; failed ops ") {
+		t.Errorf("skips and failed ops not printed as name=value lists:\n%s", out)
+	}
+}
+
+// TestFormatCounts pins the text form of the counters by name that the
+// data replay's table prints (skips, failed ops).
+func TestFormatCounts(t *testing.T) {
+	tests := []struct {
+		in   map[string]int64
+		want string
+	}{
+		{nil, "none"},
+		{map[string]int64{}, "none"},
+		{map[string]int64{"capacity": 1}, "capacity=1"},
+		{map[string]int64{"ttl": 3, "capacity": 1, "exhausted": 0}, "capacity=1 exhausted=0 ttl=3"},
+	}
+	for _, tt := range tests {
+		if got := formatCounts(tt.in); got != tt.want {
+			t.Errorf("formatCounts(%v) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
 }
 
 func TestReplayDataRefusesFlags(t *testing.T) {
