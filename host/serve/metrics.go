@@ -140,6 +140,13 @@ type desc struct {
 	kind prometheus.ValueType
 }
 
+// emitter returns a function that sends one constant metric of d to ch.
+func emitter(ch chan<- prometheus.Metric) func(d desc, v float64, labels ...string) {
+	return func(d desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d.Desc, d.kind, v, labels...)
+	}
+}
+
 func d(name, help string, kind prometheus.ValueType, labels ...string) desc {
 	return desc{prometheus.NewDesc(name, help, labels, nil), kind}
 }
@@ -196,9 +203,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
-	emit := func(d desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d.Desc, d.kind, v, labels...)
-	}
+	emit := emitter(ch)
 	emit(mSessions, float64(c.m.s.sessionCount()))
 	emit(mUnknownSess, float64(c.m.unknownSession.Load()))
 	for _, r := range c.m.s.ranks {

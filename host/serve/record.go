@@ -8,8 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvtier/kvtier/pagehash"
@@ -43,11 +41,8 @@ type recorder struct {
 	log      *slog.Logger
 	start    time.Time
 
-	mu      sync.RWMutex // Record's send against Close's close
-	closed  bool
-	ch      chan recorded
-	dropped atomic.Uint64
-	done    chan struct{}
+	q    *offPath[recorded]
+	done chan struct{}
 
 	// writer goroutine's state
 	part    int
@@ -74,7 +69,7 @@ func openRecorder(path string, maxBytes int64, keep int, log *slog.Logger) (*rec
 		keep = DefaultRecordKeep
 	}
 	r := &recorder{path: path, maxBytes: maxBytes, keep: keep, log: log, start: time.Now(),
-		ch: make(chan recorded, recordQueue), done: make(chan struct{})}
+		q: newOffPath[recorded](recordQueue), done: make(chan struct{})}
 	if err := r.openPart(); err != nil {
 		return nil, err
 	}
@@ -111,21 +106,12 @@ func (r *recorder) Record(at time.Time, key []pagehash.Hash) {
 	if r == nil || len(key) == 0 {
 		return
 	}
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	if r.closed {
-		return
-	}
-	select {
-	case r.ch <- recorded{at: at, hashes: append([]pagehash.Hash(nil), key...)}:
-	default:
-		r.dropped.Add(1)
-	}
+	r.q.Send(recorded{at: at, hashes: append([]pagehash.Hash(nil), key...)})
 }
 
 func (r *recorder) run() {
 	defer close(r.done)
-	for rec := range r.ch {
+	for rec := range r.q.Recv() {
 		if r.err != nil {
 			continue // failed: drain, said at Close
 		}
@@ -193,14 +179,9 @@ func (r *recorder) Close() error {
 	if r == nil {
 		return nil
 	}
-	r.mu.Lock()
-	if !r.closed {
-		r.closed = true
-		close(r.ch)
-	}
-	r.mu.Unlock()
+	r.q.Close()
 	<-r.done
-	if d := r.dropped.Load(); d > 0 {
+	if d := r.q.Dropped(); d > 0 {
 		r.log.Warn("kvtier serve: record: lookups dropped (the writer fell behind)", "dropped", d, "written", r.lines)
 	}
 	if r.err != nil {

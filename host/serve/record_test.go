@@ -80,8 +80,8 @@ func TestRecorderRotatesAndRemaps(t *testing.T) {
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if r.dropped.Load() != 0 {
-		t.Fatalf("%d dropped", r.dropped.Load())
+	if r.q.Dropped() != 0 {
+		t.Fatalf("%d dropped", r.q.Dropped())
 	}
 	if r.part < 3 {
 		t.Fatalf("%d parts after 40 lines of a 400-byte file, want rotation", r.part+1)

@@ -3,7 +3,6 @@ package serve
 import (
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -40,10 +39,8 @@ type shadows struct {
 	pageTokens int64
 	log        *slog.Logger
 
-	mu     sync.RWMutex // Take's send against Close's close
-	closed bool
-	ch     chan []pagehash.Hash
-	done   chan struct{}
+	q    *offPath[[]pagehash.Hash]
+	done chan struct{}
 
 	// run[p][t] is policy p's tree at tier t's capacity, nil once it
 	// failed; only the worker touches it.
@@ -53,7 +50,6 @@ type shadows struct {
 	hits    [][]atomic.Int64
 	lookups atomic.Int64 // tokens asked for by the lookups taken
 	taken   atomic.Int64 // lookups replayed
-	dropped atomic.Int64
 	failed  atomic.Int64 // trees stopped by an error
 	busy    atomic.Int64 // nanoseconds the worker spent replaying
 }
@@ -66,7 +62,7 @@ func openShadows(live string, names []string, tiers []shadowTier, pageTokens int
 		return nil, err
 	}
 	s := &shadows{policies: []string{live}, tiers: tiers, pageTokens: pageTokens, log: log,
-		ch: make(chan []pagehash.Hash, shadowQueue), done: make(chan struct{})}
+		q: newOffPath[[]pagehash.Hash](shadowQueue), done: make(chan struct{})}
 	for _, n := range names {
 		if n != live {
 			s.policies = append(s.policies, n)
@@ -102,21 +98,12 @@ func (s *shadows) Take(key []pagehash.Hash) {
 	if s == nil || len(key) == 0 {
 		return
 	}
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if s.closed {
-		return
-	}
-	select {
-	case s.ch <- append([]pagehash.Hash(nil), key...):
-	default:
-		s.dropped.Add(1)
-	}
+	s.q.Send(append([]pagehash.Hash(nil), key...))
 }
 
 func (s *shadows) work() {
 	defer close(s.done)
-	for key := range s.ch {
+	for key := range s.q.Recv() {
 		start := time.Now()
 		input := len(key) * replay.BlockTokens
 		// NB: the denominator first, so that a scrape never sees a hit
@@ -143,7 +130,7 @@ func (s *shadows) work() {
 }
 
 // Idle reports whether every lookup taken so far has been replayed.
-func (s *shadows) Idle() bool { return len(s.ch) == 0 }
+func (s *shadows) Idle() bool { return s.q.Len() == 0 }
 
 // Result returns the replay result of policy at tier (for tests and the
 // bench), after the worker has drained: call it after Close.
@@ -163,14 +150,9 @@ func (s *shadows) Close() {
 	if s == nil {
 		return
 	}
-	s.mu.Lock()
-	if !s.closed {
-		s.closed = true
-		close(s.ch)
-	}
-	s.mu.Unlock()
+	s.q.Close()
 	<-s.done
-	if d := s.dropped.Load(); d > 0 {
+	if d := s.q.Dropped(); d > 0 {
 		s.log.Warn("kvtier serve: shadow policies dropped lookups (their worker fell behind); their hit rates cover the rest", "dropped", d, "replayed", s.taken.Load())
 	}
 }
@@ -197,9 +179,7 @@ func (c shadowCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c shadowCollector) Collect(ch chan<- prometheus.Metric) {
-	emit := func(d desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d.Desc, d.kind, v, labels...)
-	}
+	emit := emitter(ch)
 	s := c.s
 	for p, name := range s.policies {
 		live := 0.0
@@ -215,7 +195,7 @@ func (c shadowCollector) Collect(ch chan<- prometheus.Metric) {
 		emit(mShadowPages, float64(st.pages), st.name)
 	}
 	emit(mShadowLookups, float64(s.lookups.Load()))
-	emit(mShadowDropped, float64(s.dropped.Load()))
+	emit(mShadowDropped, float64(s.q.Dropped()))
 	emit(mShadowFailed, float64(s.failed.Load()))
 	emit(mShadowBusy, time.Duration(s.busy.Load()).Seconds())
 }

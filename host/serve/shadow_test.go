@@ -64,7 +64,7 @@ func TestShadowEqualsRecordedReplay(t *testing.T) {
 	}
 	stop()
 	s.shadow.Close()
-	if d := s.shadow.dropped.Load(); d != 0 {
+	if d := s.shadow.q.Dropped(); d != 0 {
 		t.Fatalf("%d lookups dropped", d)
 	}
 	got, err := workload.ReadFile(path)

@@ -36,9 +36,7 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	if sd == nil {
 		return
 	}
-	emit := func(d desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d.Desc, d.kind, v, labels...)
-	}
+	emit := emitter(ch)
 	st, g := sd.door.Snapshot(), sd.door.Gauges()
 	emit(mStoreExists, float64(st.GetExistsCalls()))
 	emit(mStoreGet, float64(st.GetHitPagesL2()), "hit_l2")
