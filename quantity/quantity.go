@@ -271,6 +271,32 @@ func (t Tokens) String() string {
 	return strconv.FormatInt(int64(t), 10)
 }
 
+// Human returns "inf", or the count for a person to read in a table or a
+// plot label: below 1000 the integer, else the largest of K, M or G with
+// at most two decimals, trailing zeros trimmed ("3M", "121.97M", "6.5K").
+// Unlike String it rounds, so it is not for reading back: print String
+// (or the integer) where a value must round-trip.
+func (t Tokens) Human() string {
+	if t.IsInf() {
+		return "inf"
+	}
+	if t < 1000 {
+		return strconv.FormatInt(int64(t), 10)
+	}
+	i := len(tokenUnits) - 1
+	for i > 0 && int64(t) < tokenUnits[i].mult {
+		i--
+	}
+	str := strconv.FormatFloat(float64(t)/float64(tokenUnits[i].mult), 'f', 2, 64)
+	// NB: 999,996 rounds to "1000.00K": print it as the next unit's 1M.
+	if strings.HasPrefix(str, "1000.") && i+1 < len(tokenUnits) {
+		i++
+		str = strconv.FormatFloat(float64(t)/float64(tokenUnits[i].mult), 'f', 2, 64)
+	}
+	str = strings.TrimRight(strings.TrimRight(str, "0"), ".")
+	return str + tokenUnits[i].name
+}
+
 // UnmarshalYAML decodes an integer, a suffixed string or "inf".
 func (t *Tokens) UnmarshalYAML(node ast.Node) error {
 	var text string

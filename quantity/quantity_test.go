@@ -156,6 +156,32 @@ func TestParseTokens(t *testing.T) {
 	}
 }
 
+// TestTokensHuman pins the rounded labels of tables and plots.
+func TestTokensHuman(t *testing.T) {
+	tests := []struct {
+		in   Tokens
+		want string
+	}{
+		{0, "0"},
+		{512, "512"},
+		{999, "999"},
+		{1000, "1K"},
+		{6144, "6.14K"},
+		{6500, "6.5K"},
+		{999_996, "1M"},
+		{3_000_000, "3M"},
+		{121_965_056, "121.97M"},
+		{1_500_000_000, "1.5G"},
+		{2_000_000_000_000, "2000G"},
+		{InfiniteTokens, "inf"},
+	}
+	for _, tt := range tests {
+		if got := tt.in.Human(); got != tt.want {
+			t.Errorf("Tokens(%d).Human() = %q, want %q", int64(tt.in), got, tt.want)
+		}
+	}
+}
+
 func TestParseTokenList(t *testing.T) {
 	got, err := ParseTokenList("1M,3M, 10M,inf")
 	if err != nil {

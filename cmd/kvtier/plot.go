@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"image/color"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -29,7 +30,7 @@ func writePlot(results []replay.Result, title, prefix string) ([]string, error) 
 	p.X.Label.Text = "capacity (tokens, log scale)"
 	p.Y.Label.Text = "token hit rate (%)"
 	p.X.Scale = plot.LogScale{}
-	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.X.Tick.Marker = tokenTicks{}
 	p.Y.Min, p.Y.Max = 0, 100
 	p.Legend.Top = true
 	p.Legend.Left = true
@@ -103,6 +104,21 @@ func writePlot(results []replay.Result, title, prefix string) ([]string, error) 
 		files = append(files, f)
 	}
 	return files, nil
+}
+
+// tokenTicks marks a log-scale axis of token counts as plot.LogTicks
+// does, with labels such as 10K and 1M instead of 10000 and 1e+06.
+type tokenTicks struct{}
+
+// Ticks implements plot.Ticker.
+func (tokenTicks) Ticks(min, max float64) []plot.Tick {
+	ticks := plot.LogTicks{Prec: -1}.Ticks(min, max)
+	for i, t := range ticks {
+		if t.Label != "" {
+			ticks[i].Label = replay.CapacityLabel(int64(math.Round(t.Value)))
+		}
+	}
+	return ticks
 }
 
 // defaultPlotPrefix is --plot's default: plots/replay-sweep in the working

@@ -4,9 +4,33 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
+
+// TestTokenTicks: the capacity axis labels its decades as token counts a
+// person reads (10K, 1M), not 10000 or 1e+06.
+func TestTokenTicks(t *testing.T) {
+	tests := []struct {
+		min, max float64
+		want     []string
+	}{
+		{512, 6000, []string{"100", "1K", "10K"}},
+		{1.2e4, 1.2e8, []string{"10K", "100K", "1M", "10M", "100M", "1G"}},
+	}
+	for _, tt := range tests {
+		var got []string
+		for _, tick := range (tokenTicks{}).Ticks(tt.min, tt.max) {
+			if tick.Label != "" {
+				got = append(got, tick.Label)
+			}
+		}
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("labels over [%g, %g] = %q, want %q", tt.min, tt.max, got, tt.want)
+		}
+	}
+}
 
 // TestReplayPlotPathRefused: a --plot prefix whose directory is missing, a
 // file, or which names a directory is refused before the replay runs, and

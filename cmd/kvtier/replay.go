@@ -283,7 +283,7 @@ func writeReplayTable(w io.Writer, tr *replay.Trace, results []replay.Result) er
 			blocks = fmt.Sprint(r.CapacityBlocks)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f%%\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n",
-			r.Policy, replay.FormatCapacity(r.CapacityTokens), blocks, 100*r.HitRate, r.HitTokens, r.InputTokens,
+			r.Policy, replay.CapacityLabel(r.CapacityTokens), blocks, 100*r.HitRate, r.HitTokens, r.InputTokens,
 			r.Evictions, r.Nodes, r.Misses.NeverSeen, r.Misses.Evicted, r.Misses.EvictedTail, r.Misses.NotAdmitted)
 	}
 	if err := tw.Flush(); err != nil {

@@ -149,6 +149,38 @@ func TestReplayTable(t *testing.T) {
 	}
 }
 
+// TestReplayTableCapacityLabels: the table's CAPACITY column reads as a
+// rounded label (at most two decimals), while --json keeps the integer.
+func TestReplayTableCapacityLabels(t *testing.T) {
+	dir := t.TempDir()
+	trace := writeTrace(t, dir)
+	tests := []struct {
+		capacity string
+		want     string
+		notWant  string
+	}{
+		{"6K", " 6K ", ""},
+		{"6144", " 6.14K ", "6.144K"},
+		{"3000000", " 3M ", "3.00M"},
+	}
+	for _, tt := range tests {
+		out, _, err := runCLI(t, "replay", "--policy", "lru", "--capacity", tt.capacity, trace)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out, tt.want) || (tt.notWant != "" && strings.Contains(out, tt.notWant)) {
+			t.Errorf("--capacity %s: table lacks %q (or has %q):\n%s", tt.capacity, tt.want, tt.notWant, out)
+		}
+	}
+	out, _, err := runCLI(t, "replay", "--policy", "lru", "--capacity", "6144", "--json", trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, `"capacity_tokens":6144`) {
+		t.Errorf("json lost the exact capacity:\n%s", out)
+	}
+}
+
 func TestReplaySweepWritesPlot(t *testing.T) {
 	dir := t.TempDir()
 	prefix := filepath.Join(dir, "sweep") // --plot creates no directory

@@ -48,6 +48,17 @@ func FormatCapacity(tokens int64) string {
 	return quantity.Tokens(tokens).String()
 }
 
+// CapacityLabel prints tokens for a person: "inf" for 0, else a rounded
+// short form such as "3M" or "121.97M" (quantity.Tokens.Human). Tables
+// and plots print it; JSON keeps the exact integer and --capacity reads
+// FormatCapacity's exact form.
+func CapacityLabel(tokens int64) string {
+	if tokens == 0 {
+		return "inf"
+	}
+	return quantity.Tokens(tokens).Human()
+}
+
 // SweepCapacities returns points capacities spaced evenly on a log scale
 // from the trace's working set (unique blocks × 512 tokens) / 256 up to
 // the working set, rounded to whole blocks and deduplicated; beyond the

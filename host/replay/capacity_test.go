@@ -54,6 +54,24 @@ func TestFormatCapacityRoundTrips(t *testing.T) {
 	}
 }
 
+func TestCapacityLabel(t *testing.T) {
+	tests := []struct {
+		tokens int64
+		want   string
+	}{
+		{0, "inf"},
+		{512, "512"},
+		{6000, "6K"},
+		{3_000_000, "3M"},
+		{238_213 * 512, "121.97M"},
+	}
+	for _, tt := range tests {
+		if got := CapacityLabel(tt.tokens); got != tt.want {
+			t.Errorf("CapacityLabel(%d) = %q, want %q", tt.tokens, got, tt.want)
+		}
+	}
+}
+
 func TestSweepCapacities(t *testing.T) {
 	tr := generated(t)
 	caps := SweepCapacities(tr, 12)
