@@ -12,6 +12,7 @@ import (
 	"github.com/kvtier/kvtier/host/builtin"
 	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/indexes"
+	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/tiers"
 )
 
@@ -21,7 +22,7 @@ commands:
   validate FILE   check a stack config; prints "ok: N tiers, policy P" or the error
   show [FILE]     print a stack config with every default filled in (no FILE: the default stack)
   default         print the embedded default stack config
-  modules         list the registered tier, index and policy modules
+  modules         list the registered tier, index, policy and planner modules
 `
 
 // runConfig implements `kvtier config`.
@@ -117,6 +118,13 @@ func configListModules(w io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// NB: planners are not in config.Modules: a stack selects one by
+	// $.policy.planner, checked against a fixed list, not decoded from a
+	// module's config block. They are registered modules all the same.
+	planners, err := builtin.Planners()
+	if err != nil {
+		return err
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ROLE\tNAME\tTYPE\tCONFIG\tDESCRIPTION")
 	row := func(role, name, typ string, hasConfig bool, doc string) {
@@ -141,6 +149,9 @@ func configListModules(w io.Writer) error {
 	for _, r := range m.Policies.All() {
 		row("policy", r.Name, string(r.Type), r.NewConfig != nil, r.Doc)
 	}
+	for _, r := range planners.All() {
+		row("planner", r.Name, string(r.Type), r.NewConfig != nil, r.Doc)
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -149,6 +160,7 @@ func configListModules(w io.Writer) error {
 	for role, n := range map[string]int{
 		string(tiers.PoolV1): len(m.Tiers.Pools.All()), string(tiers.SlabV1): len(m.Tiers.Slabs.All()),
 		string(tiers.StoreV1): len(m.Tiers.Stores.All()), string(indexes.IndexV1): len(m.Indexes.All()),
+		string(policy.PlannerV1): len(planners.All()),
 	} {
 		if n == 0 {
 			empty = append(empty, role)

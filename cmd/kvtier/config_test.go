@@ -37,6 +37,9 @@ func TestConfigCommand(t *testing.T) {
 		{name: "show default", args: []string{"show"}, out: "write_policy: write_through\n"},
 		{name: "show file", args: []string{"show", good}, out: "page_bytes: 2.75MiB\n"},
 		{name: "modules", args: []string{"modules"}, out: "kvtier.policy.evictor.v1"},
+		{name: "modules lists planner heap", args: []string{"modules"}, out: "planner  heap "},
+		{name: "modules lists planner greedy", args: []string{"modules"}, out: "planner  greedy "},
+		{name: "modules lists the planner role", args: []string{"modules"}, out: "kvtier.policy.planner.v1  -"},
 		{name: "no command", args: nil, errText: "name a command", usage: true},
 		{name: "unknown command", args: []string{"lint"}, errText: `unknown command "lint"`, usage: true},
 	}
