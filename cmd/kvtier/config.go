@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvtier/kvtier/host/builtin"
 	"github.com/kvtier/kvtier/host/config"
+	"github.com/kvtier/kvtier/host/serve"
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/tiers"
@@ -21,7 +22,10 @@ const configUsage = `usage: kvtier config COMMAND
 commands:
   validate FILE   check a stack config; prints "ok: N tiers, policy P" or the error
   show [FILE]     print a stack config with every default filled in (no FILE: the default stack)
-  default         print the embedded default stack config
+  default         print the embedded default stack config (replay, doctor and
+                  config show use it without --config)
+  default --serve print the embedded demo stack kvtier serve runs without
+                  --config ({{DIR}} = --data-dir, {{RANK}} = the rank)
   modules         list the registered tier, index, policy and planner modules
 `
 
@@ -35,6 +39,10 @@ func runConfig(_ context.Context, args []string, stdout, stderr io.Writer) error
 	fs := flag.NewFlagSet("config "+sub, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, configUsage) }
+	var serveStack *bool
+	if sub == "default" {
+		serveStack = fs.Bool("serve", false, "print the embedded stack of kvtier serve instead")
+	}
 	if err := parseInterspersed(fs, rest); err != nil {
 		return err
 	}
@@ -69,6 +77,10 @@ func runConfig(_ context.Context, args []string, stdout, stderr io.Writer) error
 	case "default":
 		if fs.NArg() != 0 {
 			return fmt.Errorf("config default takes no arguments: %w", errUsage)
+		}
+		if *serveStack {
+			_, err := io.WriteString(stdout, serve.DefaultYAML())
+			return err
 		}
 		_, err := stdout.Write(config.DefaultYAML())
 		return err

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kvtier/kvtier/host/config"
+	"github.com/kvtier/kvtier/host/serve"
 )
 
 func TestConfigCommand(t *testing.T) {
@@ -34,6 +35,10 @@ func TestConfigCommand(t *testing.T) {
 		{name: "validate missing file", args: []string{"validate", filepath.Join(dir, "nope.yaml")}, errText: "nope.yaml"},
 		{name: "validate no file", args: []string{"validate"}, errText: "want one FILE", usage: true},
 		{name: "default", args: []string{"default"}, out: "version: 1\n"},
+		{name: "default names its users", args: []string{"default"}, out: "`kvtier replay`, `kvtier doctor` and `kvtier config show` use when no\n# --config is given"},
+		{name: "default says serve runs its own", args: []string{"default"}, out: "`kvtier serve` without --config does not use this file"},
+		{name: "default --serve", args: []string{"default", "--serve"}, out: serve.DefaultYAML()},
+		{name: "show --serve refused", args: []string{"show", "--serve"}, errText: "flag provided but not defined: -serve"},
 		{name: "show default", args: []string{"show"}, out: "write_policy: write_through\n"},
 		{name: "show file", args: []string{"show", good}, out: "page_bytes: 2.75MiB\n"},
 		{name: "modules", args: []string{"modules"}, out: "kvtier.policy.evictor.v1"},
