@@ -42,6 +42,7 @@ func PageHash(name string) pagehash.Hash {
 //	done op=3 stage=gathered ok|fail
 //	longest op=5 pages=2
 //	tier tier=3 up|down
+//	upcoming [[pages=3] hashes=a,b,c]
 //
 // Page names are 1 to 64 of [A-Za-z0-9_.-], hashed by PageHash; pages,
 // when given, is checked by Apply against the number of names (a
@@ -168,6 +169,8 @@ func (e *Event) finish(seen map[string]bool, flag string) error {
 		need = []string{"op", "pages"}
 	case EvTier:
 		need, flags = []string{"tier"}, []string{"up", "down"}
+	case EvUpcoming:
+		allow = []string{"pages", "hashes"}
 	}
 	for _, k := range need {
 		if !seen[k] {
@@ -199,7 +202,7 @@ func (e *Event) finish(seen map[string]bool, flag string) error {
 			return fmt.Errorf("event %s: want flag %s or %s, got %q", e.Kind, flags[0], flags[1], flag)
 		}
 	}
-	if !seen["pages"] && (e.Kind == EvMatch || e.Kind == EvInsert || e.Kind == EvExtend) {
+	if !seen["pages"] && (e.Kind == EvMatch || e.Kind == EvInsert || e.Kind == EvExtend || e.Kind == EvUpcoming) {
 		e.Pages = len(e.Hashes)
 	}
 	return nil

@@ -32,6 +32,12 @@ const (
 	cSpillDequeuedByEviction
 	cSpillDurable
 	cWriteBackKeptL1OfALockedNode
+	cUpcomingProtected
+	cUpcomingFull
+	cUpcomingRefused
+	cPrefetchLookup
+	cPrefetchBusy
+	cPrefetchMiss
 	numCounters
 )
 
@@ -63,4 +69,10 @@ var counterNames = [numCounters]string{
 	cSpillDequeuedByEviction:      "spill dequeued by eviction",
 	cSpillDurable:                 "spill durable",
 	cWriteBackKeptL1OfALockedNode: "write-back kept L1 of a locked node",
+	cUpcomingProtected:            "upcoming protected",
+	cUpcomingFull:                 "upcoming full",
+	cUpcomingRefused:              "upcoming refused",
+	cPrefetchLookup:               "prefetch lookup",
+	cPrefetchBusy:                 "prefetch busy",
+	cPrefetchMiss:                 "prefetch miss",
 }

@@ -34,9 +34,13 @@ const (
 	EvLongest
 	// EvTier: a tier went up or down here (local).
 	EvTier
+	// EvUpcoming: the engine's waiting queue as a hint (replicated): with
+	// no hashes it clears the hint, else it adds one waiting request's
+	// key (upcoming.go).
+	EvUpcoming
 )
 
-var eventNames = [...]string{"", "match", "insert", "extend", "finish", "release", "flush", "done", "longest", "tier"}
+var eventNames = [...]string{"", "match", "insert", "extend", "finish", "release", "flush", "done", "longest", "tier", "upcoming"}
 
 // String returns the kind's name in the text encoding.
 func (k EventKind) String() string {
@@ -48,7 +52,7 @@ func (k EventKind) String() string {
 
 // Replicated reports whether events of this kind must reach every rank in
 // the same order.
-func (k EventKind) Replicated() bool { return k >= EvMatch && k <= EvFlush }
+func (k EventKind) Replicated() bool { return k >= EvMatch && k <= EvFlush || k == EvUpcoming }
 
 // Event is one input of the Machine, as the text encoding (ParseEvent)
 // decodes it. Fields a kind does not use are zero.
@@ -94,7 +98,7 @@ type EventError struct {
 // Error names the event and what is wrong.
 func (e *EventError) Error() string {
 	s := "control: " + e.Kind.String()
-	if e.Req != 0 || e.Kind.Replicated() && e.Kind != EvFlush {
+	if e.Req != 0 || e.Kind.Replicated() && e.Kind != EvFlush && e.Kind != EvUpcoming {
 		s += fmt.Sprintf(" req %d", e.Req)
 	}
 	if e.Node != 0 {
@@ -117,7 +121,7 @@ func (e Event) refuse(format string, args ...any) error {
 // leaves the replicated state (and the Digest) unchanged.
 func (m *Machine) Apply(e Event) error {
 	switch e.Kind {
-	case EvMatch, EvInsert, EvExtend:
+	case EvMatch, EvInsert, EvExtend, EvUpcoming:
 		if e.Pages != len(e.Hashes) {
 			return e.refuse("%d pages but %d hashes: %w", e.Pages, len(e.Hashes), ErrContract)
 		}
@@ -140,6 +144,8 @@ func (m *Machine) Apply(e Event) error {
 		err = m.Longest(e.Op, e.Pages)
 	case EvTier:
 		err = m.SetTierUp(e.Tier, e.OK)
+	case EvUpcoming:
+		err = m.upcoming(e)
 	default:
 		return e.refuse("unknown event kind %d: %w", e.Kind, ErrContract)
 	}

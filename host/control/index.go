@@ -54,6 +54,9 @@ func (m *Machine) setL1(id policy.NodeID, k *mark, obj placement.ObjectID) {
 func (m *Machine) setL2(id policy.NodeID, k *mark, obj placement.ObjectID) {
 	had, has := k.l2 != 0, obj != 0
 	k.l2 = obj
+	if !has {
+		m.unprotect(id)
+	}
 	if had != has {
 		m.indexSet(&m.l2Set, id, k, has, func(p *mark) *int { return &p.l2Kids })
 	}

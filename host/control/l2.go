@@ -122,7 +122,7 @@ func (m *Machine) l2EvictAhead(nodes []policy.NodeID, exclude policy.NodeID, pag
 // spill pinned by an ungathered put, no load-back reading it; one without
 // L1 pages must be a leaf of the tree, since it leaves it.
 func (m *Machine) l2Evictable(id policy.NodeID, k *mark, exclude policy.NodeID) bool {
-	if id == exclude || k.l2Pending || k.spill == spillPinned || k.loadOp != 0 || k.l2Kids > 0 {
+	if id == exclude || k.l2Pending || k.spill == spillPinned || k.loadOp != 0 || k.l2Kids > 0 || m.protected(id) {
 		return false
 	}
 	n := k.node

@@ -145,6 +145,9 @@ type reload struct {
 	obj     placement.ObjectID
 	op      OpID
 	waiters []ReqID
+	// prefetch: started by a hint, not by a request; it goes on with no
+	// waiters and lands in L2.
+	prefetch bool
 }
 
 // reloadObjectBase puts reload objects in their own id space: a node's
@@ -175,6 +178,13 @@ type Machine struct {
 	queue    []policy.NodeID // spill queue, commit order
 	inflight int             // spills issued, not yet durable
 	reloads  map[pagehash.Hash]*reload
+	// The engine's waiting-queue hint (upcoming.go), replicated: the nodes
+	// it keeps in L2 with their pages, their total, the keys of this hint,
+	// and when each prefetch found nothing in L3.
+	protect      map[policy.NodeID]int
+	protectPages int64
+	hintKeys     int
+	prefetchMiss map[pagehash.Hash]uint64
 	reloadN  uint64 // reload objects handed out
 	tierDown uint8  // replicated: bit t-1 set when tier t is down on some rank
 	localUp  uint8  // local: bit t-1 set when tier t is up here
@@ -250,6 +260,9 @@ func (m *Machine) reset() error {
 	m.reloads = map[pagehash.Hash]*reload{}
 	m.reloadN = 0
 	m.tierDown = 0
+	m.protect = map[policy.NodeID]int{}
+	m.protectPages, m.hintKeys = 0, 0
+	m.prefetchMiss = map[pagehash.Hash]uint64{}
 	return nil
 }
 
@@ -571,13 +584,14 @@ func (m *Machine) digestParts() digestParts {
 		u(uint64(r.c))
 		u(uint64(r.obj))
 		u(uint64(r.op))
-		u(uint64(len(r.waiters)))
+		u(uint64(len(r.waiters)) | b2u(r.prefetch)<<63)
 		for _, w := range r.waiters {
 			u(uint64(w))
 		}
 	}
 	u(m.reloadN)
 	u(uint64(m.tierDown))
+	b = m.digestUpcoming(b)
 	p.queues = b
 	return p
 }

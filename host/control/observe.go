@@ -87,6 +87,7 @@ func (m *Machine) settle() error {
 		}
 	}
 	for _, id := range o.removed {
+		m.unprotect(id)
 		if err := m.onRemove(id); err != nil {
 			return err
 		}

@@ -233,6 +233,12 @@ func runReplicas(t *testing.T, seed uint64, wp WritePolicy, steps int) {
 			if len(live) == 0 && gen.IntN(4) == 0 {
 				apply("flush")
 			}
+		case x < 8:
+			// The engine's waiting queue: a new hint of up to 3 keys.
+			apply("upcoming")
+			for range gen.IntN(4) {
+				apply("upcoming hashes=" + csv(key()))
+			}
 		}
 		for _, r := range reps {
 			var err error

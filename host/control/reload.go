@@ -81,11 +81,14 @@ func (m *Machine) applyLookup(o *op, c int) {
 	m.retire(o)
 	rl := m.reloads[o.reload]
 	switch {
-	case len(rl.waiters) == 0:
+	case len(rl.waiters) == 0 && !rl.prefetch:
 		delete(m.reloads, rl.key)
 		m.count(cReloadAbandoned)
 		return
 	case c == 0:
+		if rl.prefetch {
+			m.prefetchMissed(rl.key)
+		}
 		m.unholdAll(rl, Missed)
 		m.count(cReloadMiss)
 		return
@@ -94,13 +97,13 @@ func (m *Machine) applyLookup(o *op, c int) {
 		m.count(cReloadDuplicate)
 		return
 	case !m.l3Usable():
-		m.skip(Skip{Reason: SkipTierDown, Where: "reload", Req: rl.waiters[0]})
+		m.skip(Skip{Reason: SkipTierDown, Where: "reload", Req: rl.firstWaiter()})
 		m.unholdAll(rl, Missed)
 		return
 	}
 	m.reloadN++
 	obj := reloadObjectBase + placement.ObjectID(m.reloadN)
-	if !m.reserveL2(obj, int64(c), 0, rl.waiters[0], "reload") {
+	if !m.reserveL2(obj, int64(c), 0, rl.firstWaiter(), "reload") {
 		m.unholdAll(rl, Refused)
 		return
 	}
@@ -143,7 +146,7 @@ func (m *Machine) applyReload(o *op, ok bool) error {
 		m.skip(Skip{Reason: SkipFailed, Where: "reload", Op: o.id, Pages: rl.c})
 		return abort(Missed, cReloadFailed)
 	}
-	if len(rl.waiters) == 0 {
+	if len(rl.waiters) == 0 && !rl.prefetch {
 		return abort(Missed, cReloadAbortedNoWaiters)
 	}
 	want := rl.m + rl.c
@@ -209,4 +212,13 @@ func (m *Machine) expireHolds() {
 		m.skip(Skip{Reason: SkipTTL, Where: "reload", Req: id})
 	}
 	m.expireBuf = ids[:0]
+}
+
+// firstWaiter is the request a reload's skips are charged to (0 for a
+// prefetch nobody waits on yet).
+func (rl *reload) firstWaiter() ReqID {
+	if len(rl.waiters) == 0 {
+		return 0
+	}
+	return rl.waiters[0]
 }
