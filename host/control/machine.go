@@ -185,9 +185,9 @@ type Machine struct {
 	protectPages int64
 	hintKeys     int
 	prefetchMiss map[pagehash.Hash]uint64
-	reloadN  uint64 // reload objects handed out
-	tierDown uint8  // replicated: bit t-1 set when tier t is down on some rank
-	localUp  uint8  // local: bit t-1 set when tier t is up here
+	reloadN      uint64 // reload objects handed out
+	tierDown     uint8  // replicated: bit t-1 set when tier t is down on some rank
+	localUp      uint8  // local: bit t-1 set when tier t is up here
 
 	// Derived indexes of the markers, never digested: the nodes holding
 	// an L1 / L2 object (how many of a node's children do is in its mark).
