@@ -24,11 +24,16 @@ with a generated workload, as a context-parallel group (page i of a key
 is rank i mod N's: only it writes, moves and verifies the page's bytes;
 the others hold poison in its L1 pages; --replicate gives every rank every
 page instead): random per-rank arrival delays, tier acks held
-back up to --max-ack-skew ticks per rank, ok bits cleared at --fail-rate,
-and the faults of SPEC. Prints ranks, ticks, digest_checks, divergences,
-hangs, failed_ops, max_ack_skew_ticks, wrong_bytes, the L1 admissions,
-planner runs and capacity skips (and with
+back up to --max-ack-skew ticks per rank, ok bits cleared at --fail-rate
+(default 0: no injected op failures), and the faults of SPEC. Prints ranks,
+ticks, digest_checks, divergences, hangs, failed_ops, max_ack_skew_ticks,
+wrong_bytes, the L1 admissions, planner runs and capacity skips (and with
 --inject-divergence, injected_at_tick and caught_at_tick).
+
+Requests start while the tick is below --ticks and the last one runs to
+its end; then every rank runs 4×(--max-ack-skew+4) more ticks so held acks
+land: the ticks printed exceed --ticks by those. Failed ops are the ok
+bits --fail-rate cleared plus the ops the ranks' tiers failed.
 
 SPEC is a comma-separated list of stall:RANK@TICK and crash:RANK@TICK.
 
@@ -42,7 +47,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	ticks := fs.Uint64("ticks", 100_000, "ticks to run")
 	seed := fs.Uint64("seed", 1, "seed of the workload, delays and faults")
 	skew := fs.Int("max-ack-skew", 8, "most ticks a tier ack is held back on a rank (0..1000)")
-	failRate := fs.Float64("fail-rate", 0.001, "probability an ok bit of a rank's contribution is cleared")
+	failRate := fs.Float64("fail-rate", 0, "probability an ok bit of a rank's contribution is cleared, an injected op failure (0: none)")
 	faults := fs.String("faults", "", "stall:RANK@TICK and crash:RANK@TICK, comma-separated")
 	inject := fs.Uint64("inject-divergence", 0, "rank 0 applies an extra event at this tick (0: never)")
 	digestEvery := fs.Uint64("digest-every", 16, "digest interval in ticks")
@@ -92,9 +97,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		enc := json.NewEncoder(stdout)
 		return enc.Encode(res)
 	}
-	fmt.Fprintf(stdout, "ranks %d, ticks %d (%.0f/s), requests %d\n", res.Ranks, res.Ticks, res.TicksPerSecond, res.Requests)
-	fmt.Fprintf(stdout, "digest checks %d, divergences %d, hangs %d, failed ops %d, max ack skew %d ticks\n",
-		res.DigestChecks, res.Divergences, res.Hangs, res.FailedOps, res.MaxAckSkewTicks)
+	fmt.Fprintf(stdout, "ranks %d, ticks %d (%.0f/s), requests %d%s\n", res.Ranks, res.Ticks, res.TicksPerSecond, res.Requests, simTicksNote(res.Ticks, *ticks, *skew))
+	fmt.Fprintf(stdout, "digest checks %d, divergences %d, hangs %d, failed ops %d %s, max ack skew %d ticks\n",
+		res.DigestChecks, res.Divergences, res.Hangs, res.FailedOps, simFailedOpsNote(res, *failRate), res.MaxAckSkewTicks)
 	fmt.Fprintf(stdout, "verified pages %d, wrong bytes %d\n", res.VerifiedPages, res.WrongBytes)
 	fmt.Fprintf(stdout, "L1 admissions %d, planner runs %d, capacity skips %d (evict ahead %g)\n", res.L1Admissions, res.L1Plans, res.L1CapacitySkips, res.EvictAhead)
 	fmt.Fprintf(stdout, "owner lanes %v (pages in a rank's store that another lane owns: %d); bytes over all ranks: l1->l2 %d, l2->l3 %d, l3->l2 %d, l2->l1 %d\n",
@@ -106,6 +111,26 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stdout, "stopped by: %s\n", res.StoppedBy)
 	}
 	return nil
+}
+
+// simTicksNote explains why a run's ticks exceed --ticks: requests start
+// below it and run to their end, then the ranks drain the held acks.
+func simTicksNote(ran, ticks uint64, maxAckSkew int) string {
+	if ran <= ticks {
+		return ""
+	}
+	return fmt.Sprintf("; ticks past --ticks %d: the last request ran to its end, then %d ticks drained the held acks (4×(--max-ack-skew+4))",
+		ticks, simrun.DrainTicks(maxAckSkew))
+}
+
+// simFailedOpsNote splits the failed ops into the injected ones (ok bits
+// cleared at --fail-rate) and those the ranks' tiers failed.
+func simFailedOpsNote(res simrun.Result, failRate float64) string {
+	tiers := res.FailedOps - res.InjectedFailedOps
+	if failRate == 0 {
+		return fmt.Sprintf("(none injected: --fail-rate 0; %d failed by the tiers)", tiers)
+	}
+	return fmt.Sprintf("(%d injected at --fail-rate %g, %d failed by the tiers)", res.InjectedFailedOps, failRate, tiers)
 }
 
 // parseSimFaults parses "stall:2@100,crash:1@50".

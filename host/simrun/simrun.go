@@ -38,7 +38,9 @@ import (
 type Config struct {
 	// Ranks is the group size (1..64).
 	Ranks int
-	// Ticks is how many ticks to run.
+	// Ticks is how many ticks to run: requests start while the group's
+	// tick is below it, the last one runs to its end, then every rank
+	// runs DrainTicks(MaxAckSkew) more (Result.Ticks counts them all).
 	Ticks uint64
 	// Seed seeds the workload, the group's delays and faults and the ack
 	// delays.
@@ -46,7 +48,7 @@ type Config struct {
 	// MaxAckSkew is the most ticks a tier ack is held back on a rank.
 	MaxAckSkew int
 	// OpFailRate is the probability an ok bit of a rank's contribution is
-	// cleared (an op failing on that rank).
+	// cleared (an op failing on that rank); 0 injects no failures.
 	OpFailRate float64
 	// Faults are stalls and crashes (simgroup faults).
 	Faults []simgroup.Fault
@@ -108,7 +110,18 @@ type Result struct {
 	L1Admissions    uint64  `json:"l1_admissions"`
 	L1Plans         uint64  `json:"l1_plans"`
 	L1CapacitySkips uint64  `json:"l1_capacity_skips"`
+	// InjectedFailedOps is the part of FailedOps the group injected
+	// (ok bits cleared at Config.OpFailRate); the rest are ops the
+	// ranks' tiers failed. Not in JSON: the text output splits the sum.
+	InjectedFailedOps int64 `json:"-"`
 }
+
+// DrainTicks is how many ticks each rank runs after its last request, so
+// the acks held back up to maxAckSkew ticks land and the lanes drain:
+// Result.Ticks exceeds Config.Ticks by these and by the ticks the last
+// request needed to finish (a request started below Config.Ticks runs to
+// its end).
+func DrainTicks(maxAckSkew int) uint64 { return uint64(4 * (maxAckSkew + 4)) }
 
 // foreignPages asks each rank's store, page by page, for every page of the
 // workload that another lane owns: with owner lanes none may be there.
@@ -268,6 +281,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 			res.FailedOps += n
 		}
 		res.FailedOps += int64(grp.Members()[i].FailedOps())
+		res.InjectedFailedOps += int64(grp.Members()[i].FailedOps())
 		if i == 0 {
 			res.Requests = o.requests
 			res.DigestChecks = r.checks
@@ -454,7 +468,7 @@ func (r *rankRun) run(ctx context.Context, cfg Config, keys [][]pagehash.Hash, s
 		}
 	}
 	// Let the held acks land and the lanes drain, within a bound.
-	for range 4 * (cfg.MaxAckSkew + 4) {
+	for range DrainTicks(cfg.MaxAckSkew) {
 		if _, err := tick(); err != nil {
 			return rankOut{requests: out.requests, tick: r.m.Ticks(), err: err}
 		}
