@@ -1068,7 +1068,14 @@ type StepRequest struct {
 	Aborted     []*Abort      `protobuf:"bytes,8,rep,name=aborted,proto3" json:"aborted,omitempty"`
 	// frontier, when the group transport is the engine, is the frontier the
 	// engine all-reduced; empty otherwise.
-	Frontier      []byte `protobuf:"bytes,9,opt,name=frontier,proto3" json:"frontier,omitempty"`
+	Frontier []byte `protobuf:"bytes,9,opt,name=frontier,proto3" json:"frontier,omitempty"`
+	// upcoming is the engine's waiting queue as a hint: the keys of the
+	// requests waiting to be admitted, nearest first, at most 256 (see
+	// docs/engine-api.md, "The waiting queue as a hint"). serve keeps their
+	// cached prefixes in L2 and prefetches the rest from L3 into L2. Once a
+	// session has sent a hint, every step's list replaces the last one (an
+	// empty list clears it). Every rank of an engine sends the same list.
+	Upcoming      []*Upcoming `protobuf:"bytes,10,rep,name=upcoming,proto3" json:"upcoming,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1166,6 +1173,68 @@ func (x *StepRequest) GetFrontier() []byte {
 	return nil
 }
 
+func (x *StepRequest) GetUpcoming() []*Upcoming {
+	if x != nil {
+		return x.Upcoming
+	}
+	return nil
+}
+
+// Upcoming is one waiting request's key, in a Lookup's format.
+type Upcoming struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// pages is the number of page hashes in hashes.
+	Pages uint32 `protobuf:"varint,1,opt,name=pages,proto3" json:"pages,omitempty"`
+	// hashes are pages x 32 bytes: the request's page hash chain.
+	Hashes        []byte `protobuf:"bytes,2,opt,name=hashes,proto3" json:"hashes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Upcoming) Reset() {
+	*x = Upcoming{}
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Upcoming) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Upcoming) ProtoMessage() {}
+
+func (x *Upcoming) ProtoReflect() protoreflect.Message {
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Upcoming.ProtoReflect.Descriptor instead.
+func (*Upcoming) Descriptor() ([]byte, []int) {
+	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *Upcoming) GetPages() uint32 {
+	if x != nil {
+		return x.Pages
+	}
+	return 0
+}
+
+func (x *Upcoming) GetHashes() []byte {
+	if x != nil {
+		return x.Hashes
+	}
+	return nil
+}
+
 // PageRange is count consecutive L1 pages from start.
 type PageRange struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1177,7 +1246,7 @@ type PageRange struct {
 
 func (x *PageRange) Reset() {
 	*x = PageRange{}
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[13]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1189,7 +1258,7 @@ func (x *PageRange) String() string {
 func (*PageRange) ProtoMessage() {}
 
 func (x *PageRange) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[13]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1202,7 +1271,7 @@ func (x *PageRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PageRange.ProtoReflect.Descriptor instead.
 func (*PageRange) Descriptor() ([]byte, []int) {
-	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{13}
+	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PageRange) GetStart() uint32 {
@@ -1238,7 +1307,7 @@ type LookupResult struct {
 
 func (x *LookupResult) Reset() {
 	*x = LookupResult{}
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[14]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1250,7 +1319,7 @@ func (x *LookupResult) String() string {
 func (*LookupResult) ProtoMessage() {}
 
 func (x *LookupResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[14]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1263,7 +1332,7 @@ func (x *LookupResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResult.ProtoReflect.Descriptor instead.
 func (*LookupResult) Descriptor() ([]byte, []int) {
-	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{14}
+	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *LookupResult) GetReqId() string {
@@ -1328,7 +1397,7 @@ type Placement struct {
 
 func (x *Placement) Reset() {
 	*x = Placement{}
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[15]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1340,7 +1409,7 @@ func (x *Placement) String() string {
 func (*Placement) ProtoMessage() {}
 
 func (x *Placement) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[15]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1353,7 +1422,7 @@ func (x *Placement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Placement.ProtoReflect.Descriptor instead.
 func (*Placement) Descriptor() ([]byte, []int) {
-	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{15}
+	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Placement) GetReqId() string {
@@ -1391,7 +1460,7 @@ type CopyItem struct {
 
 func (x *CopyItem) Reset() {
 	*x = CopyItem{}
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[16]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1403,7 +1472,7 @@ func (x *CopyItem) String() string {
 func (*CopyItem) ProtoMessage() {}
 
 func (x *CopyItem) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[16]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1416,7 +1485,7 @@ func (x *CopyItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyItem.ProtoReflect.Descriptor instead.
 func (*CopyItem) Descriptor() ([]byte, []int) {
-	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{16}
+	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CopyItem) GetL1Page() uint32 {
@@ -1468,7 +1537,7 @@ type CopyPlan struct {
 
 func (x *CopyPlan) Reset() {
 	*x = CopyPlan{}
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[17]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1480,7 +1549,7 @@ func (x *CopyPlan) String() string {
 func (*CopyPlan) ProtoMessage() {}
 
 func (x *CopyPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[17]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1493,7 +1562,7 @@ func (x *CopyPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyPlan.ProtoReflect.Descriptor instead.
 func (*CopyPlan) Descriptor() ([]byte, []int) {
-	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{17}
+	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CopyPlan) GetPlan() uint64 {
@@ -1531,7 +1600,7 @@ type ItemError struct {
 
 func (x *ItemError) Reset() {
 	*x = ItemError{}
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[18]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1543,7 +1612,7 @@ func (x *ItemError) String() string {
 func (*ItemError) ProtoMessage() {}
 
 func (x *ItemError) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[18]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1556,7 +1625,7 @@ func (x *ItemError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemError.ProtoReflect.Descriptor instead.
 func (*ItemError) Descriptor() ([]byte, []int) {
-	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{18}
+	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ItemError) GetItem() string {
@@ -1609,7 +1678,7 @@ type StepReply struct {
 
 func (x *StepReply) Reset() {
 	*x = StepReply{}
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[19]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1621,7 +1690,7 @@ func (x *StepReply) String() string {
 func (*StepReply) ProtoMessage() {}
 
 func (x *StepReply) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[19]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1634,7 +1703,7 @@ func (x *StepReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepReply.ProtoReflect.Descriptor instead.
 func (*StepReply) Descriptor() ([]byte, []int) {
-	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{19}
+	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StepReply) GetBootId() string {
@@ -1701,7 +1770,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[20]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1713,7 +1782,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[20]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1726,7 +1795,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{20}
+	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{21}
 }
 
 type HealthReply struct {
@@ -1747,7 +1816,7 @@ type HealthReply struct {
 
 func (x *HealthReply) Reset() {
 	*x = HealthReply{}
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[21]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1759,7 +1828,7 @@ func (x *HealthReply) String() string {
 func (*HealthReply) ProtoMessage() {}
 
 func (x *HealthReply) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[21]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1772,7 +1841,7 @@ func (x *HealthReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthReply.ProtoReflect.Descriptor instead.
 func (*HealthReply) Descriptor() ([]byte, []int) {
-	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{21}
+	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *HealthReply) GetBootId() string {
@@ -1834,7 +1903,7 @@ type CloseRequest struct {
 
 func (x *CloseRequest) Reset() {
 	*x = CloseRequest{}
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[22]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1846,7 +1915,7 @@ func (x *CloseRequest) String() string {
 func (*CloseRequest) ProtoMessage() {}
 
 func (x *CloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[22]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1859,7 +1928,7 @@ func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
 func (*CloseRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{22}
+	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CloseRequest) GetSession() string {
@@ -1884,7 +1953,7 @@ type CloseReply struct {
 
 func (x *CloseReply) Reset() {
 	*x = CloseReply{}
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[23]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1896,7 +1965,7 @@ func (x *CloseReply) String() string {
 func (*CloseReply) ProtoMessage() {}
 
 func (x *CloseReply) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[23]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1909,7 +1978,7 @@ func (x *CloseReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseReply.ProtoReflect.Descriptor instead.
 func (*CloseReply) Descriptor() ([]byte, []int) {
-	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{23}
+	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{24}
 }
 
 type PingRequest struct {
@@ -1920,7 +1989,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[24]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1932,7 +2001,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[24]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1945,7 +2014,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{24}
+	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{25}
 }
 
 type PingReply struct {
@@ -1956,7 +2025,7 @@ type PingReply struct {
 
 func (x *PingReply) Reset() {
 	*x = PingReply{}
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[25]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1968,7 +2037,7 @@ func (x *PingReply) String() string {
 func (*PingReply) ProtoMessage() {}
 
 func (x *PingReply) ProtoReflect() protoreflect.Message {
-	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[25]
+	mi := &file_kvtier_engine_v1_engine_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1981,7 +2050,7 @@ func (x *PingReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingReply.ProtoReflect.Descriptor instead.
 func (*PingReply) Descriptor() ([]byte, []int) {
-	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{25}
+	return file_kvtier_engine_v1_engine_proto_rawDescGZIP(), []int{26}
 }
 
 var File_kvtier_engine_v1_engine_proto protoreflect.FileDescriptor
@@ -2050,7 +2119,7 @@ const file_kvtier_engine_v1_engine_proto_rawDesc = "" +
 	"\x06req_id\x18\x01 \x01(\tR\x05reqId\x12#\n" +
 	"\routput_tokens\x18\x02 \x01(\rR\foutputTokens\"\x1e\n" +
 	"\x05Abort\x12\x15\n" +
-	"\x06req_id\x18\x01 \x01(\tR\x05reqId\"\xfe\x02\n" +
+	"\x06req_id\x18\x01 \x01(\tR\x05reqId\"\xb6\x03\n" +
 	"\vStepRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12\x12\n" +
@@ -2060,7 +2129,12 @@ const file_kvtier_engine_v1_engine_proto_rawDesc = "" +
 	"\x06stores\x18\x06 \x03(\v2\x17.kvtier.engine.v1.StoreR\x06stores\x124\n" +
 	"\bfinished\x18\a \x03(\v2\x18.kvtier.engine.v1.FinishR\bfinished\x121\n" +
 	"\aaborted\x18\b \x03(\v2\x17.kvtier.engine.v1.AbortR\aaborted\x12\x1a\n" +
-	"\bfrontier\x18\t \x01(\fR\bfrontier\"7\n" +
+	"\bfrontier\x18\t \x01(\fR\bfrontier\x126\n" +
+	"\bupcoming\x18\n" +
+	" \x03(\v2\x1a.kvtier.engine.v1.UpcomingR\bupcoming\"8\n" +
+	"\bUpcoming\x12\x14\n" +
+	"\x05pages\x18\x01 \x01(\rR\x05pages\x12\x16\n" +
+	"\x06hashes\x18\x02 \x01(\fR\x06hashes\"7\n" +
 	"\tPageRange\x12\x14\n" +
 	"\x05start\x18\x01 \x01(\rR\x05start\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\"\xf7\x01\n" +
@@ -2156,7 +2230,7 @@ func file_kvtier_engine_v1_engine_proto_rawDescGZIP() []byte {
 }
 
 var file_kvtier_engine_v1_engine_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_kvtier_engine_v1_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_kvtier_engine_v1_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_kvtier_engine_v1_engine_proto_goTypes = []any{
 	(LookupStatus)(0),       // 0: kvtier.engine.v1.LookupStatus
 	(Direction)(0),          // 1: kvtier.engine.v1.Direction
@@ -2174,19 +2248,20 @@ var file_kvtier_engine_v1_engine_proto_goTypes = []any{
 	(*Finish)(nil),          // 13: kvtier.engine.v1.Finish
 	(*Abort)(nil),           // 14: kvtier.engine.v1.Abort
 	(*StepRequest)(nil),     // 15: kvtier.engine.v1.StepRequest
-	(*PageRange)(nil),       // 16: kvtier.engine.v1.PageRange
-	(*LookupResult)(nil),    // 17: kvtier.engine.v1.LookupResult
-	(*Placement)(nil),       // 18: kvtier.engine.v1.Placement
-	(*CopyItem)(nil),        // 19: kvtier.engine.v1.CopyItem
-	(*CopyPlan)(nil),        // 20: kvtier.engine.v1.CopyPlan
-	(*ItemError)(nil),       // 21: kvtier.engine.v1.ItemError
-	(*StepReply)(nil),       // 22: kvtier.engine.v1.StepReply
-	(*HealthRequest)(nil),   // 23: kvtier.engine.v1.HealthRequest
-	(*HealthReply)(nil),     // 24: kvtier.engine.v1.HealthReply
-	(*CloseRequest)(nil),    // 25: kvtier.engine.v1.CloseRequest
-	(*CloseReply)(nil),      // 26: kvtier.engine.v1.CloseReply
-	(*PingRequest)(nil),     // 27: kvtier.engine.v1.PingRequest
-	(*PingReply)(nil),       // 28: kvtier.engine.v1.PingReply
+	(*Upcoming)(nil),        // 16: kvtier.engine.v1.Upcoming
+	(*PageRange)(nil),       // 17: kvtier.engine.v1.PageRange
+	(*LookupResult)(nil),    // 18: kvtier.engine.v1.LookupResult
+	(*Placement)(nil),       // 19: kvtier.engine.v1.Placement
+	(*CopyItem)(nil),        // 20: kvtier.engine.v1.CopyItem
+	(*CopyPlan)(nil),        // 21: kvtier.engine.v1.CopyPlan
+	(*ItemError)(nil),       // 22: kvtier.engine.v1.ItemError
+	(*StepReply)(nil),       // 23: kvtier.engine.v1.StepReply
+	(*HealthRequest)(nil),   // 24: kvtier.engine.v1.HealthRequest
+	(*HealthReply)(nil),     // 25: kvtier.engine.v1.HealthReply
+	(*CloseRequest)(nil),    // 26: kvtier.engine.v1.CloseRequest
+	(*CloseReply)(nil),      // 27: kvtier.engine.v1.CloseReply
+	(*PingRequest)(nil),     // 28: kvtier.engine.v1.PingRequest
+	(*PingReply)(nil),       // 29: kvtier.engine.v1.PingReply
 }
 var file_kvtier_engine_v1_engine_proto_depIdxs = []int32{
 	3,  // 0: kvtier.engine.v1.RegisterRequest.namespace:type_name -> kvtier.engine.v1.Namespace
@@ -2199,32 +2274,33 @@ var file_kvtier_engine_v1_engine_proto_depIdxs = []int32{
 	12, // 7: kvtier.engine.v1.StepRequest.stores:type_name -> kvtier.engine.v1.Store
 	13, // 8: kvtier.engine.v1.StepRequest.finished:type_name -> kvtier.engine.v1.Finish
 	14, // 9: kvtier.engine.v1.StepRequest.aborted:type_name -> kvtier.engine.v1.Abort
-	0,  // 10: kvtier.engine.v1.LookupResult.status:type_name -> kvtier.engine.v1.LookupStatus
-	16, // 11: kvtier.engine.v1.LookupResult.l1_pages:type_name -> kvtier.engine.v1.PageRange
-	16, // 12: kvtier.engine.v1.Placement.l1_pages:type_name -> kvtier.engine.v1.PageRange
-	1,  // 13: kvtier.engine.v1.CopyPlan.direction:type_name -> kvtier.engine.v1.Direction
-	19, // 14: kvtier.engine.v1.CopyPlan.items:type_name -> kvtier.engine.v1.CopyItem
-	2,  // 15: kvtier.engine.v1.ItemError.code:type_name -> kvtier.engine.v1.ErrorCode
-	17, // 16: kvtier.engine.v1.StepReply.lookups:type_name -> kvtier.engine.v1.LookupResult
-	18, // 17: kvtier.engine.v1.StepReply.placements:type_name -> kvtier.engine.v1.Placement
-	20, // 18: kvtier.engine.v1.StepReply.plans:type_name -> kvtier.engine.v1.CopyPlan
-	21, // 19: kvtier.engine.v1.StepReply.errors:type_name -> kvtier.engine.v1.ItemError
-	5,  // 20: kvtier.engine.v1.HealthReply.kinds:type_name -> kvtier.engine.v1.PayloadKind
-	4,  // 21: kvtier.engine.v1.Engine.Register:input_type -> kvtier.engine.v1.RegisterRequest
-	15, // 22: kvtier.engine.v1.Engine.Step:input_type -> kvtier.engine.v1.StepRequest
-	23, // 23: kvtier.engine.v1.Engine.Health:input_type -> kvtier.engine.v1.HealthRequest
-	25, // 24: kvtier.engine.v1.Engine.Close:input_type -> kvtier.engine.v1.CloseRequest
-	27, // 25: kvtier.engine.v1.Engine.Ping:input_type -> kvtier.engine.v1.PingRequest
-	9,  // 26: kvtier.engine.v1.Engine.Register:output_type -> kvtier.engine.v1.RegisterReply
-	22, // 27: kvtier.engine.v1.Engine.Step:output_type -> kvtier.engine.v1.StepReply
-	24, // 28: kvtier.engine.v1.Engine.Health:output_type -> kvtier.engine.v1.HealthReply
-	26, // 29: kvtier.engine.v1.Engine.Close:output_type -> kvtier.engine.v1.CloseReply
-	28, // 30: kvtier.engine.v1.Engine.Ping:output_type -> kvtier.engine.v1.PingReply
-	26, // [26:31] is the sub-list for method output_type
-	21, // [21:26] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	16, // 10: kvtier.engine.v1.StepRequest.upcoming:type_name -> kvtier.engine.v1.Upcoming
+	0,  // 11: kvtier.engine.v1.LookupResult.status:type_name -> kvtier.engine.v1.LookupStatus
+	17, // 12: kvtier.engine.v1.LookupResult.l1_pages:type_name -> kvtier.engine.v1.PageRange
+	17, // 13: kvtier.engine.v1.Placement.l1_pages:type_name -> kvtier.engine.v1.PageRange
+	1,  // 14: kvtier.engine.v1.CopyPlan.direction:type_name -> kvtier.engine.v1.Direction
+	20, // 15: kvtier.engine.v1.CopyPlan.items:type_name -> kvtier.engine.v1.CopyItem
+	2,  // 16: kvtier.engine.v1.ItemError.code:type_name -> kvtier.engine.v1.ErrorCode
+	18, // 17: kvtier.engine.v1.StepReply.lookups:type_name -> kvtier.engine.v1.LookupResult
+	19, // 18: kvtier.engine.v1.StepReply.placements:type_name -> kvtier.engine.v1.Placement
+	21, // 19: kvtier.engine.v1.StepReply.plans:type_name -> kvtier.engine.v1.CopyPlan
+	22, // 20: kvtier.engine.v1.StepReply.errors:type_name -> kvtier.engine.v1.ItemError
+	5,  // 21: kvtier.engine.v1.HealthReply.kinds:type_name -> kvtier.engine.v1.PayloadKind
+	4,  // 22: kvtier.engine.v1.Engine.Register:input_type -> kvtier.engine.v1.RegisterRequest
+	15, // 23: kvtier.engine.v1.Engine.Step:input_type -> kvtier.engine.v1.StepRequest
+	24, // 24: kvtier.engine.v1.Engine.Health:input_type -> kvtier.engine.v1.HealthRequest
+	26, // 25: kvtier.engine.v1.Engine.Close:input_type -> kvtier.engine.v1.CloseRequest
+	28, // 26: kvtier.engine.v1.Engine.Ping:input_type -> kvtier.engine.v1.PingRequest
+	9,  // 27: kvtier.engine.v1.Engine.Register:output_type -> kvtier.engine.v1.RegisterReply
+	23, // 28: kvtier.engine.v1.Engine.Step:output_type -> kvtier.engine.v1.StepReply
+	25, // 29: kvtier.engine.v1.Engine.Health:output_type -> kvtier.engine.v1.HealthReply
+	27, // 30: kvtier.engine.v1.Engine.Close:output_type -> kvtier.engine.v1.CloseReply
+	29, // 31: kvtier.engine.v1.Engine.Ping:output_type -> kvtier.engine.v1.PingReply
+	27, // [27:32] is the sub-list for method output_type
+	22, // [22:27] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_kvtier_engine_v1_engine_proto_init() }
@@ -2238,7 +2314,7 @@ func file_kvtier_engine_v1_engine_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvtier_engine_v1_engine_proto_rawDesc), len(file_kvtier_engine_v1_engine_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -110,6 +110,9 @@ type session struct {
 	lastStep uint64
 	seen     time.Time
 	reqs     map[string]*request
+	// hinted: the session has sent an upcoming list; from then on every
+	// step's list replaces the last.
+	hinted bool
 }
 
 // request is one live request of the session.
@@ -428,7 +431,7 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 		errs.add(ref{"step", -1}, "", pb.ErrorCode_ERROR_CODE_STATE, "step %d does not follow step %d", q.GetStep(), s.lastStep)
 		return out
 	}
-	items := len(q.GetCompletions()) + len(q.GetLookups()) + len(q.GetStores()) + len(q.GetFinished()) + len(q.GetAborted())
+	items := len(q.GetCompletions()) + len(q.GetLookups()) + len(q.GetStores()) + len(q.GetFinished()) + len(q.GetAborted()) + len(q.GetUpcoming())
 	if limit := r.srv.cfg.MaxItemsPerStep; items > limit {
 		errs.add(ref{"step", -1}, "", pb.ErrorCode_ERROR_CODE_LIMIT, "%d items, at most %d a step", items, limit)
 		return out
@@ -537,11 +540,14 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 		r.end(ctx, errs, ref{"aborted", i}, s, names, a.GetReqId(), false)
 	}
 
+	// 5. The waiting queue as a hint, after this step's admissions.
+	r.upcoming(ctx, errs, s, q.GetUpcoming())
+
 	if eg != nil {
 		return r.stepEngine(ctx, eg, s, out, errs)
 	}
 
-	// 5. Tick, once: the frontier commits what finished. The step never
+	// 6. Tick, once: the frontier commits what finished. The step never
 	// waits for a tier: lookups and reloads run on the Node's store
 	// worker, and a request held for one stays PENDING until a later
 	// step's tick finds its answers in the frontier.
@@ -768,6 +774,51 @@ func (r *rank) pendingNames(s *session) []string {
 	}
 	slices.Sort(ns)
 	return ns
+}
+
+// upcoming applies a step's waiting-queue hint (StepRequest.upcoming):
+// once the session has sent one, the last is cleared and the new keys
+// applied, nearest first. A bad key is refused alone; a list longer than
+// control.MaxUpcoming is refused whole (the last hint is cleared).
+func (r *rank) upcoming(ctx context.Context, errs stepErrs, s *session, ups []*pb.Upcoming) {
+	if len(ups) == 0 && !s.hinted {
+		return
+	}
+	s.hinted = true
+	apply := func(item ref, key []pagehash.Hash) bool {
+		if _, err := r.node.Apply(ctx, control.Event{Kind: control.EvUpcoming, Pages: len(key), Hashes: key}); err != nil {
+			errs.add(item, "", pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "upcoming: %v", err)
+			return false
+		}
+		return true
+	}
+	if !apply(ref{"upcoming", -1}, nil) {
+		return
+	}
+	if len(ups) > control.MaxUpcoming {
+		errs.add(ref{"upcoming", -1}, "", pb.ErrorCode_ERROR_CODE_LIMIT, "%d upcoming keys, at most %d (the nearest of the queue)", len(ups), control.MaxUpcoming)
+		return
+	}
+	for i, u := range ups {
+		item := ref{"upcoming", i}
+		pages := u.GetPages()
+		switch {
+		case pages == 0:
+			errs.add(item, "", pb.ErrorCode_ERROR_CODE_INVALID, "no pages")
+			continue
+		case int(pages) > r.srv.cfg.MaxPagesPerRequest:
+			errs.add(item, "", pb.ErrorCode_ERROR_CODE_LIMIT, "%d pages, at most %d a request", pages, r.srv.cfg.MaxPagesPerRequest)
+			continue
+		}
+		key, err := s.keyer.keys(nil, pages, u.GetHashes())
+		if err != nil {
+			errs.add(item, "", pb.ErrorCode_ERROR_CODE_INVALID, "%v", err)
+			continue
+		}
+		if !apply(item, key) {
+			return
+		}
+	}
 }
 
 // checkKey validates an item's id and hashes and returns serve's keys.
