@@ -16,12 +16,15 @@ import (
 // the report already printed.
 var errChecksFailed = errors.New("checks failed")
 
-const doctorUsage = `usage: kvtier doctor [--config FILE] [--json]
+const doctorUsage = `usage: kvtier doctor [--config FILE] [--socket PATH] [--json]
 
 Checks this machine against a stack config before kvtier serve runs on it:
 hugepages and the hugetlbfs mount against the L2 slab, the memlock limit,
 O_DIRECT, power-loss protection (fdatasync latency) and free space on each
-L3 disk, the LMDB map size, the API socket's directory and the plugin pins.
+L3 disk, the LMDB map size, the API socket and the plugin pins. The API
+socket is the unix socket serve listens on (--socket; default serve's own,
+kvtier.sock in its default --data-dir): free, a stale file a dead serve left
+(serve removes it), or held by a live serve that answers; and its directory.
 Each check passes, warns or fails with what to run or change. Exits 1 when a
 check fails; warnings exit 0. The O_DIRECT and power-loss probes write a
 scratch file in each L3 directory (or its nearest existing parent) and remove it.
@@ -39,6 +42,7 @@ func doctorWith(ctx context.Context, args []string, stdout, stderr io.Writer, sy
 	fs := flag.NewFlagSet("kvtier doctor", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfgPath := fs.String("config", "", "stack config `file` (default: the embedded default stack)")
+	socket := fs.String("socket", "", "the unix socket `path` serve will listen on (default: serve's, DIR/kvtier.sock under $XDG_STATE_HOME/kvtier or ~/.local/state/kvtier)")
 	asJSON := fs.Bool("json", false, "print one JSON object {checks: [{name, status, message, detail}], ok}")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, doctorUsage)
@@ -57,7 +61,15 @@ func doctorWith(ctx context.Context, args []string, stdout, stderr io.Writer, sy
 	if err != nil {
 		return fmt.Errorf("doctor: %w", err)
 	}
-	rep := doctor.Run(ctx, st, sys)
+	sock := *socket
+	if sock == "" {
+		dir, err := defaultServeDataDir()
+		if err != nil {
+			return fmt.Errorf("doctor: %w (pass --socket)", err)
+		}
+		sock = serveSocketIn(dir)
+	}
+	rep := doctor.RunOptions(ctx, st, sys, doctor.Options{Socket: sock})
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -89,6 +90,27 @@ func TestDoctorCommand(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("version: 1\nmodel: {page_tokens: 0}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// serve's default socket: kvtier.sock in $XDG_STATE_HOME/kvtier.
+	state := filepath.Join(dir, "state")
+	t.Setenv("XDG_STATE_HOME", state)
+	// A live socket (something answers) and a stale one (its listener
+	// gone, the file left).
+	sockDir := filepath.Join(dir, "sock")
+	if err := os.Mkdir(sockDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	live, stale := filepath.Join(sockDir, "live.sock"), filepath.Join(sockDir, "stale.sock")
+	ll, err := net.Listen("unix", live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ll.Close()
+	sl, err := net.Listen("unix", stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sl.(*net.UnixListener).SetUnlinkOnClose(false)
+	sl.Close()
 	tests := []struct {
 		name   string
 		args   []string
@@ -102,6 +124,14 @@ func TestDoctorCommand(t *testing.T) {
 		{name: "warnings only exit 0", args: []string{"--config", fine},
 			out: []string{"WARN  hugetlbfs_mount", "PASS  plugin_pins", "0 fail"}},
 		{name: "json", args: []string{"--json", "--config", missing}, out: []string{`"name": "plugin_pins"`, `"ok": false`}, err: errChecksFailed},
+		{name: "serve's default socket", args: []string{"--config", fine},
+			out: []string{"PASS  api_socket", "the socket " + filepath.Join(state, "kvtier", "kvtier.sock") + " is free", "serve creates it (mode 0700)"}},
+		{name: "--socket free", args: []string{"--config", fine, "--socket", filepath.Join(sockDir, "new.sock")},
+			out: []string{"PASS  api_socket", "the socket " + filepath.Join(sockDir, "new.sock") + " is free; its directory " + sockDir + " exists"}},
+		{name: "--socket live", args: []string{"--config", fine, "--socket", live},
+			out: []string{"WARN  api_socket", "a live serve answers on " + live}},
+		{name: "--socket stale", args: []string{"--config", fine, "--socket", stale},
+			out: []string{"PASS  api_socket", stale + " is a stale socket file (no serve answers; serve removes it at start)"}},
 		{name: "bad config", args: []string{"--config", bad}, errMsg: "page_tokens"},
 		{name: "extra argument", args: []string{"now"}, err: errUsage},
 		{name: "unknown flag", args: []string{"--fix"}, err: errUsage},

@@ -148,19 +148,15 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	dir := *dataDir
 	if dir == "" {
-		base := os.Getenv("XDG_STATE_HOME")
-		if base == "" {
-			home, err := os.UserHomeDir()
-			if err != nil {
-				return fmt.Errorf("serve: no --data-dir and no home directory: %w", err)
-			}
-			base = filepath.Join(home, ".local", "state")
+		d, err := defaultServeDataDir()
+		if err != nil {
+			return fmt.Errorf("serve: %w", err)
 		}
-		dir = filepath.Join(base, "kvtier")
+		dir = d
 	}
 	sock := *socket
 	if sock == "" {
-		sock = filepath.Join(dir, "kvtier.sock")
+		sock = serveSocketIn(dir)
 	}
 	var text string
 	if *cfgPath != "" {
@@ -212,3 +208,20 @@ func readBounded(path string, limit int64) ([]byte, error) {
 	}
 	return b, nil
 }
+
+// defaultServeDataDir is serve's --data-dir default: $XDG_STATE_HOME/kvtier,
+// or ~/.local/state/kvtier. kvtier doctor finds serve's socket by it.
+func defaultServeDataDir() (string, error) {
+	base := os.Getenv("XDG_STATE_HOME")
+	if base == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return "", fmt.Errorf("no --data-dir and no home directory: %w", err)
+		}
+		base = filepath.Join(home, ".local", "state")
+	}
+	return filepath.Join(base, "kvtier"), nil
+}
+
+// serveSocketIn is serve's --socket default under the data dir dir.
+func serveSocketIn(dir string) string { return filepath.Join(dir, "kvtier.sock") }

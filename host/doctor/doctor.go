@@ -76,7 +76,8 @@ const (
 	// CheckLMDBMapSize compares the LMDB index's map size with the entries
 	// the L3 slots can produce.
 	CheckLMDBMapSize = "lmdb_map_size"
-	// CheckAPISocket checks the directory of the API's unix socket.
+	// CheckAPISocket checks the unix socket serve will listen on (free,
+	// stale or held by a live serve) and its directory.
 	CheckAPISocket = "api_socket"
 	// CheckPluginPins checks each plugin binary: present, executable,
 	// SHA-256 as pinned.
@@ -135,8 +136,18 @@ type check struct {
 
 // env is what every check sees.
 type env struct {
-	st  *config.Stack
-	sys System
+	st   *config.Stack
+	sys  System
+	opts Options
+}
+
+// Options are what a check needs beyond the stack and the machine: the
+// command-line settings of the serve the checks prepare for.
+type Options struct {
+	// Socket is the unix socket path kvtier serve will listen on (its
+	// --socket, by default DIR/kvtier.sock under its --data-dir). Empty:
+	// the socket of $.api.listen, if that names one.
+	Socket string
 }
 
 func checks() []check {
@@ -158,13 +169,18 @@ func checks() []check {
 // measure what it needs fails itself, with the reason. A cancelled ctx
 // fails the checks not yet run.
 func Run(ctx context.Context, st *config.Stack, sys System) Report {
+	return RunOptions(ctx, st, sys, Options{})
+}
+
+// RunOptions is Run with opts.
+func RunOptions(ctx context.Context, st *config.Stack, sys System, opts Options) Report {
 	rep := Report{OK: true}
 	for _, c := range checks() {
 		var r Result
 		if err := ctx.Err(); err != nil {
 			r = failf("not run: %v", err)
 		} else {
-			r = c.run(ctx, &env{st: st, sys: sys})
+			r = c.run(ctx, &env{st: st, sys: sys, opts: opts})
 		}
 		r.Name = c.name
 		if r.Detail == nil {

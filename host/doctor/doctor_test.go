@@ -313,7 +313,15 @@ func TestChecks(t *testing.T) {
 			want:  Pass, msg: []string{"/run/kvtier exists"}},
 		{name: "socket dir missing", check: CheckAPISocket,
 			stack: func(s *config.Stack) { s.API.Listen = "/run/kvtier/api.sock" },
-			want:  Fail, msg: []string{"does not exist", "install -d -m 0750"}},
+			sys:   func(f *fakeSys) { f.stats["/run"] = fakeInfo{name: "run", mode: fs.ModeDir | 0o755} },
+			want:  Pass, msg: []string{"the socket /run/kvtier/api.sock is free", "/run/kvtier does not exist yet: serve creates it (mode 0700) in /run"}},
+		{name: "socket dir missing, parent not writable", check: CheckAPISocket,
+			stack: func(s *config.Stack) { s.API.Listen = "/run/kvtier/api.sock" },
+			sys: func(f *fakeSys) {
+				f.stats["/run"] = fakeInfo{name: "run", mode: fs.ModeDir | 0o755}
+				f.noAccess = map[string]error{"/run": fs.ErrPermission}
+			},
+			want: Fail, msg: []string{"does not exist and serve cannot create it in /run", "install -d -m 0700"}},
 		{name: "socket dir world-writable", check: CheckAPISocket,
 			stack: func(s *config.Stack) { s.API.Listen = "unix:///run/kvtier/api.sock" },
 			sys:   func(f *fakeSys) { f.stats["/run/kvtier"] = fakeInfo{name: "kvtier", mode: fs.ModeDir | 0o777} },
@@ -469,5 +477,61 @@ func TestMerge(t *testing.T) {
 	}
 	if got := len(r.Detail["x"].([]map[string]any)); got != 4 {
 		t.Errorf("merge kept %d details", got)
+	}
+}
+
+// TestAPISocketOfServe: with Options.Socket (the socket serve will use,
+// as `kvtier doctor` passes it) the check says whether the path is free,
+// a stale file or held by a live serve, whatever $.api.listen says.
+func TestAPISocketOfServe(t *testing.T) {
+	const sock = "/home/u/.local/state/kvtier/kvtier.sock"
+	const dir = "/home/u/.local/state/kvtier"
+	homeDirs := func(f *fakeSys) {
+		f.stats["/home"] = fakeInfo{name: "home", mode: fs.ModeDir | 0o755}
+		f.stats["/home/u"] = fakeInfo{name: "u", mode: fs.ModeDir | 0o755}
+		f.stats["/home/u/.local"] = fakeInfo{name: ".local", mode: fs.ModeDir | 0o755}
+		f.stats["/home/u/.local/state"] = fakeInfo{name: "state", mode: fs.ModeDir | 0o755}
+	}
+	withDir := func(f *fakeSys) { homeDirs(f); f.stats[dir] = fakeInfo{name: "kvtier", mode: fs.ModeDir | 0o700} }
+	withSocket := func(f *fakeSys) { withDir(f); f.stats[sock] = fakeInfo{name: "kvtier.sock", mode: fs.ModeSocket | 0o600} }
+	tests := []struct {
+		name  string
+		sys   func(f *fakeSys)
+		want  Status
+		state string
+		msg   []string
+	}{
+		{name: "free", sys: withDir, want: Pass, state: "free",
+			msg: []string{"the socket " + sock + " is free; its directory " + dir + " exists, is writable"}},
+		{name: "free, directory not made yet", sys: homeDirs, want: Pass, state: "free",
+			msg: []string{"is free", dir + " does not exist yet: serve creates it (mode 0700) in /home/u/.local/state"}},
+		{name: "stale", sys: withSocket, want: Pass, state: "stale",
+			msg: []string{sock + " is a stale socket file (no serve answers; serve removes it at start)"}},
+		{name: "live serve", sys: func(f *fakeSys) { withSocket(f); f.listening = map[string]bool{sock: true} }, want: Warn, state: "live",
+			msg: []string{"a live serve answers on " + sock, "another --socket"}},
+		{name: "not a socket", sys: func(f *fakeSys) { withDir(f); f.stats[sock] = fakeInfo{name: "kvtier.sock", mode: 0o644} }, want: Fail, state: "not_socket",
+			msg: []string{sock + " exists and is not a socket", "another --socket"}},
+		{name: "world-writable dir", sys: func(f *fakeSys) { homeDirs(f); f.stats[dir] = fakeInfo{name: "kvtier", mode: fs.ModeDir | 0o777} }, want: Fail, state: "free",
+			msg: []string{"is free; its directory " + dir + " is world-writable"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sys := healthyMachine()
+			tt.sys(sys)
+			rep := RunOptions(context.Background(), defaultStack(t), sys, Options{Socket: sock})
+			i := slices.IndexFunc(rep.Checks, func(r Result) bool { return r.Name == CheckAPISocket })
+			got := rep.Checks[i]
+			if got.Status != tt.want || got.Detail["state"] != tt.state || got.Detail["socket"] != sock {
+				t.Errorf("status %s, detail %v; want %s, state %s; message: %s", got.Status, got.Detail, tt.want, tt.state, got.Message)
+			}
+			if strings.Contains(got.Message, "TCP") {
+				t.Errorf("message %q names the config's TCP address, not serve's socket", got.Message)
+			}
+			for _, m := range tt.msg {
+				if !strings.Contains(got.Message, m) {
+					t.Errorf("message %q does not contain %q", got.Message, m)
+				}
+			}
+		})
 	}
 }

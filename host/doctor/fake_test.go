@@ -42,11 +42,23 @@ type fakeSys struct {
 	plp        map[string]plpAnswer
 	sums       map[string]string
 	globs      map[string][]string
+	// listening holds the unix sockets a live serve answers on.
+	listening map[string]bool
 	// calls records probe calls, "odirect DIR" and "plp DIR N".
 	calls []string
 }
 
-var _ System = (*fakeSys)(nil)
+var (
+	_ System       = (*fakeSys)(nil)
+	_ SocketDialer = (*fakeSys)(nil)
+)
+
+func (f *fakeSys) DialUnix(p string) error {
+	if f.listening[p] {
+		return nil
+	}
+	return &fs.PathError{Op: "dial", Path: p, Err: unix.ECONNREFUSED}
+}
 
 const (
 	gib = int64(1) << 30

@@ -11,41 +11,82 @@ import (
 	"github.com/kvtier/kvtier/host/config"
 )
 
-// checkAPISocket checks the directory of the API's unix socket: present,
-// a directory, writable by this user, not writable by everyone (anyone
+// checkAPISocket checks the unix socket kvtier serve will listen on
+// (Options.Socket; without it, the socket of $.api.listen): whether the
+// path is free, a stale file a dead serve left (serve removes it at start)
+// or held by a live serve that answers (a second serve there refuses to
+// start); and its directory: writable by this user (or absent, with an
+// ancestor serve can create it in), not writable by everyone (anyone
 // could replace the socket and receive the engine's calls).
 func checkAPISocket(_ context.Context, e *env) Result {
-	listen := e.st.API.Listen
-	path, ok := socketPath(listen)
-	if !ok {
-		if listen == "" {
-			return passf("the API is disabled ($.api.listen is empty); no socket")
+	path, flag := e.opts.Socket, "--socket"
+	if path == "" {
+		listen := e.st.API.Listen
+		var ok bool
+		if path, ok = socketPath(listen); !ok {
+			if listen == "" {
+				return passf("the API is disabled ($.api.listen is empty); no socket")
+			}
+			return passf("the API listens on TCP %s; no socket to check", listen).with(map[string]any{"listen": listen})
 		}
-		return passf("the API listens on TCP %s; no socket to check", listen).with(map[string]any{"listen": listen})
+		flag = "$.api.listen"
 	}
 	dir := filepath.Dir(path)
 	detail := map[string]any{"socket": path, "dir": dir}
-	fi, err := e.sys.Stat(dir)
+	var state string
+	fi, err := e.sys.Stat(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return failf("the socket directory %s does not exist: create it for the serve user (install -d -m 0750 -o USER %s)", dir, dir).with(detail)
+		state = fmt.Sprintf("the socket %s is free", path)
+		detail["state"] = "free"
 	case err != nil:
-		return failf("the socket directory %s cannot be read: %v", dir, err).with(detail)
-	case !fi.IsDir():
-		return failf("%s, the directory of socket %s, is not a directory: fix $.api.listen", dir, path).with(detail)
+		// A missing or unreadable directory answers here too; the
+		// directory checks below say which.
+		state = fmt.Sprintf("the socket %s cannot be checked (%v)", path, err)
+		detail["state"] = "unknown"
+	case fi.Mode()&fs.ModeSocket == 0:
+		detail["state"] = "not_socket"
+		return failf("%s exists and is not a socket: serve refuses to start there; remove it or give serve another %s", path, flag).with(detail)
+	default:
+		d, ok := e.sys.(SocketDialer)
+		if !ok {
+			state = fmt.Sprintf("the socket file %s exists (whether a serve answers was not probed)", path)
+			detail["state"] = "unknown"
+			break
+		}
+		if err := d.DialUnix(path); err == nil {
+			detail["state"] = "live"
+			return warnf("a live serve answers on %s: another serve there refuses to start; stop that one or give the new one another %s", path, flag).with(detail)
+		}
+		state = fmt.Sprintf("%s is a stale socket file (no serve answers; serve removes it at start)", path)
+		detail["state"] = "stale"
+	}
+	probe, missing, err := existingDir(e.sys, dir)
+	switch {
+	case err != nil:
+		return failf("%s; its directory %s cannot be used: %v", state, dir, err).with(detail)
+	case missing:
+		if err := e.sys.Access(probe, AccessWrite); err != nil {
+			return failf("%s; its directory %s does not exist and serve cannot create it in %s (%v): create it for the serve user (install -d -m 0700 -o USER %s)", state, dir, probe, err, dir).with(detail)
+		}
+		return passf("%s; its directory %s does not exist yet: serve creates it (mode 0700) in %s", state, dir, probe).with(detail)
+	}
+	fi, err = e.sys.Stat(dir)
+	if err != nil {
+		return failf("%s; its directory %s cannot be read: %v", state, dir, err).with(detail)
 	}
 	mode := fi.Mode()
 	detail["mode"] = fmt.Sprintf("%#o", mode.Perm()|mode&fs.ModeSticky)
 	if err := e.sys.Access(dir, AccessWrite); err != nil {
-		return failf("serve cannot create its socket in %s (%v): run serve as the directory's owner or chown it", dir, err).with(detail)
+		return failf("%s; serve cannot create its socket in %s (%v): run serve as the directory's owner or chown it", state, dir, err).with(detail)
 	}
 	if mode.Perm()&0o002 != 0 {
 		if mode&fs.ModeSticky != 0 {
-			return warnf("the socket directory %s is world-writable (sticky): another user can take the socket name before serve starts; use a directory of the serve user (install -d -m 0750 %s/kvtier)", dir, dir).with(detail)
+			return warnf("%s; its directory %s is world-writable (sticky): another user can take the socket name before serve starts; use a directory of the serve user (install -d -m 0750 %s/kvtier)", state, dir, dir).with(detail)
 		}
-		return failf("the socket directory %s is world-writable: anyone can replace the socket and receive the engine's calls; chmod o-w %s, or use a directory of the serve user", dir, dir).with(detail)
+		return failf("%s; its directory %s is world-writable: anyone can replace the socket and receive the engine's calls; chmod o-w %s, or use a directory of the serve user", state, dir, dir).with(detail)
 	}
-	return passf("the socket directory %s exists, is writable by this user and not by everyone", dir).with(detail)
+	return passf("%s; its directory %s exists, is writable by this user and not by everyone", state, dir).with(detail)
 }
 
 // pluginRef is one plugin binary of the stack, with its YAML path.

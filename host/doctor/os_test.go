@@ -2,6 +2,7 @@ package doctor
 
 import (
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -47,5 +48,25 @@ func TestOS(t *testing.T) {
 	}
 	if b, err := sys.ReadFile("/proc/self/status"); err != nil || len(b) == 0 {
 		t.Errorf("ReadFile: %d bytes, %v", len(b), err)
+	}
+}
+
+// TestOSDialUnix tells a live socket from the stale file a dead listener
+// leaves.
+func TestOSDialUnix(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := (OS{}).DialUnix(path); err != nil {
+		t.Errorf("live socket: %v", err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := (OS{}).DialUnix(path); err == nil {
+		t.Error("stale socket file answered")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -69,10 +70,33 @@ type System interface {
 	Glob(pattern string) ([]string, error)
 }
 
+// SocketDialer is a System that can tell a live unix socket from a stale
+// file: the api_socket check uses it when the System has it.
+type SocketDialer interface {
+	// DialUnix connects to the unix socket at path and closes the
+	// connection at once; nil means something listens there.
+	DialUnix(path string) error
+}
+
 // OS is the real machine.
 type OS struct{}
 
-var _ System = OS{}
+var (
+	_ System       = OS{}
+	_ SocketDialer = OS{}
+)
+
+// dialTimeout bounds DialUnix: a live serve accepts at once.
+const dialTimeout = time.Second
+
+// DialUnix implements SocketDialer.
+func (OS) DialUnix(path string) error {
+	c, err := net.DialTimeout("unix", path, dialTimeout)
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
 
 // maxProcFile bounds what ReadFile reads: /proc and /sys files the checks
 // read are a few KiB.
