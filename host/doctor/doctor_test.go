@@ -493,7 +493,10 @@ func TestAPISocketOfServe(t *testing.T) {
 		f.stats["/home/u/.local/state"] = fakeInfo{name: "state", mode: fs.ModeDir | 0o755}
 	}
 	withDir := func(f *fakeSys) { homeDirs(f); f.stats[dir] = fakeInfo{name: "kvtier", mode: fs.ModeDir | 0o700} }
-	withSocket := func(f *fakeSys) { withDir(f); f.stats[sock] = fakeInfo{name: "kvtier.sock", mode: fs.ModeSocket | 0o600} }
+	withSocket := func(f *fakeSys) {
+		withDir(f)
+		f.stats[sock] = fakeInfo{name: "kvtier.sock", mode: fs.ModeSocket | 0o600}
+	}
 	tests := []struct {
 		name  string
 		sys   func(f *fakeSys)
