@@ -909,10 +909,16 @@ func (x *Span) GetLength() uint64 {
 }
 
 type ExistsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	BootId        string                 `protobuf:"bytes,2,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
-	Keys          []string               `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Session string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	BootId  string                 `protobuf:"bytes,2,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
+	Keys    []string               `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	// prefetch: these keys are a waiting request's (SGLang's prefetch thread
+	// asks exists when a request enters its queue). The pages the answer
+	// places in L3 start reloading into the L2 slab in the background,
+	// without waiting, so the BatchGet that follows finds them in L2. See
+	// docs/store-api.md, "Prefetch".
+	Prefetch      bool `protobuf:"varint,4,opt,name=prefetch,proto3" json:"prefetch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -966,6 +972,13 @@ func (x *ExistsRequest) GetKeys() []string {
 		return x.Keys
 	}
 	return nil
+}
+
+func (x *ExistsRequest) GetPrefetch() bool {
+	if x != nil {
+		return x.Prefetch
+	}
+	return false
 }
 
 type ExistsReply struct {
@@ -1821,8 +1834,13 @@ type StatsReply struct {
 	L2UsedPages     uint64                 `protobuf:"varint,15,opt,name=l2_used_pages,json=l2UsedPages,proto3" json:"l2_used_pages,omitempty"`
 	L2CapacityPages uint64                 `protobuf:"varint,16,opt,name=l2_capacity_pages,json=l2CapacityPages,proto3" json:"l2_capacity_pages,omitempty"`
 	EvictedPages    uint64                 `protobuf:"varint,17,opt,name=evicted_pages,json=evictedPages,proto3" json:"evicted_pages,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// prefetch_pages counts the pages exists with prefetch started
+	// reloading; prefetch_skipped_pages those it left in L3 (no room, or
+	// too many reloads in flight).
+	PrefetchPages        uint64 `protobuf:"varint,18,opt,name=prefetch_pages,json=prefetchPages,proto3" json:"prefetch_pages,omitempty"`
+	PrefetchSkippedPages uint64 `protobuf:"varint,19,opt,name=prefetch_skipped_pages,json=prefetchSkippedPages,proto3" json:"prefetch_skipped_pages,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *StatsReply) Reset() {
@@ -1970,6 +1988,20 @@ func (x *StatsReply) GetL2CapacityPages() uint64 {
 func (x *StatsReply) GetEvictedPages() uint64 {
 	if x != nil {
 		return x.EvictedPages
+	}
+	return 0
+}
+
+func (x *StatsReply) GetPrefetchPages() uint64 {
+	if x != nil {
+		return x.PrefetchPages
+	}
+	return 0
+}
+
+func (x *StatsReply) GetPrefetchSkippedPages() uint64 {
+	if x != nil {
+		return x.PrefetchSkippedPages
 	}
 	return 0
 }
@@ -2195,11 +2227,12 @@ const file_store_v1_store_proto_rawDesc = "" +
 	"\x04Span\x12\x12\n" +
 	"\x04slab\x18\x01 \x01(\rR\x04slab\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x16\n" +
-	"\x06length\x18\x03 \x01(\x04R\x06length\"V\n" +
+	"\x06length\x18\x03 \x01(\x04R\x06length\"r\n" +
 	"\rExistsRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12\x12\n" +
-	"\x04keys\x18\x03 \x03(\tR\x04keys\"q\n" +
+	"\x04keys\x18\x03 \x03(\tR\x04keys\x12\x1a\n" +
+	"\bprefetch\x18\x04 \x01(\bR\bprefetch\"q\n" +
 	"\vExistsReply\x12\x17\n" +
 	"\aboot_id\x18\x01 \x01(\tR\x06bootId\x12\x18\n" +
 	"\apresent\x18\x02 \x01(\rR\apresent\x12/\n" +
@@ -2255,7 +2288,7 @@ const file_store_v1_store_proto_rawDesc = "" +
 	"\aboot_id\x18\x01 \x01(\tR\x06bootId\"A\n" +
 	"\fStatsRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x17\n" +
-	"\aboot_id\x18\x02 \x01(\tR\x06bootId\"\xd4\x04\n" +
+	"\aboot_id\x18\x02 \x01(\tR\x06bootId\"\xb1\x05\n" +
 	"\n" +
 	"StatsReply\x12\x17\n" +
 	"\aboot_id\x18\x01 \x01(\tR\x06bootId\x12!\n" +
@@ -2279,7 +2312,9 @@ const file_store_v1_store_proto_rawDesc = "" +
 	"\rwritten_bytes\x18\x0e \x01(\x04R\fwrittenBytes\x12\"\n" +
 	"\rl2_used_pages\x18\x0f \x01(\x04R\vl2UsedPages\x12*\n" +
 	"\x11l2_capacity_pages\x18\x10 \x01(\x04R\x0fl2CapacityPages\x12#\n" +
-	"\revicted_pages\x18\x11 \x01(\x04R\fevictedPages\"A\n" +
+	"\revicted_pages\x18\x11 \x01(\x04R\fevictedPages\x12%\n" +
+	"\x0eprefetch_pages\x18\x12 \x01(\x04R\rprefetchPages\x124\n" +
+	"\x16prefetch_skipped_pages\x18\x13 \x01(\x04R\x14prefetchSkippedPages\"A\n" +
 	"\fCloseRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\"\f\n" +

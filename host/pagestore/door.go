@@ -211,6 +211,7 @@ type counters struct {
 	existsCalls, getPages, hitL2, hitL3, miss, corrupt, timeout       uint64
 	setPages, stored, exists, noSpace, readBytes, writtenBytes, evict uint64
 	verifyFailures, putFailures                                       uint64
+	prefetch, prefetchSkipped                                         uint64
 }
 
 // putItem is one kind of one page in a write-through Put batch.

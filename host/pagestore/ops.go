@@ -149,7 +149,58 @@ func (d *Door) BatchExists(ctx context.Context, q *pb.ExistsRequest) (*pb.Exists
 		}
 	}
 	out.Present = uint32(len(out.Tiers))
+	if q.GetPrefetch() {
+		var l3 []pagehash.Hash
+		for i, t := range out.Tiers {
+			if t == pb.Tier_TIER_L3 {
+				l3 = append(l3, hs[i])
+			}
+		}
+		d.prefetch(l3)
+	}
 	return out, nil
+}
+
+// prefetch starts reloading hs (pages the store holds) into the slab on a
+// background load that installs them unpinned, as an abandoned BatchGet's
+// load does. It never waits: a page with no free or evictable slot, or
+// past the door's prefetch budget (a quarter of the slab loading at
+// once), stays in L3 and is counted as skipped. A page a BatchGet asks
+// for while its prefetch is loading is loaded by that get too (the first
+// to land is kept).
+func (d *Door) prefetch(hs []pagehash.Hash) {
+	if len(hs) == 0 || d.opt.Store == nil {
+		return
+	}
+	if err := d.enter(); err != nil {
+		return
+	}
+	defer d.leave()
+	ld := &load{done: make(chan struct{}), abandoned: true}
+	d.mu.Lock()
+	for _, h := range hs {
+		if d.entries[h] != nil {
+			continue // in the slab already (or being set)
+		}
+		if d.loading >= max(1, d.nslots/4) {
+			d.st.prefetchSkipped++
+			continue
+		}
+		s := d.alloc()
+		if s < 0 {
+			d.st.prefetchSkipped++
+			continue
+		}
+		ld.slots = append(ld.slots, s)
+		ld.hs = append(ld.hs, h)
+		ld.idx = append(ld.idx, -1)
+		d.loading++
+		d.st.prefetch++
+	}
+	d.mu.Unlock()
+	if len(ld.slots) > 0 {
+		d.startLoad(ld)
+	}
 }
 
 // storeHolds says which of chain's pages the store holds (every kind), by
@@ -934,7 +985,8 @@ func (d *Door) Snapshot() *pb.StatsReply {
 	return &pb.StatsReply{BootId: d.opt.BootID, ExistsCalls: c.existsCalls, GetPages: c.getPages, HitPagesL2: c.hitL2, HitPagesL3: c.hitL3,
 		MissPages: c.miss, CorruptPages: c.corrupt, TimeoutPages: c.timeout, SetPages: c.setPages, StoredPages: c.stored,
 		ExistsPages: c.exists, NoSpacePages: c.noSpace, ReadBytes: c.readBytes, WrittenBytes: c.writtenBytes,
-		L2UsedPages: uint64(d.nslots - len(d.free)), L2CapacityPages: uint64(d.nslots), EvictedPages: c.evict}
+		L2UsedPages: uint64(d.nslots - len(d.free)), L2CapacityPages: uint64(d.nslots), EvictedPages: c.evict,
+		PrefetchPages: c.prefetch, PrefetchSkippedPages: c.prefetchSkipped}
 }
 
 // Gauges are the door's point-in-time figures beyond Stats, for metrics.

@@ -13,6 +13,7 @@ var (
 	mStoreUsed     = d("kvtier_store_l2_used_pages", "Slab pages of the store door in use.", prometheus.GaugeValue)
 	mStoreCap      = d("kvtier_store_l2_capacity_pages", "Slab pages of the store door.", prometheus.GaugeValue)
 	mStoreEvicted  = d("kvtier_store_evicted_pages_total", "Slab pages evicted by the stack's policy.", prometheus.CounterValue)
+	mStorePrefetch = d("kvtier_store_prefetch_pages_total", "Pages BatchExists with prefetch started reloading from L3 (started), or left there (skipped: no room, or too many loading).", prometheus.CounterValue, "outcome")
 	mStoreSessions = d("kvtier_store_sessions", "Open store door sessions.", prometheus.GaugeValue)
 	mStoreLeases   = d("kvtier_store_leases", "Open get and set leases.", prometheus.GaugeValue)
 	mStoreLoading  = d("kvtier_store_reload_pages_inflight", "Slab pages held by reloads from the store in flight.", prometheus.GaugeValue)
@@ -25,7 +26,7 @@ var (
 type storeCollector struct{ s *Server }
 
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []desc{mStoreExists, mStoreGet, mStoreSet, mStoreNoSpace, mStoreBytes, mStoreUsed, mStoreCap, mStoreEvicted,
+	for _, d := range []desc{mStoreExists, mStoreGet, mStoreSet, mStoreNoSpace, mStoreBytes, mStoreUsed, mStoreCap, mStoreEvicted, mStorePrefetch,
 		mStoreSessions, mStoreLeases, mStoreLoading, mStoreQuar, mStoreVerify, mStorePutFail, mStoreL3Pages} {
 		ch <- d.Desc
 	}
@@ -52,6 +53,8 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	emit(mStoreUsed, float64(st.GetL2UsedPages()))
 	emit(mStoreCap, float64(st.GetL2CapacityPages()))
 	emit(mStoreEvicted, float64(st.GetEvictedPages()))
+	emit(mStorePrefetch, float64(st.GetPrefetchPages()), "started")
+	emit(mStorePrefetch, float64(st.GetPrefetchSkippedPages()), "skipped")
 	emit(mStoreSessions, float64(g.Sessions))
 	emit(mStoreLeases, float64(g.Leases))
 	emit(mStoreLoading, float64(g.Loading))

@@ -52,8 +52,21 @@ SETTINGS = {
     "get_deadline_ms": "bound of a get's reloads from the tiers below L2 (default 0: serve's default, 2 s)",
     "register_retry_s": "while serve is away, try to register at most this often (default 0.5)",
     "kv_cache_dtype": "the KV's dtype in the namespace (default: SGLang's kv_cache_dtype, else the host pool's dtype)",
+    "prefetch": "batch_exists (SGLang's prefetch path) asks serve to start reloading the pages it finds in L3 into L2 (default true)",
 }
 _KNOWN = set(SETTINGS) | {"backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size"}
+
+def _flag(extra, key, default):
+    """A boolean extra_config setting (true/false, 1/0, yes/no)."""
+    v = extra.get(key, default)
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, (int, float)) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.strip().lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+        return v.strip().lower() in ("true", "1", "yes", "on")
+    raise KvtierError("kvtier: extra_config.%s %r: want true or false" % (key, v))
+
 
 _MHA_KINDS = ("k", "v")
 _MLA_KINDS = ("kv",)
@@ -181,6 +194,7 @@ class KvtierStorage(HiCacheStorage):
         self.timeout = self._positive(extra, "timeout_s", 5.0)
         self.register_retry = self._positive(extra, "register_retry_s", 0.5)
         self.get_deadline_ms = int(extra.get("get_deadline_ms", 0))
+        self.prefetch = _flag(extra, "prefetch", True)
         if self.get_deadline_ms < 0:
             raise KvtierError("kvtier: extra_config.get_deadline_ms %r: want >= 0" % (extra.get("get_deadline_ms"),))
         for name in ("tp", "pp", "attn_cp", "dp"):
@@ -430,8 +444,9 @@ class KvtierStorage(HiCacheStorage):
 
     # ---- the three page operations over the door ------------------------
 
-    def _exists_count(self, keys):
-        """Leading count of keys present (0 while serve is away)."""
+    def _exists_count(self, keys, prefetch=False):
+        """Leading count of keys present (0 while serve is away); with
+        prefetch, serve starts reloading the L3 ones into L2."""
         if not keys:
             return 0
         total = 0
@@ -442,7 +457,7 @@ class KvtierStorage(HiCacheStorage):
                 batch = batch[:bad]
                 if not batch:
                     return total
-            rep = self._rpc("BatchExists", lambda s, b: pb.ExistsRequest(session=s, boot_id=b, keys=batch))[0]
+            rep = self._rpc("BatchExists", lambda s, b: pb.ExistsRequest(session=s, boot_id=b, keys=batch, prefetch=prefetch))[0]
             self.counters["exists_calls"] += 1
             present = min(int(rep.present), len(batch))
             total += present
@@ -743,15 +758,20 @@ class KvtierStorage(HiCacheStorage):
         return self.batch_set([key], [value])
 
     def exists(self, key):
-        return self.batch_exists([key]) == 1
+        return self._batch_exists([key], False) == 1
 
     def batch_exists(self, keys, extra_info=None):
-        """The number of leading keys stored (0 while serve is away)."""
+        """The number of leading keys stored (0 while serve is away). It is
+        SGLang's prefetch path's first call: with the "prefetch" setting,
+        serve starts reloading the pages it finds in L3 into L2."""
+        return self._batch_exists(keys, self.prefetch)
+
+    def _batch_exists(self, keys, prefetch):
         if not isinstance(keys, (list, tuple)):
             logger.error("kvtier: batch_exists: keys is a %s", type(keys).__name__)
             return 0
         try:
-            return self._deadline(lambda: self._exists_count(list(keys)))
+            return self._deadline(lambda: self._exists_count(list(keys), prefetch=prefetch))
         except (_Lost, KvtierError) as e:
             logger.debug("kvtier: batch_exists: %s", e)
             return 0

@@ -94,3 +94,38 @@ def test_factory_construction():
         assert b.get_stats() is None  # metrics off
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("value,want", [(None, True), (True, True), (False, False), ("false", False), ("1", True), (0, False)])
+def test_prefetch_setting(value, want, monkeypatch):
+    """extra_config "prefetch" (default true) rides on batch_exists, the
+    prefetch path's first call; exists(key) never prefetches."""
+    extra = {"socket": "/nonexistent.sock"}
+    if value is not None:
+        extra["prefetch"] = value
+    cfg = hs.HiCacheStorageConfig(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+                                  is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
+                                  model_name="m", extra_config=extra)
+    b = KvtierStorage(cfg, {})
+    try:
+        assert b.prefetch is want
+        sent = []
+
+        def fake_exists(keys, prefetch=False):
+            sent.append(prefetch)
+            return len(keys)
+
+        monkeypatch.setattr(b, "_exists_count", fake_exists)
+        assert b.batch_exists(["a", "b"]) == 2
+        assert b.exists("a")
+        assert sent == [want, False]
+    finally:
+        b.close()
+
+
+def test_prefetch_setting_refused():
+    cfg = hs.HiCacheStorageConfig(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+                                  is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
+                                  model_name="m", extra_config={"socket": "/nonexistent.sock", "prefetch": "maybe"})
+    with pytest.raises(Exception, match="prefetch"):
+        KvtierStorage(cfg, {})
