@@ -11,8 +11,8 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/kvtier/kvtier/bench/l3bench"
 	"github.com/kvtier/kvtier/host/replay"
-	"github.com/kvtier/kvtier/internal/bench/l3bench"
 	"github.com/kvtier/kvtier/internal/benchreport"
 	"github.com/kvtier/kvtier/internal/measure"
 	"github.com/kvtier/kvtier/internal/memcopy"

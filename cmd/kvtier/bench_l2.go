@@ -10,7 +10,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/kvtier/kvtier/internal/bench/l2bench"
+	"github.com/kvtier/kvtier/bench/l2bench"
 	"github.com/kvtier/kvtier/internal/benchreport"
 	"github.com/kvtier/kvtier/tiers/l2hugetlb/hugetest"
 )

@@ -9,8 +9,8 @@ import (
 	"log/slog"
 	"math"
 
-	"github.com/kvtier/kvtier/internal/bench/indexbench"
-	"github.com/kvtier/kvtier/internal/bench/l3bench"
+	"github.com/kvtier/kvtier/bench/indexbench"
+	"github.com/kvtier/kvtier/bench/l3bench"
 	"github.com/kvtier/kvtier/internal/benchreport"
 	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers/l3disk"

@@ -8,7 +8,7 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/kvtier/kvtier/internal/bench/pluginbench"
+	"github.com/kvtier/kvtier/bench/pluginbench"
 	"github.com/kvtier/kvtier/internal/benchreport"
 )
 

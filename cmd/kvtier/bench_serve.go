@@ -16,7 +16,7 @@ import (
 
 	"github.com/kvtier/kvtier/host/serve"
 	"github.com/kvtier/kvtier/internal/benchreport"
-	"github.com/kvtier/kvtier/internal/loadgen"
+	"github.com/kvtier/kvtier/loadgen"
 	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/workload"
 )

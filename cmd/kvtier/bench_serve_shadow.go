@@ -19,7 +19,7 @@ import (
 	"github.com/prometheus/procfs"
 
 	"github.com/kvtier/kvtier/internal/benchreport"
-	"github.com/kvtier/kvtier/internal/loadgen"
+	"github.com/kvtier/kvtier/loadgen"
 )
 
 // benchServeShadow alternates rounds of a `kvtier serve` subprocess with

@@ -17,10 +17,10 @@ import (
 	"time"
 
 	pb "github.com/kvtier/kvtier/api/storev1"
+	"github.com/kvtier/kvtier/bench/filestore"
+	"github.com/kvtier/kvtier/bench/l3bench"
 	"github.com/kvtier/kvtier/client/storeclient"
 	"github.com/kvtier/kvtier/host/serve"
-	"github.com/kvtier/kvtier/internal/bench/filestore"
-	"github.com/kvtier/kvtier/internal/bench/l3bench"
 	"github.com/kvtier/kvtier/internal/benchreport"
 	"github.com/kvtier/kvtier/quantity"
 	"golang.org/x/sys/unix"

@@ -14,9 +14,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvtier/kvtier/bench/l2bench"
+	"github.com/kvtier/kvtier/bench/l3bench"
 	"github.com/kvtier/kvtier/host/config"
-	"github.com/kvtier/kvtier/internal/bench/l2bench"
-	"github.com/kvtier/kvtier/internal/bench/l3bench"
 )
 
 // smallMachine is a pinned machine for the limit tests: 2 GiB of memory

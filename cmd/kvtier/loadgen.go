@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/kvtier/kvtier/internal/loadgen"
+	"github.com/kvtier/kvtier/loadgen"
 	"github.com/kvtier/kvtier/workload"
 )
 

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/indexes"
-	"github.com/kvtier/kvtier/internal/bench/pluginbench"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/plugins"
 	"github.com/kvtier/kvtier/plugins/pluginhost"
@@ -42,7 +41,7 @@ func runPluginSum(args []string, stdout io.Writer) error {
 	if len(args) != 1 {
 		return fmt.Errorf("plugin sum: want one PATH: %w", errUsage)
 	}
-	sum, err := pluginbench.FileSHA256(args[0])
+	sum, err := pluginhost.FileSHA256(args[0])
 	if err != nil {
 		return fmt.Errorf("plugin sum: %w", err)
 	}
@@ -76,7 +75,7 @@ func runPluginCheck(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 	}
 	if *sum == "" {
-		s, err := pluginbench.FileSHA256(path)
+		s, err := pluginhost.FileSHA256(path)
 		if err != nil {
 			return fmt.Errorf("plugin check: %w", err)
 		}

@@ -7,7 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvtier/kvtier/internal/bench/pluginbench"
+	"github.com/kvtier/kvtier/bench/pluginbench"
+	"github.com/kvtier/kvtier/plugins/pluginhost"
 )
 
 func TestPluginSumAndCheck(t *testing.T) {
@@ -18,7 +19,7 @@ func TestPluginSumAndCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum, err := pluginbench.FileSHA256(path)
+	sum, err := pluginhost.FileSHA256(path)
 	if err != nil {
 		t.Fatal(err)
 	}

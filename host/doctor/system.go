@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvtier/kvtier/internal/bench/pluginbench"
+	"github.com/kvtier/kvtier/plugins/pluginhost"
 	"github.com/kvtier/kvtier/tiers/l3disk"
 	"github.com/kvtier/kvtier/tiers/l3disk/diskfs"
 )
@@ -183,7 +183,7 @@ func (OS) ProbePLP(dir string, probes int, oDirect string, maxSync time.Duration
 }
 
 // FileSHA256 implements System with the hash `kvtier plugin sum` prints.
-func (OS) FileSHA256(path string) (string, error) { return pluginbench.FileSHA256(path) }
+func (OS) FileSHA256(path string) (string, error) { return pluginhost.FileSHA256(path) }
 
 // Glob implements System.
 func (OS) Glob(pattern string) ([]string, error) { return filepath.Glob(pattern) }

@@ -12,11 +12,8 @@ import (
 	"github.com/kvtier/kvtier/internal/measure"
 
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -88,7 +85,7 @@ type Pair struct {
 // for BatchPages pages so steady-state rounds evict and reuse buffers.
 func Open(ctx context.Context, cfg Config) (*Pair, error) {
 	cfg.defaults()
-	sum, err := FileSHA256(cfg.Plugin)
+	sum, err := pluginhost.FileSHA256(cfg.Plugin)
 	if err != nil {
 		return nil, err
 	}
@@ -354,20 +351,6 @@ func Run(ctx context.Context, cfg Config) ([]benchreport.Result, error) {
 		}
 	}
 	return out, nil
-}
-
-// FileSHA256 returns the hex SHA-256 of a file.
-func FileSHA256(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", fmt.Errorf("plugin binary: %w", err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("hash %s: %w", path, err)
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // FindOrBuild returns the memstore example plugin: dir/kvtier-plugin-memstore

@@ -21,7 +21,7 @@ func buildKvtier(t *testing.T) string {
 	_, file, _, _ := runtime.Caller(0)
 	bin := filepath.Join(t.TempDir(), "kvtier")
 	cmd := exec.Command("go", "build", "-o", bin, "./cmd/kvtier")
-	cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..")
+	cmd.Dir = filepath.Join(filepath.Dir(file), "..")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
