@@ -12,7 +12,7 @@ import (
 
 	"github.com/kvtier/kvtier/host/builtin"
 	"github.com/kvtier/kvtier/host/replay"
-	"github.com/kvtier/kvtier/internal/loadgen"
+	"github.com/kvtier/kvtier/loadgen"
 	"github.com/kvtier/kvtier/workload"
 )
 
