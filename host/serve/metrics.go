@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	pb "github.com/kvtier/kvtier/api/enginev1"
 	"github.com/kvtier/kvtier/host"
 	"github.com/kvtier/kvtier/host/control"
 )
@@ -285,4 +287,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		emit(mDigests, float64(st.digests.Load()), rk)
 		emit(mMismatch, float64(st.mismatches.Load()), rk)
 	}
+}
+
+func errorCodeName(code int) string {
+	n := pb.ErrorCode(code).String()
+	return strings.ToLower(strings.TrimPrefix(n, "ERROR_CODE_"))
 }

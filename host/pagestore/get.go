@@ -1,0 +1,456 @@
+package pagestore
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/kvtier/kvtier/api/storev1"
+	"github.com/kvtier/kvtier/pagehash"
+	"github.com/kvtier/kvtier/tiers"
+)
+
+// load is one BatchGet's reload from the store.
+type load struct {
+	idx   []int   // the keys' positions in the call
+	slots []int32 // the slots reserved for them
+	hs    []pagehash.Hash
+	hit   []bool
+	crc   [][]uint32
+	// finished: the handler takes the results; abandoned: the handler
+	// left (deadline), the goroutine installs them unpinned. Under d.mu.
+	finished, abandoned bool
+	done                chan struct{}
+}
+
+// deadline returns how long a BatchGet may wait for reloads.
+func (d *Door) deadline(ctx context.Context, ms uint32) time.Duration {
+	l := d.opt.Limits
+	t := l.DefaultDeadline
+	if ms > 0 {
+		t = min(time.Duration(ms)*time.Millisecond, l.MaxDeadline)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		t = min(t, time.Until(dl))
+	}
+	return max(t, 0)
+}
+
+// BatchGet pins the keys' pages in the slab, reloading them from the
+// store first where needed (bounded by the deadline), and says where
+// they lie.
+func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, error) {
+	ses, err := d.session(q.GetSession())
+	if err != nil {
+		return nil, err
+	}
+	if err := d.enter(); err != nil {
+		return nil, err
+	}
+	defer d.leave()
+	keys := q.GetKeys()
+	if err := d.checkBatch(len(keys)); err != nil {
+		return nil, err
+	}
+	wait := d.deadline(ctx, q.GetDeadlineMs())
+	hs := make([]pagehash.Hash, len(keys))
+	ok := make([]bool, len(keys))
+	d.hashKeys(ses, keys, hs, ok)
+	out := &pb.GetReply{BootId: d.opt.BootID, Pages: make([]*pb.GetPage, len(keys))}
+	l := &lease{ses: ses, pinned: make([]*entry, len(keys)), expires: time.Now().Add(d.opt.Limits.Lease)}
+	var ld *load
+	// L2 hits to verify: positions, and their entries, slots and CRCs as
+	// pinned (the lease may end meanwhile: a Close, a dropped connection).
+	var check []int
+	var checkE []*entry
+	var checkSlot []int32
+	var checkCRC [][]uint32
+	var cand []int // keys the slab lacks: reloads, if the store holds them
+	// keys whose pages are committing (checksums being taken) and what
+	// closes when they are done
+	var committing []int
+	var ready []chan struct{}
+	d.mu.Lock()
+	if _, open := d.sessions[ses.id]; !open {
+		d.mu.Unlock()
+		return nil, status.Errorf(codes.NotFound, "session %q: %v", ses.id, errUnknownSession)
+	}
+	d.nextLease++
+	l.id = d.nextLease
+	d.leases[l.id] = l
+	ses.leases[l.id] = l
+	d.st.getPages += uint64(len(keys))
+	for i := range keys {
+		if !ok[i] {
+			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_INVALID}
+			continue
+		}
+		if e := d.entries[hs[i]]; e != nil {
+			if e.state == stCommitting {
+				// Committed, its checksum being taken: wait for it.
+				committing = append(committing, i)
+				ready = append(ready, e.ready)
+				continue
+			}
+			if e.state != stCommitted {
+				// Being set by a client: not readable yet.
+				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_MISS}
+				d.st.miss++
+				continue
+			}
+			e.pins++
+			d.updateEvictable(e)
+			d.hit(e)
+			l.pinned[i] = e
+			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_HIT, Tier: pb.Tier_TIER_L2, Spans: d.spansOf(e.slot)}
+			check = append(check, i)
+			checkE, checkSlot, checkCRC = append(checkE, e), append(checkSlot, e.slot), append(checkCRC, e.crc)
+			continue
+		}
+		if d.opt.Store == nil {
+			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_MISS}
+			d.st.miss++
+			continue
+		}
+		cand = append(cand, i)
+	}
+	d.mu.Unlock()
+	if len(committing) > 0 {
+		d.awaitCommitting(ctx, wait, l, hs, committing, ready, out)
+	}
+	if len(cand) > 0 {
+		// Only pages the store holds take a slot (and may evict): a get
+		// of absent keys must not empty the slab.
+		chain := make([]pagehash.Hash, len(cand))
+		for j, i := range cand {
+			chain[j] = hs[i]
+		}
+		held := d.storeHolds(ctx, chain)
+		d.mu.Lock()
+		for j, i := range cand {
+			if e := d.entries[hs[i]]; e != nil && e.state == stCommitted && !l.ended {
+				// Reloaded by another call meanwhile: a slab hit now.
+				e.pins++
+				d.updateEvictable(e)
+				d.hit(e)
+				l.pinned[i] = e
+				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_HIT, Tier: pb.Tier_TIER_L2, Spans: d.spansOf(e.slot)}
+				check = append(check, i)
+				checkE, checkSlot, checkCRC = append(checkE, e), append(checkSlot, e.slot), append(checkCRC, e.crc)
+				continue
+			}
+			if !held[j] {
+				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_MISS}
+				d.st.miss++
+				continue
+			}
+			s := d.alloc()
+			if s < 0 && d.waitCommits() {
+				// Committed pages became evictable; the map may have
+				// changed meanwhile (a key being set now is not read).
+				if d.entries[hs[i]] != nil {
+					out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_MISS}
+					d.st.miss++
+					continue
+				}
+				s = d.alloc()
+			}
+			if s < 0 {
+				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_NO_SPACE}
+				d.st.noSpace++
+				continue
+			}
+			if ld == nil {
+				ld = &load{done: make(chan struct{})}
+			}
+			ld.idx = append(ld.idx, i)
+			ld.slots = append(ld.slots, s)
+			ld.hs = append(ld.hs, hs[i])
+			d.loading++
+		}
+		d.mu.Unlock()
+	}
+	if ld != nil {
+		d.startLoad(ld)
+	}
+	if !d.opt.SkipVerify && len(check) > 0 && q.GetCheckAtRelease() {
+		d.startCheck(ses, l, keys, check, checkE, checkSlot, checkCRC)
+	} else if !d.opt.SkipVerify && len(check) > 0 {
+		bad := make([]bool, len(check))
+		d.forPages(len(check), func(j int) { bad[j] = !d.verify(checkSlot[j], checkCRC[j]) })
+		d.mu.Lock()
+		for _, i := range d.applyCheck(ses, l, keys, check, checkE, checkSlot, bad, "answered as a miss") {
+			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_CORRUPT}
+		}
+		d.mu.Unlock()
+	} else if len(check) > 0 {
+		d.mu.Lock()
+		d.st.hitL2 += uint64(len(check))
+		d.st.readBytes += uint64(len(check)) * uint64(d.pageBytes)
+		d.mu.Unlock()
+	}
+	if ld != nil {
+		timer := time.NewTimer(wait)
+		select {
+		case <-ld.done:
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+		timer.Stop()
+		d.mu.Lock()
+		if !ld.finished {
+			ld.abandoned = true
+			for _, i := range ld.idx {
+				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_TIMEOUT}
+			}
+			d.st.timeout += uint64(len(ld.idx))
+		} else {
+			for j, i := range ld.idx {
+				if !ld.hit[j] {
+					d.free = append(d.free, ld.slots[j])
+					out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_MISS}
+					d.st.miss++
+					continue
+				}
+				slot := d.install(ld.hs[j], ld.slots[j], ld.crc[j], l, i)
+				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_HIT, Tier: pb.Tier_TIER_L3, Spans: d.spansOf(slot)}
+				d.st.hitL3++
+				d.st.readBytes += uint64(d.pageBytes)
+			}
+		}
+		d.mu.Unlock()
+	}
+	d.mu.Lock()
+	held := len(l.detached) > 0
+	for _, e := range l.pinned {
+		held = held || e != nil
+	}
+	switch {
+	case l.ended:
+		// The session ended meanwhile: its pins are gone, and so are
+		// the hits.
+		for i, p := range out.Pages {
+			if p.GetStatus() == pb.GetStatus_GET_STATUS_HIT {
+				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_MISS}
+			}
+		}
+	case !held:
+		d.endLease(l, false)
+	default:
+		out.Lease = l.id
+	}
+	d.mu.Unlock()
+	return out, nil
+}
+
+// awaitCommitting waits (within the get's deadline) for the pages at
+// positions committing, whose checksums their Commit is taking, and pins
+// those that became readable as L2 hits: their checksums were just taken
+// from these bytes, so they are not checked again.
+func (d *Door) awaitCommitting(ctx context.Context, wait time.Duration, l *lease, hs []pagehash.Hash, committing []int, ready []chan struct{}, out *pb.GetReply) {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for _, c := range ready {
+		select {
+		case <-c:
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, i := range committing {
+		e := d.entries[hs[i]]
+		switch {
+		case e == nil || l.ended:
+			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_MISS}
+			d.st.miss++
+		case e.state != stCommitted:
+			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_TIMEOUT}
+			d.st.timeout++
+		default:
+			e.pins++
+			d.updateEvictable(e)
+			d.hit(e)
+			l.pinned[i] = e
+			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_HIT, Tier: pb.Tier_TIER_L2, Spans: d.spansOf(e.slot)}
+			d.st.hitL2++
+			d.st.readBytes += uint64(d.pageBytes)
+		}
+	}
+}
+
+// applyCheck, under d.mu, counts a get's checked L2 hits (positions
+// check, their entries es in slots) and drops those that failed (bad),
+// unpinning them from the live lease l; it returns the failed positions.
+func (d *Door) applyCheck(ses *session, l *lease, keys []string, check []int, es []*entry, slots []int32, bad []bool, what string) []int {
+	var failed []int
+	for j, i := range check {
+		e := es[j]
+		if !bad[j] {
+			d.st.hitL2++
+			d.st.readBytes += uint64(d.pageBytes)
+			continue
+		}
+		d.st.corrupt++
+		d.st.verifyFailures++
+		d.log.Error("kvtier store: slab page failed its checksum: dropped, "+what, "session", ses.id, "key", keys[i], "slot", slots[j])
+		if !l.ended && l.pinned[i] == e {
+			l.pinned[i] = nil
+			e.pins--
+		}
+		d.drop(e)
+		failed = append(failed, i)
+	}
+	return failed
+}
+
+// startCheck checks a check_at_release get's L2 hits on a goroutine while
+// the client copies them; Release waits for it and reports the failures.
+// The lease's pins keep the slots from reuse until then; a lease that ends
+// first (expiry, Close) voids the check, and nothing is dropped on it.
+func (d *Door) startCheck(ses *session, l *lease, keys []string, check []int, es []*entry, slots []int32, crcs [][]uint32) {
+	pc := &pendingCheck{done: make(chan struct{})}
+	d.mu.Lock()
+	l.chk = pc
+	d.mu.Unlock()
+	d.busy.Add(1) // NB: inside the BatchGet's own enter, as startLoad
+	go func() {
+		defer d.busy.Done()
+		defer close(pc.done)
+		bad := make([]bool, len(check))
+		d.forPages(len(check), func(j int) { bad[j] = !d.verify(slots[j], crcs[j]) })
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if l.ended {
+			pc.void = true
+			return
+		}
+		for _, i := range d.applyCheck(ses, l, keys, check, es, slots, bad, "reported at Release") {
+			pc.corrupt = append(pc.corrupt, uint32(i))
+		}
+	}()
+}
+
+// install makes a reloaded page readable (under d.mu) and, with a live
+// lease l, pins it for key i; it returns the slot the page lies in. A key
+// that is already committed keeps its entry (the reloaded slot is freed);
+// one that another client is setting pins the reloaded slot outside the
+// map.
+func (d *Door) install(h pagehash.Hash, slot int32, crc []uint32, l *lease, i int) int32 {
+	pin := l != nil && !l.ended
+	if e := d.entries[h]; e != nil {
+		if e.state == stCommitted {
+			d.free = append(d.free, slot)
+			if pin {
+				e.pins++
+				d.updateEvictable(e)
+				l.pinned[i] = e
+			}
+			d.hit(e)
+			return e.slot
+		}
+		if pin {
+			l.detached = append(l.detached, slot)
+		} else {
+			d.free = append(d.free, slot)
+		}
+		return slot
+	}
+	e := &entry{hash: h, slot: slot, state: stCommitted, crc: crc}
+	if pin {
+		e.pins = 1
+		l.pinned[i] = e
+	}
+	d.insert(e)
+	return slot
+}
+
+// startLoad reads ld's pages from the store into their slots on a
+// goroutine. A late finish (the handler gave up) installs the hits
+// unpinned, so the client's retry finds them in the slab, and frees the
+// rest: a slot is reused only after the store's Get returned.
+func (d *Door) startLoad(ld *load) {
+	nk := len(d.kinds)
+	batch := make([]tiers.GetRequest, 0, len(ld.slots)*nk)
+	for j, s := range ld.slots {
+		for k := range nk {
+			batch = append(batch, tiers.GetRequest{Key: tiers.Key{Hash: ld.hs[j], Kind: tiers.PayloadKind(k)}, Dst: d.span(s, k)})
+		}
+	}
+	d.busy.Add(1) // NB: inside the BatchGet's own enter, so never after Stop's wait began
+	go func() {
+		defer d.busy.Done()
+		res := make([]error, len(batch))
+		err := d.opt.Store.Get(context.Background(), batch, res)
+		ld.hit = make([]bool, len(ld.slots))
+		ld.crc = make([][]uint32, len(ld.slots))
+		for j := range ld.slots {
+			ld.hit[j] = err == nil
+			for k := range nk {
+				ld.hit[j] = ld.hit[j] && res[j*nk+k] == nil
+			}
+		}
+		if err != nil {
+			d.log.Warn("kvtier store: reload failed", "store", d.opt.StoreName, "pages", len(ld.slots), "err", err)
+		}
+		d.forPages(len(ld.slots), func(j int) {
+			if ld.hit[j] {
+				ld.crc[j] = d.checksum(ld.slots[j])
+			}
+		})
+		d.mu.Lock()
+		d.loading -= len(ld.slots)
+		if ld.abandoned {
+			for j := range ld.slots {
+				if ld.hit[j] {
+					d.install(ld.hs[j], ld.slots[j], ld.crc[j], nil, 0)
+				} else {
+					d.free = append(d.free, ld.slots[j])
+				}
+			}
+		} else {
+			ld.finished = true
+		}
+		d.mu.Unlock()
+		close(ld.done)
+	}()
+}
+
+// Release ends a BatchGet's lease.
+func (d *Door) Release(ctx context.Context, q *pb.ReleaseRequest) (*pb.ReleaseReply, error) {
+	ses, err := d.session(q.GetSession())
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	l := ses.leases[q.GetLease()]
+	if l == nil || l.set {
+		return nil, status.Errorf(codes.NotFound, "lease %d: no BatchGet lease of this session (released, expired, or never given)", q.GetLease())
+	}
+	out := &pb.ReleaseReply{BootId: d.opt.BootID}
+	if pc := l.chk; pc != nil {
+		// The check holds no lock while it reads; wait for it outside
+		// d.mu (it is CPU work over pinned pages: bounded).
+		d.mu.Unlock()
+		select {
+		case <-pc.done:
+		case <-ctx.Done():
+		}
+		d.mu.Lock()
+		select {
+		case <-pc.done:
+		default:
+			return nil, status.Errorf(codes.DeadlineExceeded, "lease %d: the check of its hits did not finish before the call's deadline: use none of them", q.GetLease())
+		}
+		if pc.void || l.ended {
+			return nil, status.Errorf(codes.NotFound, "lease %d: ended (expired, or its session closed) before its check finished: use none of its hits", q.GetLease())
+		}
+		out.Corrupt = pc.corrupt
+	}
+	d.endLease(l, false)
+	return out, nil
+}
