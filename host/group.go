@@ -17,16 +17,17 @@ const tierBits = 8
 // (inproc, tcpgroup, enginegroup, simgroup): it encodes the Machine's
 // contribution into the group's fixed-shape vector and decodes the
 // frontier back. The shape is computed from replicated state only (the
-// ops issued and not yet applied per lane, the digest interval), so every
-// rank sends the same shape whatever it finished:
+// ops issued and not yet applied per pipeline, the digest interval), so
+// every rank sends the same shape whatever it finished:
 //
-//   - counts: class 0 = {gathered: gather lane, durable: durable lane,
-//     reloaded: reload lane, l1copied: backup lane}, class 1 = {l1copied:
-//     load-back lane, reloaded: lookup lane}, each the absolute number of
-//     the lane's ops this rank finished (MIN over ranks: the group's);
-//   - ok bits: one per op issued and not applied, lane by lane in lane
-//     order (true for an op this rank has not finished: the neutral
-//     element of AND), then 8 bits of TierUp;
+//   - counts: class 0 = {gathered: gather pipeline, durable: durable
+//     pipeline, reloaded: reload pipeline, l1copied: backup pipeline},
+//     class 1 = {l1copied: load-back pipeline, reloaded: lookup pipeline},
+//     each the absolute number of the pipeline's ops this rank finished
+//     (MIN over ranks: the group's);
+//   - ok bits: one per op issued and not applied, pipeline by pipeline in
+//     pipeline order (true for an op this rank has not finished: the
+//     neutral element of AND), then 8 bits of TierUp;
 //   - reload prefixes: one per lookup op issued and not applied (MaxUint32
 //     while unfinished: the neutral element of MIN);
 //   - on ticks that are multiples of DigestEvery, the Machine's digest and
@@ -44,7 +45,7 @@ type ConsensusGroup struct {
 
 // Exchange implements Group.
 func (g ConsensusGroup) Exchange(ctx context.Context, tick uint64, c control.Contribution) (control.Frontier, error) {
-	ops := g.M.LaneOps()
+	ops := g.M.PipelineOps()
 	cc, err := EncodeContribution(c, ops, g.digestTick(tick), g.M)
 	if err != nil {
 		return control.Frontier{}, err
@@ -61,29 +62,29 @@ func (g ConsensusGroup) digestTick(tick uint64) bool {
 }
 
 // EncodeContribution is the consensus vector of c (see ConsensusGroup);
-// ops are the Machine's LaneOps, m supplies the digests when digest is
+// ops are the Machine's PipelineOps, m supplies the digests when digest is
 // set (nil: none).
-func EncodeContribution(c control.Contribution, ops [control.NumLanes]int, digest bool, m *control.Machine) (consensus.Contribution, error) {
+func EncodeContribution(c control.Contribution, ops [control.NumPipelines]int, digest bool, m *control.Machine) (consensus.Contribution, error) {
 	bits := 0
-	for l := range control.NumLanes {
-		p := c.Lanes[l]
+	for l := range control.NumPipelines {
+		p := c.Pipelines[l]
 		if p.Done < p.Base || p.Done-p.Base > uint64(ops[l]) {
-			return consensus.Contribution{}, fmt.Errorf("host: contribution lane %s done %d, base %d, %d ops issued: %w", control.Lane(l), p.Done, p.Base, ops[l], control.ErrFrontier)
+			return consensus.Contribution{}, fmt.Errorf("host: contribution pipeline %s done %d, base %d, %d ops issued: %w", control.Pipeline(l), p.Done, p.Base, ops[l], control.ErrFrontier)
 		}
 		bits += ops[l]
 	}
-	s := consensus.Shape{Classes: 2, OKBits: bits + tierBits, Reloads: ops[control.LaneLookup]}
+	s := consensus.Shape{Classes: 2, OKBits: bits + tierBits, Reloads: ops[control.PipelineLookup]}
 	if digest && m != nil {
 		s.Digest, s.Structures = true, int(consensus.NumStructures)
 	}
 	out := consensus.NewContribution(c.Tick, s)
-	ln := &c.Lanes
-	out.Counts[0] = consensus.Counts{Gathered: ln[control.LaneGather].Done, Durable: ln[control.LaneDurable].Done,
-		Reloaded: ln[control.LaneReload].Done, L1Copied: ln[control.LaneBackup].Done}
-	out.Counts[1] = consensus.Counts{L1Copied: ln[control.LaneLoadBack].Done, Reloaded: ln[control.LaneLookup].Done}
+	pl := &c.Pipelines
+	out.Counts[0] = consensus.Counts{Gathered: pl[control.PipelineGather].Done, Durable: pl[control.PipelineDurable].Done,
+		Reloaded: pl[control.PipelineReload].Done, L1Copied: pl[control.PipelineBackup].Done}
+	out.Counts[1] = consensus.Counts{L1Copied: pl[control.PipelineLoadBack].Done, Reloaded: pl[control.PipelineLookup].Done}
 	at := 0
-	for l := range control.NumLanes {
-		copy(out.OK[at:at+ops[l]], ln[l].OK)
+	for l := range control.NumPipelines {
+		copy(out.OK[at:at+ops[l]], pl[l].OK)
 		at += ops[l]
 	}
 	for t := range tierBits {
@@ -92,7 +93,7 @@ func EncodeContribution(c control.Contribution, ops [control.NumLanes]int, diges
 	for i := range out.Prefix {
 		out.Prefix[i] = math.MaxUint32
 	}
-	for i, v := range ln[control.LaneLookup].Values {
+	for i, v := range pl[control.PipelineLookup].Values {
 		out.Prefix[i] = uint32(min(max(v, 0), math.MaxUint32-1))
 	}
 	if s.Digest {
@@ -106,8 +107,8 @@ func EncodeContribution(c control.Contribution, ops [control.NumLanes]int, diges
 }
 
 // DecodeFrontier turns the group's frontier back into the Machine's,
-// checking it against the rank's own contribution c and its LaneOps.
-func DecodeFrontier(c control.Contribution, ops [control.NumLanes]int, f consensus.Frontier) (control.Frontier, error) {
+// checking it against the rank's own contribution c and its PipelineOps.
+func DecodeFrontier(c control.Contribution, ops [control.NumPipelines]int, f consensus.Frontier) (control.Frontier, error) {
 	if err := f.Check(); err != nil {
 		return control.Frontier{}, fmt.Errorf("host: frontier at tick %d: %w", f.Tick, err)
 	}
@@ -115,25 +116,25 @@ func DecodeFrontier(c control.Contribution, ops [control.NumLanes]int, f consens
 	for _, n := range ops {
 		bits += n
 	}
-	if f.Tick != c.Tick || f.Shape.Classes != 2 || f.Shape.OKBits != bits+tierBits || f.Shape.Reloads != ops[control.LaneLookup] {
+	if f.Tick != c.Tick || f.Shape.Classes != 2 || f.Shape.OKBits != bits+tierBits || f.Shape.Reloads != ops[control.PipelineLookup] {
 		return control.Frontier{}, fmt.Errorf("host: frontier at tick %d shape %s, rank at tick %d expects classes=2 ok=%d reloads=%d: %w",
-			f.Tick, f.Shape, c.Tick, bits+tierBits, ops[control.LaneLookup], control.ErrFrontier)
+			f.Tick, f.Shape, c.Tick, bits+tierBits, ops[control.PipelineLookup], control.ErrFrontier)
 	}
-	done := [control.NumLanes]uint64{
-		control.LaneBackup: f.Counts[0].L1Copied, control.LaneLoadBack: f.Counts[1].L1Copied,
-		control.LaneGather: f.Counts[0].Gathered, control.LaneDurable: f.Counts[0].Durable,
-		control.LaneLookup: f.Counts[1].Reloaded, control.LaneReload: f.Counts[0].Reloaded,
+	done := [control.NumPipelines]uint64{
+		control.PipelineBackup: f.Counts[0].L1Copied, control.PipelineLoadBack: f.Counts[1].L1Copied,
+		control.PipelineGather: f.Counts[0].Gathered, control.PipelineDurable: f.Counts[0].Durable,
+		control.PipelineLookup: f.Counts[1].Reloaded, control.PipelineReload: f.Counts[0].Reloaded,
 	}
 	out := control.Frontier{Tick: f.Tick}
 	at := 0
-	for l := range control.NumLanes {
-		base := c.Lanes[l].Base
+	for l := range control.NumPipelines {
+		base := c.Pipelines[l].Base
 		if done[l] < base || done[l]-base > uint64(ops[l]) {
-			return control.Frontier{}, fmt.Errorf("host: frontier at tick %d lane %s done %d, base %d, %d ops issued: %w", f.Tick, control.Lane(l), done[l], base, ops[l], control.ErrFrontier)
+			return control.Frontier{}, fmt.Errorf("host: frontier at tick %d pipeline %s done %d, base %d, %d ops issued: %w", f.Tick, control.Pipeline(l), done[l], base, ops[l], control.ErrFrontier)
 		}
 		n := int(done[l] - base)
-		p := control.LaneProgress{Base: base, Done: done[l], OK: append([]bool(nil), f.OK[at:at+n]...)}
-		if control.Lane(l) == control.LaneLookup {
+		p := control.PipelineProgress{Base: base, Done: done[l], OK: append([]bool(nil), f.OK[at:at+n]...)}
+		if control.Pipeline(l) == control.PipelineLookup {
 			p.Values = make([]int, n)
 			for i := range n {
 				if f.Prefix[i] == math.MaxUint32 {
@@ -142,7 +143,7 @@ func DecodeFrontier(c control.Contribution, ops [control.NumLanes]int, f consens
 				p.Values[i] = int(f.Prefix[i])
 			}
 		}
-		out.Lanes[l] = p
+		out.Pipelines[l] = p
 		at += ops[l]
 	}
 	for t := range tierBits {

@@ -101,7 +101,7 @@ func TestDurableBeforeGathered(t *testing.T) {
 	if err := m.Done(2, StageDurable, true); !errors.Is(err, ErrStage) {
 		t.Fatalf("durable before gathered: %v", err)
 	}
-	if got := m.Contribution(); got.Lanes[LaneDurable].Done != c.Lanes[LaneDurable].Done {
+	if got := m.Contribution(); got.Pipelines[PipelineDurable].Done != c.Pipelines[PipelineDurable].Done {
 		t.Fatal("refused done changed the contribution")
 	}
 }
@@ -115,17 +115,20 @@ func TestBadFrontier(t *testing.T) {
 	before := m.Digest()
 	for name, mut := range map[string]func(*Frontier){
 		"tick": func(f *Frontier) { f.Tick++ },
-		"base": func(f *Frontier) { f.Lanes[LaneBackup].Base++ },
+		"base": func(f *Frontier) { f.Pipelines[PipelineBackup].Base++ },
 		"beyond issued": func(f *Frontier) {
-			f.Lanes[LaneBackup].Done++
-			f.Lanes[LaneBackup].OK = append(f.Lanes[LaneBackup].OK, true)
+			f.Pipelines[PipelineBackup].Done++
+			f.Pipelines[PipelineBackup].OK = append(f.Pipelines[PipelineBackup].OK, true)
 		},
-		"ok bits":       func(f *Frontier) { f.Lanes[LaneBackup].OK = nil },
-		"durable ahead": func(f *Frontier) { f.Lanes[LaneDurable].Done = 1; f.Lanes[LaneDurable].OK = []bool{true} },
+		"ok bits": func(f *Frontier) { f.Pipelines[PipelineBackup].OK = nil },
+		"durable ahead": func(f *Frontier) {
+			f.Pipelines[PipelineDurable].Done = 1
+			f.Pipelines[PipelineDurable].OK = []bool{true}
+		},
 	} {
 		f := good
-		f.Lanes = good.Lanes
-		f.Lanes[LaneBackup].OK = append([]bool(nil), good.Lanes[LaneBackup].OK...)
+		f.Pipelines = good.Pipelines
+		f.Pipelines[PipelineBackup].OK = append([]bool(nil), good.Pipelines[PipelineBackup].OK...)
 		mut(&f)
 		if err := m.Tick(f); !errors.Is(err, ErrFrontier) {
 			t.Errorf("%s: got %v, want ErrFrontier", name, err)
@@ -160,7 +163,7 @@ func TestReduceMinAnd(t *testing.T) {
 	mk := func(done uint64, ok []bool, vals []int, up uint8) Contribution {
 		var c Contribution
 		c.TierUp = up
-		c.Lanes[LaneLookup] = LaneProgress{Base: 0, Done: done, OK: ok, Values: vals}
+		c.Pipelines[PipelineLookup] = PipelineProgress{Base: 0, Done: done, OK: ok, Values: vals}
 		return c
 	}
 	f, err := Reduce(
@@ -170,7 +173,7 @@ func TestReduceMinAnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := f.Lanes[LaneLookup]
+	p := f.Pipelines[PipelineLookup]
 	if p.Done != 2 || p.OK[0] != true || p.OK[1] != false || p.Values[0] != 3 || p.Values[1] != 2 || f.TierUp != 0xfb {
 		t.Fatalf("reduce: %s", f)
 	}

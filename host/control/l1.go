@@ -202,7 +202,7 @@ func (m *Machine) loadBack(req ReqID, path []*radix.Node) int {
 	if !m.admitL1(need, req, nodes[0].ID()) {
 		return 0
 	}
-	o := m.issue(opLoadBack, LaneLoadBack)
+	o := m.issue(opLoadBack, PipelineLoadBack)
 	for _, n := range nodes {
 		k := m.marks[n.ID()]
 		m.setL1(n.ID(), k, m.reserveL1(n.ID(), int64(n.Pages())))

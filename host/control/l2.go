@@ -29,7 +29,7 @@ func (m *Machine) backup(n *radix.Node, dropL1 bool, req ReqID) bool {
 	if err := m.tree.SetBackupPending(n, true); err != nil {
 		panic(fmt.Sprintf("control: attach backup of node %d: %v", n.ID(), err))
 	}
-	o := m.issue(opBackup, LaneBackup)
+	o := m.issue(opBackup, PipelineBackup)
 	o.obj = obj
 	o.node0[0] = n.ID()
 	o.nodes = o.node0[:1:1]
@@ -306,7 +306,7 @@ func (m *Machine) issueSpills() {
 		id := m.queue[0]
 		m.queue = m.queue[1:]
 		n, k := m.tree.Node(id), m.marks[id]
-		o := m.issue(opSpill, LaneGather, LaneDurable)
+		o := m.issue(opSpill, PipelineGather, PipelineDurable)
 		o.node0[0] = id
 		o.nodes = o.node0[:1:1]
 		// NB: no copy: the tree never writes a node's hashes (a split

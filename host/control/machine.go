@@ -169,15 +169,15 @@ type Machine struct {
 	marks map[policy.NodeID]*mark
 	// first maps a node's first page hash to the node (the reload's
 	// duplicate recheck; the tree has no read-only lookup).
-	first    map[pagehash.Hash]policy.NodeID
-	reqs     map[ReqID]*request
-	ops      map[OpID]*op
-	nextOp   OpID
-	lanes    [NumLanes][]OpID // ops issued, not yet applied, in issue order
-	applied  [NumLanes]uint64
-	queue    []policy.NodeID // spill queue, commit order
-	inflight int             // spills issued, not yet durable
-	reloads  map[pagehash.Hash]*reload
+	first     map[pagehash.Hash]policy.NodeID
+	reqs      map[ReqID]*request
+	ops       map[OpID]*op
+	nextOp    OpID
+	pipelines [NumPipelines][]OpID // ops issued, not yet applied, in issue order
+	applied   [NumPipelines]uint64
+	queue     []policy.NodeID // spill queue, commit order
+	inflight  int             // spills issued, not yet durable
+	reloads   map[pagehash.Hash]*reload
 	// The engine's waiting-queue hint (upcoming.go), replicated: the nodes
 	// it keeps in L2 with their pages, their total, the keys of this hint,
 	// and when each prefetch found nothing in L3.
@@ -253,8 +253,8 @@ func (m *Machine) reset() error {
 	m.reqs = map[ReqID]*request{}
 	m.ops = map[OpID]*op{}
 	m.nextOp = 1
-	m.lanes = [NumLanes][]OpID{}
-	m.applied = [NumLanes]uint64{}
+	m.pipelines = [NumPipelines][]OpID{}
+	m.applied = [NumPipelines]uint64{}
 	m.queue = nil
 	m.inflight = 0
 	m.reloads = map[pagehash.Hash]*reload{}
@@ -272,8 +272,8 @@ func (m *Machine) Options() Options { return m.opts }
 // Ticks returns the number of ticks applied.
 func (m *Machine) Ticks() uint64 { return m.tick }
 
-// issue starts an op on the given lanes and returns it.
-func (m *Machine) issue(kind opKind, lanes ...Lane) *op {
+// issue starts an op on the given pipelines and returns it.
+func (m *Machine) issue(kind opKind, pipelines ...Pipeline) *op {
 	var o *op
 	if n := len(m.freeOps); n > 0 {
 		o, m.freeOps = m.freeOps[n-1], m.freeOps[:n-1]
@@ -283,13 +283,13 @@ func (m *Machine) issue(kind opKind, lanes ...Lane) *op {
 	}
 	m.nextOp++
 	m.ops[o.id] = o
-	for _, l := range lanes {
-		m.lanes[l] = append(m.lanes[l], o.id)
+	for _, l := range pipelines {
+		m.pipelines[l] = append(m.pipelines[l], o.id)
 	}
 	return o
 }
 
-// retire forgets an op once its last lane applied it. The op's memory is
+// retire forgets an op once its last pipeline applied it. The op's memory is
 // reused only after the tick (recycleOps): the code that retires it may
 // still read it, and may issue new ops meanwhile.
 func (m *Machine) retire(o *op) {
@@ -317,44 +317,45 @@ func (m *Machine) recycleOps() {
 // Contribution returns this rank's local progress for the next frontier.
 func (m *Machine) Contribution() Contribution {
 	c := Contribution{Tick: m.tick, TierUp: m.localUp}
-	// NB: one array holds every lane's ok bits; the lanes' slices are
+	// NB: one array holds every pipeline's ok bits; the pipelines'
+	// slices are
 	// cut from it once it stopped growing.
 	var oks []bool
-	var at [NumLanes + 1]int
-	for l := range NumLanes {
-		p := LaneProgress{Base: m.applied[l], Done: m.applied[l]}
-		st := laneStage(Lane(l))
-		for _, id := range m.lanes[l] {
+	var at [NumPipelines + 1]int
+	for l := range NumPipelines {
+		p := PipelineProgress{Base: m.applied[l], Done: m.applied[l]}
+		st := pipelineStage(Pipeline(l))
+		for _, id := range m.pipelines[l] {
 			d := m.ops[id].local[st]
 			if !d.done {
 				break
 			}
 			p.Done++
 			oks = append(oks, d.ok)
-			if Lane(l) == LaneLookup {
+			if Pipeline(l) == PipelineLookup {
 				p.Values = append(p.Values, d.value)
 			}
 		}
-		c.Lanes[l] = p
+		c.Pipelines[l] = p
 		at[l+1] = len(oks)
 	}
-	for l := range NumLanes {
+	for l := range NumPipelines {
 		if at[l+1] > at[l] {
-			c.Lanes[l].OK = oks[at[l]:at[l+1]:at[l+1]]
+			c.Pipelines[l].OK = oks[at[l]:at[l+1]:at[l+1]]
 		}
 	}
 	return c
 }
 
-func laneStage(l Lane) Stage {
+func pipelineStage(l Pipeline) Stage {
 	switch l {
-	case LaneBackup, LaneLoadBack:
+	case PipelineBackup, PipelineLoadBack:
 		return StageCopied
-	case LaneGather:
+	case PipelineGather:
 		return StageGathered
-	case LaneDurable:
+	case PipelineDurable:
 		return StageDurable
-	case LaneLookup:
+	case PipelineLookup:
 		return StageFound
 	}
 	return StageLoaded
@@ -441,8 +442,8 @@ func (m *Machine) SetTierUp(tier int, up bool) error {
 func (m *Machine) l3Usable() bool { return m.opts.L3 && m.tierDown&(1<<2) == 0 }
 
 // Digest returns the SHA-256 of the replicated state: the tick, the tree,
-// both placements, every node's markers, the ops in flight, the lanes, the
-// spill queue, the requests and their holds, the reloads, the tier state.
+// both placements, every node's markers, the ops in flight, the pipelines,
+// the spill queue, the requests and their holds, the reloads, the tier state.
 // Two replicas that applied the same events and frontiers agree.
 func (m *Machine) Digest() [32]byte {
 	p := m.digestParts()
@@ -467,7 +468,7 @@ const (
 
 // StructureDigests returns one digest per replicated structure: the
 // radix tree, the L1 and L2 placement, the node markers, and the queues
-// (ops, lanes, spill queue, requests, reloads). Two ranks whose Digest
+// (ops, pipelines, spill queue, requests, reloads). Two ranks whose Digest
 // differs differ in at least one of them; a group names the first.
 func (m *Machine) StructureDigests() [NumStructures][32]byte {
 	p := m.digestParts()
@@ -541,10 +542,10 @@ func (m *Machine) digestParts() digestParts {
 		b = append(b, o.reload[:]...)
 	}
 	u(uint64(m.nextOp))
-	for l := range NumLanes {
+	for l := range NumPipelines {
 		u(m.applied[l])
-		u(uint64(len(m.lanes[l])))
-		for _, id := range m.lanes[l] {
+		u(uint64(len(m.pipelines[l])))
+		for _, id := range m.pipelines[l] {
 			u(uint64(id))
 		}
 	}

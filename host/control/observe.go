@@ -327,12 +327,12 @@ func (o Options) logClock() func() time.Time {
 	return time.Now
 }
 
-// LaneOps returns, per lane, the number of ops issued and not yet applied:
-// replicated state, so a group sizes every rank's contribution alike.
-func (m *Machine) LaneOps() [NumLanes]int {
-	var n [NumLanes]int
-	for l := range NumLanes {
-		n[l] = len(m.lanes[l])
+// PipelineOps returns, per pipeline, the number of ops issued and not yet
+// applied: replicated state, so a group sizes every rank's contribution alike.
+func (m *Machine) PipelineOps() [NumPipelines]int {
+	var n [NumPipelines]int
+	for l := range NumPipelines {
+		n[l] = len(m.pipelines[l])
 	}
 	return n
 }

@@ -297,7 +297,7 @@ func (m *Machine) Ready() Ready {
 // Output is Ready without the contribution (its Contribution is zero): a
 // driver that offers the contribution only at its ticks (Contribution)
 // consumes the output of every event with it and skips building a
-// contribution per event, which costs a walk of every lane's ops.
+// contribution per event, which costs a walk of every pipeline's ops.
 func (m *Machine) Output() Ready {
 	p := &m.out
 	return Ready{

@@ -35,7 +35,7 @@ func (m *Machine) startReload(req ReqID, r *request, hashes []pagehash.Hash, m0 
 		return
 	}
 	rl := &reload{key: key, full: slices.Clone(hashes), m: m0, waiters: []ReqID{req}}
-	o := m.issue(opLookup, LaneLookup)
+	o := m.issue(opLookup, PipelineLookup)
 	o.hashes, o.depth = rl.full[m0:], m0
 	o.reload = key
 	rl.op = o.id
@@ -107,7 +107,7 @@ func (m *Machine) applyLookup(o *op, c int) {
 		m.unholdAll(rl, Refused)
 		return
 	}
-	g := m.issue(opReload, LaneReload)
+	g := m.issue(opReload, PipelineReload)
 	g.obj, g.reload = obj, rl.key
 	g.hashes, g.depth = rl.full[rl.m:rl.m+c], rl.m
 	rl.c, rl.obj, rl.op = c, obj, g.id

@@ -6,13 +6,13 @@ import (
 	"github.com/kvtier/kvtier/internal/invariants"
 )
 
-// laneOrder is the order Tick applies lanes in: copies first (they free
-// or fill tiers), then the spill's two stages (gathered before durable),
+// pipelineOrder is the order Tick applies pipelines in: copies first (they
+// free or fill tiers), then the spill's two stages (gathered before durable),
 // then lookups and the reloads they started.
-var laneOrder = [NumLanes]Lane{LaneBackup, LaneLoadBack, LaneGather, LaneDurable, LaneLookup, LaneReload}
+var pipelineOrder = [NumPipelines]Pipeline{PipelineBackup, PipelineLoadBack, PipelineGather, PipelineDurable, PipelineLookup, PipelineReload}
 
 // Tick applies a frontier, the one place where local facts become
-// replicated: per lane, the ops the whole group finished are committed or
+// replicated: per pipeline, the ops the whole group finished are committed or
 // rolled back in issue order; held requests past their TTL are released;
 // queued spills are issued; every DigestEvery ticks the digest goes to
 // Ready. A frontier that does not fit the Machine (another tick, another
@@ -24,30 +24,30 @@ func (m *Machine) Tick(f Frontier) error {
 	}
 	m.tick++
 	m.tierDown = ^f.TierUp
-	for _, l := range laneOrder {
-		p := &f.Lanes[l]
+	for _, l := range pipelineOrder {
+		p := &f.Pipelines[l]
 		n := int(p.Done - m.applied[l])
 		// NB: the applied ids are copied out and the rest moved to the
-		// front, so that the lane's array is reused instead of sliding
+		// front, so that the pipeline's array is reused instead of sliding
 		// off its end (an op issued while applying appends to it).
-		m.tickIDs = append(m.tickIDs[:0], m.lanes[l][:n]...)
+		m.tickIDs = append(m.tickIDs[:0], m.pipelines[l][:n]...)
 		ids := m.tickIDs
-		m.lanes[l] = m.lanes[l][:copy(m.lanes[l], m.lanes[l][n:])]
+		m.pipelines[l] = m.pipelines[l][:copy(m.pipelines[l], m.pipelines[l][n:])]
 		m.applied[l] = p.Done
 		for i, id := range ids {
 			o := m.ops[id]
 			switch l {
-			case LaneBackup:
+			case PipelineBackup:
 				m.applyBackup(o, p.OK[i])
-			case LaneLoadBack:
+			case PipelineLoadBack:
 				m.applyLoadBack(o, p.OK[i])
-			case LaneGather:
+			case PipelineGather:
 				m.applyGather(o, p.OK[i])
-			case LaneDurable:
+			case PipelineDurable:
 				m.applyDurable(o, p.OK[i])
-			case LaneLookup:
+			case PipelineLookup:
 				m.applyLookup(o, p.Values[i])
-			case LaneReload:
+			case PipelineReload:
 				if err := m.applyReload(o, p.OK[i]); err != nil {
 					return err
 				}
@@ -76,17 +76,17 @@ func (m *Machine) checkFrontier(f *Frontier) error {
 	if err := (*Contribution)(f).check(); err != nil {
 		return fmt.Errorf("control: frontier: %w", err)
 	}
-	for l := range NumLanes {
-		p := &f.Lanes[l]
+	for l := range NumPipelines {
+		p := &f.Pipelines[l]
 		if p.Base != m.applied[l] {
-			return fmt.Errorf("control: frontier lane %s base %d, machine applied %d: %w", Lane(l), p.Base, m.applied[l], ErrFrontier)
+			return fmt.Errorf("control: frontier pipeline %s base %d, machine applied %d: %w", Pipeline(l), p.Base, m.applied[l], ErrFrontier)
 		}
-		if p.Done-p.Base > uint64(len(m.lanes[l])) {
-			return fmt.Errorf("control: frontier lane %s done %d, only %d issued: %w", Lane(l), p.Done, m.applied[l]+uint64(len(m.lanes[l])), ErrFrontier)
+		if p.Done-p.Base > uint64(len(m.pipelines[l])) {
+			return fmt.Errorf("control: frontier pipeline %s done %d, only %d issued: %w", Pipeline(l), p.Done, m.applied[l]+uint64(len(m.pipelines[l])), ErrFrontier)
 		}
-		if Lane(l) == LaneLookup {
+		if Pipeline(l) == PipelineLookup {
 			for i, v := range p.Values {
-				o := m.ops[m.lanes[l][i]]
+				o := m.ops[m.pipelines[l][i]]
 				if v < 0 || v > len(o.hashes) {
 					return fmt.Errorf("control: frontier lookup op %d: %d pages of %d: %w", o.id, v, len(o.hashes), ErrFrontier)
 				}
@@ -95,8 +95,8 @@ func (m *Machine) checkFrontier(f *Frontier) error {
 	}
 	// NB: a durable op must not be applied before its gathered stage; a
 	// group's MIN keeps that order, a forged frontier might not.
-	g := f.Lanes[LaneGather].Done
-	if d := f.Lanes[LaneDurable].Done; d > g {
+	g := f.Pipelines[PipelineGather].Done
+	if d := f.Pipelines[PipelineDurable].Done; d > g {
 		return fmt.Errorf("control: frontier durable %d ahead of gathered %d: %w", d, g, ErrFrontier)
 	}
 	return nil

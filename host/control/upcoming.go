@@ -123,7 +123,7 @@ func (m *Machine) prefetch(hashes []pagehash.Hash, m0 int) {
 		return
 	}
 	rl := &reload{key: key, full: slices.Clone(hashes), m: m0, prefetch: true}
-	o := m.issue(opLookup, LaneLookup)
+	o := m.issue(opLookup, PipelineLookup)
 	o.hashes, o.depth = rl.full[m0:], m0
 	o.reload = key
 	rl.op = o.id

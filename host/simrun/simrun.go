@@ -117,7 +117,7 @@ type Result struct {
 }
 
 // DrainTicks is how many ticks each rank runs after its last request, so
-// the acks held back up to maxAckSkew ticks land and the lanes drain:
+// the acks held back up to maxAckSkew ticks land and the op pipelines drain:
 // Result.Ticks exceeds Config.Ticks by these and by the ticks the last
 // request needed to finish (a request started below Config.Ticks runs to
 // its end).
@@ -467,7 +467,7 @@ func (r *rankRun) run(ctx context.Context, cfg Config, keys [][]pagehash.Hash, s
 			}
 		}
 	}
-	// Let the held acks land and the lanes drain, within a bound.
+	// Let the held acks land and the op pipelines drain, within a bound.
 	for range DrainTicks(cfg.MaxAckSkew) {
 		if _, err := tick(); err != nil {
 			return rankOut{requests: out.requests, tick: r.m.Ticks(), err: err}
@@ -537,18 +537,18 @@ func (r *rankRun) request(req control.ReqID, key []pagehash.Hash, apply func(con
 	return err
 }
 
-// skew measures, per lane op, the ticks between the first rank finishing
-// it and the last.
+// skew measures, per pipeline op, the ticks between the first rank
+// finishing it and the last.
 type skew struct {
 	mu    sync.Mutex
 	ranks int
-	done  [][control.NumLanes]uint64 // per rank: ops finished per lane
-	first [control.NumLanes]map[uint64]uint64
+	done  [][control.NumPipelines]uint64 // per rank: ops finished per pipeline
+	first [control.NumPipelines]map[uint64]uint64
 	worst uint64
 }
 
 func newSkew(ranks int) *skew {
-	s := &skew{ranks: ranks, done: make([][control.NumLanes]uint64, ranks)}
+	s := &skew{ranks: ranks, done: make([][control.NumPipelines]uint64, ranks)}
 	for l := range s.first {
 		s.first[l] = map[uint64]uint64{}
 	}
@@ -558,8 +558,8 @@ func newSkew(ranks int) *skew {
 func (s *skew) observe(rank int, tick uint64, c control.Contribution) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for l := range control.NumLanes {
-		d := c.Lanes[l].Done
+	for l := range control.NumPipelines {
+		d := c.Pipelines[l].Done
 		for k := s.done[rank][l] + 1; k <= d; k++ {
 			if _, ok := s.first[l][k]; !ok {
 				s.first[l][k] = tick
