@@ -1,10 +1,12 @@
 // Package host runs a rank's control Machine against an opened tier stack:
 // the Node owns one host/control Machine, carries out what the Machine
 // asks (L1↔L2 copies through the Pool, spills, lookups, reloads, deletes
-// and touches through the Store below the slab), feeds every completion
-// back as a local fact (Done, Longest) and ticks the Machine through a
-// Group when its driver says so. The driver is `kvtier replay --data`
-// today and the engine API later.
+// and touches through the Store below the slab, the store calls on the
+// Node's own worker goroutine), feeds every completion back as a local
+// fact (Done, Longest) and ticks the Machine through a Group when its
+// driver says so. Its drivers are host/serve (`kvtier serve`, the engine
+// API), host/datareplay (`kvtier replay --data`) and host/simrun
+// (`kvtier sim`); each lets one goroutine at a time call its Node.
 //
 // The Node decides nothing: every decision is the Machine's. It must never
 // let a tier error escape as a hang or a panic — a failed copy, put, get

@@ -81,8 +81,11 @@ type Config struct {
 	ColdStart tiers.ColdStart
 	// SessionTTL expires a session silent this long (default 30 s).
 	SessionTTL time.Duration
-	// MaxItemsPerStep and MaxPagesPerRequest bound one Step (defaults
-	// 65536 and 1<<20 / page... see defaults).
+	// MaxItemsPerStep bounds the items of one Step: its completions,
+	// lookups, stores, finished, aborted and upcoming keys together
+	// (default 65536). MaxPagesPerRequest bounds the pages of one
+	// request's key, a lookup's, a store's or an upcoming one's (default
+	// 65536).
 	MaxItemsPerStep    int
 	MaxPagesPerRequest int
 	// MaxMessageBytes bounds one gRPC message serve receives (default
