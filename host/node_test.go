@@ -340,24 +340,83 @@ func TestNewRefusesBadInput(t *testing.T) {
 	}
 }
 
-// TestNodeRun drives a Node owned by its own goroutine (Run) through a
-// channel: the same requests give the same hits and bytes as the
+// input is one request to a Node owned by runNode's goroutine: apply an
+// engine event, then optionally settle (wait for the tiers' acks) and
+// tick.
+type input struct {
+	event        *control.Event
+	settle, tick bool
+	// reply receives the outcome; it must have room for one value.
+	reply chan<- output
+}
+
+// output is the outcome of one input: the Ready of the event and, when it
+// ticked, the Ready of the tick, and the first error.
+type output struct {
+	event, tick control.Ready
+	err         error
+}
+
+// runNode makes the calling goroutine the owner of n over stack s, as
+// serve's rank loop does: it serves inputs in order and drains the tiers'
+// acks and the store worker's results into the Machine as they arrive,
+// until in is closed (nil) or ctx ends (ctx.Err()).
+func runNode(ctx context.Context, n *host.Node, s *stack.Stack, in <-chan input) error {
+	var storeAcks <-chan struct{}
+	if len(s.Stores) > 0 {
+		storeAcks = s.Stores[0].Store.AckReady()
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case x, ok := <-in:
+			if !ok {
+				return nil
+			}
+			var out output
+			if x.event != nil {
+				out.event, out.err = n.Apply(ctx, *x.event)
+			}
+			if out.err == nil && x.settle {
+				out.err = n.Settle(ctx)
+			}
+			if out.err == nil && x.tick {
+				out.tick, out.err = n.Tick(ctx)
+			}
+			select {
+			case x.reply <- out:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		case <-s.Pool.AckReady():
+			n.Drain()
+		case <-storeAcks:
+			n.Drain()
+		case <-n.StoreReady():
+			n.Drain()
+		}
+	}
+}
+
+// TestNodeRun drives a Node owned by its own goroutine (runNode) through
+// a channel: the same requests give the same hits and bytes as the
 // synchronous driver.
 func TestNodeRun(t *testing.T) {
 	dir := t.TempDir()
 	s := openStack(t, stackYAML(dir, memstoreEntry), dir)
 	d := newDriver(t, s, host.Options{})
 	ctx, cancel := context.WithCancel(context.Background())
-	in := make(chan host.Input)
+	in := make(chan input)
 	done := make(chan error, 1)
-	go func() { done <- d.n.Run(ctx, in) }()
-	call := func(x host.Input) host.Output {
-		reply := make(chan host.Output, 1)
-		x.Reply = reply
+	go func() { done <- runNode(ctx, d.n, s, in) }()
+	call := func(x input) output {
+		reply := make(chan output, 1)
+		x.reply = reply
 		in <- x
 		out := <-reply
-		if out.Err != nil {
-			t.Fatal(out.Err)
+		if out.err != nil {
+			t.Fatal(out.err)
 		}
 		return out
 	}
@@ -365,22 +424,22 @@ func TestNodeRun(t *testing.T) {
 	for i := range 12 {
 		k := key(i%6, 4)
 		req := control.ReqID(i + 1)
-		out := call(host.Input{Event: &control.Event{Kind: control.EvMatch, Req: req, Pages: 4, Hashes: k}, Settle: true, Tick: true})
+		out := call(input{event: &control.Event{Kind: control.EvMatch, Req: req, Pages: 4, Hashes: k}, settle: true, tick: true})
 		released := func(rd control.Ready) bool {
 			return slices.ContainsFunc(rd.Unholds, func(u control.Unhold) bool { return u.Req == req })
 		}
-		for try := 0; out.Event.Matches[0].Held && !released(out.Tick); try++ {
+		for try := 0; out.event.Matches[0].Held && !released(out.tick); try++ {
 			if try == 100 {
 				t.Fatalf("request %d held for 100 ticks", req)
 			}
-			if released(call(host.Input{Settle: true, Tick: true}).Tick) {
+			if released(call(input{settle: true, tick: true}).tick) {
 				break
 			}
 		}
-		call(host.Input{Event: &control.Event{Kind: control.EvInsert, Req: req, Pages: 4, Hashes: k}, Settle: true, Tick: true})
-		call(host.Input{Event: &control.Event{Kind: control.EvFinish, Req: req}})
-		call(host.Input{Event: &control.Event{Kind: control.EvRelease, Req: req}, Settle: true, Tick: true})
-		hits += out.Event.Matches[0].L1 + out.Event.Matches[0].L2
+		call(input{event: &control.Event{Kind: control.EvInsert, Req: req, Pages: 4, Hashes: k}, settle: true, tick: true})
+		call(input{event: &control.Event{Kind: control.EvFinish, Req: req}})
+		call(input{event: &control.Event{Kind: control.EvRelease, Req: req}, settle: true, tick: true})
+		hits += out.event.Matches[0].L1 + out.event.Matches[0].L2
 	}
 	close(in)
 	if err := <-done; err != nil {
@@ -390,10 +449,10 @@ func TestNodeRun(t *testing.T) {
 	if hits == 0 || d.n.Stats().L1ToL2 == 0 {
 		t.Fatalf("hits %d, stats %+v", hits, d.n.Stats())
 	}
-	// A cancelled context ends Run.
+	// A cancelled context ends the owner.
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	cancel2()
-	if err := d.n.Run(ctx2, make(chan host.Input)); !errors.Is(err, context.Canceled) {
+	if err := runNode(ctx2, d.n, s, make(chan input)); !errors.Is(err, context.Canceled) {
 		t.Fatalf("run after cancel: %v", err)
 	}
 }
