@@ -77,10 +77,6 @@ func lmdbOf(st *config.Stack) *lmdbindex.Config {
 	panic("default stack has no lmdb index")
 }
 
-func meminfoText(total, free, rsvd, sizeKB int64) string {
-	return fmt.Sprintf("MemTotal: 1000 kB\nHugePages_Total: %d\nHugePages_Free: %d\nHugePages_Rsvd: %d\nHugePages_Surp: 0\nHugepagesize: %d kB\n", total, free, rsvd, sizeKB)
-}
-
 const (
 	goodSum  = "1111111111111111111111111111111111111111111111111111111111111111"
 	otherSum = "2222222222222222222222222222222222222222222222222222222222222222"
@@ -113,20 +109,20 @@ func TestChecks(t *testing.T) {
 		{name: "short without fallback", check: CheckHugepages,
 			stack: func(s *config.Stack) { l2Of(s).Fallback = l2hugetlb.FallbackNone },
 			sys: func(f *fakeSys) {
-				f.files[procMeminfo] = meminfoText(100, 100, 0, 2048)
+				f.meminfo = hugeMeminfoOf(100, 100, 0, 2048)
 				f.files[procNrHugepages] = "100\n"
 			},
 			want: Fail, msg: []string{"needs 2048 x 2.00 MiB hugepages, 100 free", "echo 2048 > /proc/sys/vm/nr_hugepages", "reduce $.tiers[l2].config.size"}},
 		{name: "reserved pages are not free", check: CheckHugepages,
 			stack: func(s *config.Stack) { l2Of(s).Fallback = l2hugetlb.FallbackNone },
-			sys:   func(f *fakeSys) { f.files[procMeminfo] = meminfoText(4096, 4096, 3000, 2048) },
+			sys:   func(f *fakeSys) { f.meminfo = hugeMeminfoOf(4096, 4096, 3000, 2048) },
 			want:  Fail, msg: []string{"1096 free", "echo 5048 >"}},
 		{name: "short with shm fallback", check: CheckHugepages,
-			sys:  func(f *fakeSys) { f.files[procMeminfo] = meminfoText(0, 0, 0, 2048); f.files[procNrHugepages] = "0\n" },
+			sys:  func(f *fakeSys) { f.meminfo = hugeMeminfoOf(0, 0, 0, 2048); f.files[procNrHugepages] = "0\n" },
 			want: Warn, msg: []string{"fall back to /dev/shm", "echo 2048 > /proc/sys/vm/nr_hugepages"}},
 		{name: "short and shm too small", check: CheckHugepages,
 			sys: func(f *fakeSys) {
-				f.files[procMeminfo] = meminfoText(0, 0, 0, 2048)
+				f.meminfo = hugeMeminfoOf(0, 0, 0, 2048)
 				f.statfs["/dev/shm"] = FSStat{Type: unix.TMPFS_MAGIC, BlockSize: 4096, Blocks: 1 << 20, Avail: 1000}
 			},
 			want: Fail, msg: []string{"shm fallback /dev/shm has only 3.91 MiB free"}},
@@ -138,17 +134,23 @@ func TestChecks(t *testing.T) {
 			want: Fail, msg: []string{"512 free (the size= limit of /dev/hugepages)", "mount -o remount,size=4096M /dev/hugepages"}},
 		{name: "default hugepage size is 1 GiB: the 2 MiB pool from sysfs", check: CheckHugepages,
 			sys: func(f *fakeSys) {
-				f.files[procMeminfo] = meminfoText(8, 8, 0, 1<<20)
+				f.meminfo = hugeMeminfoOf(8, 8, 0, 1<<20)
 				d := "/sys/kernel/mm/hugepages/hugepages-2048kB/"
 				f.files[d+"nr_hugepages"], f.files[d+"free_hugepages"], f.files[d+"resv_hugepages"] = "3000", "2999", "1"
 			},
 			want: Pass, msg: []string{"2998 x 2.00 MiB hugepages free"}},
 		{name: "meminfo unreadable", check: CheckHugepages,
-			sys:  func(f *fakeSys) { delete(f.files, procMeminfo) },
+			sys:  func(f *fakeSys) { f.meminfoErr = &fs.PathError{Op: "open", Path: procMeminfo, Err: fs.ErrNotExist} },
 			want: Fail, msg: []string{"cannot read the hugepage pool", procMeminfo}},
+		{name: "meminfo without hugetlb", check: CheckHugepages,
+			sys:  func(f *fakeSys) { f.meminfo.HugePagesRsvd = nil },
+			want: Fail, msg: []string{"no HugePages_Rsvd line"}},
 		{name: "meminfo garbled", check: CheckHugepages,
-			sys:  func(f *fakeSys) { f.files[procMeminfo] = "HugePages_Total: lots\n" },
-			want: Fail, msg: []string{"line 1: HugePages_Total"}},
+			sys: func(f *fakeSys) {
+				n := uint64(1 << 60)
+				f.meminfo.HugePagesFree = &n
+			},
+			want: Fail, msg: []string{"HugePages_Free: 1152921504606846976 is not a count"}},
 		{name: "no slab tier", check: CheckHugepages,
 			stack: func(s *config.Stack) { s.Tiers = nil },
 			want:  Pass, msg: []string{"no slab tier"}},
@@ -186,7 +188,7 @@ func TestChecks(t *testing.T) {
 			want:  Pass, msg: []string{"memlock limit unlimited covers the 4.00 GiB"}},
 		{name: "mlock with CAP_IPC_LOCK", check: CheckMemlock,
 			stack: func(s *config.Stack) { l2Of(s).Mlock = true },
-			sys:   func(f *fakeSys) { f.files[procSelfStatus] = "CapEff:\t000001ffffffffff\n" },
+			sys:   func(f *fakeSys) { f.status.CapEff = 0x000001ffffffffff },
 			want:  Pass, msg: []string{"CAP_IPC_LOCK"}},
 		{name: "cuda pool under the limit", check: CheckMemlock,
 			stack: func(s *config.Stack) {

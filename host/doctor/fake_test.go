@@ -6,6 +6,7 @@ import (
 	"path"
 	"time"
 
+	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtier/kvtier/tiers/l3disk"
@@ -33,6 +34,9 @@ type plpAnswer struct {
 // fakeSys is a machine described by maps; what is absent does not exist.
 type fakeSys struct {
 	files      map[string]string
+	meminfo    procfs.Meminfo
+	meminfoErr error
+	status     procfs.ProcStatus
 	statfs     map[string]FSStat
 	stats      map[string]fakeInfo
 	noAccess   map[string]error
@@ -69,10 +73,9 @@ const (
 func healthyMachine() *fakeSys {
 	return &fakeSys{
 		files: map[string]string{
-			procMeminfo:     "MemTotal:       263741236 kB\nHugePages_Total:    4096\nHugePages_Free:     4096\nHugePages_Rsvd:        0\nHugePages_Surp:        0\nHugepagesize:       2048 kB\n",
 			procNrHugepages: "4096\n",
-			procSelfStatus:  "Name:\tkvtier\nCapEff:\t0000000000000000\n",
 		},
+		meminfo: hugeMeminfoOf(4096, 4096, 0, 2048),
 		statfs: map[string]FSStat{
 			"/dev/hugepages":     {Type: unix.HUGETLBFS_MAGIC, BlockSize: 2 * mib, Device: 10},
 			"/dev/shm":           {Type: unix.TMPFS_MAGIC, BlockSize: 4096, Blocks: uint64(64 * gib / 4096), Avail: uint64(64 * gib / 4096), Device: 11},
@@ -98,6 +101,18 @@ func (f *fakeSys) ReadFile(p string) ([]byte, error) {
 		return nil, &fs.PathError{Op: "open", Path: p, Err: fs.ErrNotExist}
 	}
 	return []byte(s), nil
+}
+
+func (f *fakeSys) Meminfo() (procfs.Meminfo, error) { return f.meminfo, f.meminfoErr }
+
+func (f *fakeSys) SelfStatus() (procfs.ProcStatus, error) { return f.status, nil }
+
+// hugeMeminfoOf is /proc/meminfo as procfs reads it, with the hugepage
+// figures given and the default hugepage size in kB.
+func hugeMeminfoOf(total, free, rsvd, sizeKB uint64) procfs.Meminfo {
+	memTotal, surp, sizeBytes := uint64(263741236), uint64(0), sizeKB<<10
+	return procfs.Meminfo{MemTotal: &memTotal, HugePagesTotal: &total, HugePagesFree: &free, HugePagesRsvd: &rsvd,
+		HugePagesSurp: &surp, Hugepagesize: &sizeKB, HugepagesizeBytes: &sizeBytes}
 }
 
 func (f *fakeSys) Statfs(p string) (FSStat, error) {

@@ -17,12 +17,10 @@ import (
 // hugePage is the page size kvtier's slab expects of its hugetlbfs mount.
 const hugePage = 2 << 20
 
-// Paths of the kernel's hugepage and capability counters.
+// Paths of the kernel's hugepage counters.
 const (
 	procNrHugepages = "/proc/sys/vm/nr_hugepages"
 	procMeminfo     = "/proc/meminfo"
-	procSelfStatus  = "/proc/self/status"
-	sysHugepages    = "/sys/kernel/mm/hugepages"
 )
 
 // slabTier returns the stack's l2hugetlb tier and its config, or ok false.
@@ -67,11 +65,11 @@ type hugepagePool struct {
 // and /proc/meminfo when pageSize is the default hugepage size, else the
 // pool's sysfs directory.
 func readPool(sys System, pageSize int64) (hugepagePool, error) {
-	mb, err := sys.ReadFile(procMeminfo)
+	raw, err := sys.Meminfo()
 	if err != nil {
 		return hugepagePool{}, fmt.Errorf("read %s: %w", procMeminfo, err)
 	}
-	mi, err := parseMeminfo(mb)
+	mi, err := hugeMeminfo(raw)
 	if err != nil {
 		return hugepagePool{}, fmt.Errorf("%s: %w", procMeminfo, err)
 	}
@@ -80,13 +78,13 @@ func readPool(sys System, pageSize int64) (hugepagePool, error) {
 		// nr_hugepages is what an operator sets; HugePages_Total lags it
 		// while the kernel is still finding pages, so report the setting.
 		if b, err := sys.ReadFile(procNrHugepages); err == nil {
-			if n, err := parseCount(b); err == nil {
+			if n, err := l2hugetlb.ParseCount(b); err == nil {
 				p.total = n
 			}
 		}
 		return p, nil
 	}
-	dir := filepath.Join(sysHugepages, fmt.Sprintf("hugepages-%dkB", pageSize>>10))
+	dir := l2hugetlb.PoolDir(pageSize)
 	p := hugepagePool{pageSize: pageSize, knob: filepath.Join(dir, "nr_hugepages")}
 	for _, f := range []struct {
 		name string
@@ -96,7 +94,7 @@ func readPool(sys System, pageSize int64) (hugepagePool, error) {
 		if err != nil {
 			return hugepagePool{}, fmt.Errorf("read %s: %w", filepath.Join(dir, f.name), err)
 		}
-		if *f.dst, err = parseCount(b); err != nil {
+		if *f.dst, err = l2hugetlb.ParseCount(b); err != nil {
 			return hugepagePool{}, fmt.Errorf("%s: %w", filepath.Join(dir, f.name), err)
 		}
 	}
@@ -256,11 +254,9 @@ func checkMemlock(_ context.Context, e *env) Result {
 	if limit == unix.RLIM_INFINITY || uint64(pin) <= limit {
 		return passf("memlock limit %s covers the %s this stack pins (%s)", limitString(limit), human(pin), strings.Join(why, ", ")).with(detail)
 	}
-	if capEff, err := e.sys.ReadFile(procSelfStatus); err == nil {
-		if caps, err := parseCapEff(capEff); err == nil && caps&(1<<capIPCLock) != 0 {
-			detail["cap_ipc_lock"] = true
-			return passf("memlock limit %s is below the %s this stack pins (%s), but this process holds CAP_IPC_LOCK, which lifts the limit: run serve with the same capability", limitString(limit), human(pin), strings.Join(why, ", ")).with(detail)
-		}
+	if st, err := e.sys.SelfStatus(); err == nil && st.CapEff&(1<<capIPCLock) != 0 {
+		detail["cap_ipc_lock"] = true
+		return passf("memlock limit %s is below the %s this stack pins (%s), but this process holds CAP_IPC_LOCK, which lifts the limit: run serve with the same capability", limitString(limit), human(pin), strings.Join(why, ", ")).with(detail)
 	}
 	advice := "raise it: ulimit -l unlimited in the shell that starts serve, LimitMEMLOCK=infinity in its systemd unit, a memlock line in /etc/security/limits.conf, or --ulimit memlock=-1 for a container"
 	if !hard {

@@ -49,6 +49,12 @@ func TestOS(t *testing.T) {
 	if b, err := sys.ReadFile("/proc/self/status"); err != nil || len(b) == 0 {
 		t.Errorf("ReadFile: %d bytes, %v", len(b), err)
 	}
+	if mi, err := sys.Meminfo(); err != nil || mi.MemTotal == nil {
+		t.Errorf("Meminfo: %v", err)
+	}
+	if st, err := sys.SelfStatus(); err != nil || st.PID != os.Getpid() {
+		t.Errorf("SelfStatus: pid %d, %v", st.PID, err)
+	}
 }
 
 // TestOSDialUnix tells a live socket from the stale file a dead listener

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 
 	"github.com/kvtier/kvtier/plugins/pluginhost"
@@ -45,8 +46,13 @@ const (
 // System is the machine as the checks see it. OS is the real one; tests
 // inject a fake.
 type System interface {
-	// ReadFile reads a small file of /proc or /sys.
+	// ReadFile reads a small file of /proc or /sys that procfs does not
+	// cover (nr_hugepages, the sysfs hugepage pools).
 	ReadFile(path string) ([]byte, error)
+	// Meminfo reads /proc/meminfo.
+	Meminfo() (procfs.Meminfo, error)
+	// SelfStatus reads /proc/self/status.
+	SelfStatus() (procfs.ProcStatus, error)
 	// Statfs reports on the file system holding path.
 	Statfs(path string) (FSStat, error)
 	// Stat is os.Stat.
@@ -114,6 +120,24 @@ func (OS) ReadFile(path string) ([]byte, error) {
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	return b, nil
+}
+
+// Meminfo implements System.
+func (OS) Meminfo() (procfs.Meminfo, error) {
+	fs, err := procfs.NewDefaultFS()
+	if err != nil {
+		return procfs.Meminfo{}, err
+	}
+	return fs.Meminfo()
+}
+
+// SelfStatus implements System.
+func (OS) SelfStatus() (procfs.ProcStatus, error) {
+	p, err := procfs.Self()
+	if err != nil {
+		return procfs.ProcStatus{}, err
+	}
+	return p.NewStatus()
 }
 
 // Statfs implements System.

@@ -7,13 +7,11 @@
 package measure
 
 import (
-	"bytes"
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
 	"time"
 
+	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -82,35 +80,15 @@ func rusage(who int) time.Duration {
 const userHZ = 100
 
 // PidCPU returns the user + system CPU time of process pid from
-// /proc/<pid>/stat (10 ms resolution).
+// /proc/<pid>/stat (10 ms resolution), as prometheus/procfs reads it.
 func PidCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
 		return 0, fmt.Errorf("cpu of pid %d: %w", pid, err)
 	}
-	return ParseStatCPU(b)
-}
-
-// ParseStatCPU reads utime and stime (fields 14 and 15) of a
-// /proc/<pid>/stat line; the command name (field 2) may hold spaces and
-// parentheses, so fields are counted after its last ')'.
-func ParseStatCPU(b []byte) (time.Duration, error) {
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("proc stat %.40q: no command field", b)
+	st, err := p.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("cpu of pid %d: %w", pid, err)
 	}
-	f := bytes.Fields(b[i+1:])
-	// f[0] is field 3 (state); utime is field 14, stime 15.
-	if len(f) < 13 {
-		return 0, fmt.Errorf("proc stat %.40q: %d fields after the command", b, len(f))
-	}
-	var ticks int64
-	for _, s := range f[11:13] {
-		n, err := strconv.ParseInt(string(s), 10, 64)
-		if err != nil || n < 0 || n > 1<<40 {
-			return 0, fmt.Errorf("proc stat: cpu field %.40q", s)
-		}
-		ticks += n
-	}
-	return time.Duration(ticks) * time.Second / userHZ, nil
+	return time.Duration(st.UTime+st.STime) * time.Second / userHZ, nil
 }

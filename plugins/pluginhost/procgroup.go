@@ -1,13 +1,12 @@
 package pluginhost
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/prometheus/procfs"
 )
 
 // A plugin runs as the leader of its own process group (Setpgid), so the
@@ -65,64 +64,22 @@ func groupAlive(pgid int) bool {
 // procGroupAlive scans the /proc file system at root for a process of
 // group pgid that is not a zombie.
 func procGroupAlive(root string, pgid int) (bool, error) {
-	d, err := os.Open(root)
+	fs, err := procfs.NewFS(root)
 	if err != nil {
 		return false, fmt.Errorf("scan processes: %w", err)
 	}
-	names, err := d.Readdirnames(-1)
-	d.Close()
+	procs, err := fs.AllProcs()
 	if err != nil {
 		return false, fmt.Errorf("scan processes in %s: %w", root, err)
 	}
-	for _, n := range names {
-		if n == "" || n[0] < '0' || n[0] > '9' {
-			continue
-		}
-		b, err := os.ReadFile(root + "/" + n + "/stat")
+	for _, p := range procs {
+		st, err := p.Stat()
 		if err != nil {
 			continue // exited meanwhile
 		}
-		st, err := parseProcStat(b)
-		if err != nil {
-			continue
-		}
-		if st.pgrp == pgid && st.state != 'Z' && st.state != 'X' && st.state != 'x' {
+		if st.PGRP == pgid && st.State != "Z" && st.State != "X" && st.State != "x" {
 			return true, nil
 		}
 	}
 	return false, nil
-}
-
-// procStat is what the host reads of /proc/<pid>/stat.
-type procStat struct {
-	pid   int
-	state byte
-	pgrp  int
-}
-
-// parseProcStat decodes the fields pid, state and pgrp of a
-// /proc/<pid>/stat line: "pid (comm) state ppid pgrp ...", where comm may
-// itself hold spaces and parentheses, so the fields after it are found
-// after the last ')'.
-func parseProcStat(b []byte) (procStat, error) {
-	var st procStat
-	open := bytes.IndexByte(b, '(')
-	end := bytes.LastIndexByte(b, ')')
-	if open < 1 || end < open {
-		return st, fmt.Errorf("proc stat %.40q: no (comm)", b)
-	}
-	pid, err := strconv.Atoi(string(bytes.TrimSpace(b[:open])))
-	if err != nil {
-		return st, fmt.Errorf("proc stat %.40q: pid: %w", b, err)
-	}
-	f := bytes.Fields(b[end+1:])
-	if len(f) < 3 || len(f[0]) != 1 {
-		return st, fmt.Errorf("proc stat %.40q: want state, ppid and pgrp after the comm", b)
-	}
-	pgrp, err := strconv.Atoi(string(f[2]))
-	if err != nil {
-		return st, fmt.Errorf("proc stat %.40q: pgrp: %w", b, err)
-	}
-	st.pid, st.state, st.pgrp = pid, f[0][0], pgrp
-	return st, nil
 }

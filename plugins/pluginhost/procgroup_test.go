@@ -15,48 +15,6 @@ import (
 	"github.com/kvtier/kvtier/tiers"
 )
 
-func TestParseProcStat(t *testing.T) {
-	cases := []struct {
-		line string
-		want procStat
-		bad  bool
-	}{
-		{"1234 (sleep) S 1 1234 1234 0 -1 4194560 97 0", procStat{pid: 1234, state: 'S', pgrp: 1234}, false},
-		{"77 (a b) c)) Z 5 70 70 0", procStat{pid: 77, state: 'Z', pgrp: 70}, false},
-		{"9 (()) R 1 9\n", procStat{pid: 9, state: 'R', pgrp: 9}, false},
-		{"", procStat{}, true},
-		{"12 sleep S 1 12", procStat{}, true},
-		{"x (sleep) S 1 12", procStat{}, true},
-		{"12 (sleep) S 1", procStat{}, true},
-		{"12 (sleep) SS 1 12", procStat{}, true},
-		{"12 (sleep) S 1 pg", procStat{}, true},
-		{") 12 (", procStat{}, true},
-	}
-	for _, tc := range cases {
-		got, err := parseProcStat([]byte(tc.line))
-		if (err != nil) != tc.bad || (!tc.bad && got != tc.want) {
-			t.Errorf("parseProcStat(%q) = %+v, %v; want %+v (bad %v)", tc.line, got, err, tc.want, tc.bad)
-		}
-	}
-}
-
-// FuzzParseProcStat: any bytes give a stat or an error, never a panic, and
-// a parsed pid is what the line starts with.
-func FuzzParseProcStat(f *testing.F) {
-	for _, s := range []string{"1234 (sleep) S 1 1234 1234 0", "77 (a b) c)) Z 5 70 70", "", ") (", "1 (x) S 1 -5"} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		st, err := parseProcStat(b)
-		if err != nil {
-			return
-		}
-		if !bytes.HasPrefix(bytes.TrimSpace(b), []byte(strconv.Itoa(st.pid))) && !bytes.HasPrefix(bytes.TrimSpace(b), []byte("+")) && !bytes.HasPrefix(bytes.TrimSpace(b), []byte("0")) {
-			t.Fatalf("%q parsed as pid %d", b, st.pid)
-		}
-	})
-}
-
 func TestProcGroupAliveOfThisProcess(t *testing.T) {
 	pgid := syscall.Getpgrp()
 	alive, err := procGroupAlive("/proc", pgid)

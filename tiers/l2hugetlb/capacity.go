@@ -36,7 +36,7 @@ func probeHugetlbfs(dir string) (backingInfo, error) {
 		return backingInfo{}, fmt.Errorf("%s is not a hugetlbfs mount (filesystem type %#x)", dir, st.Type)
 	}
 	info := backingInfo{kind: BackingHugetlbfs, pageSize: st.Bsize}
-	pool := poolDir(st.Bsize)
+	pool := PoolDir(st.Bsize)
 	info.poolPages, _ = readInt(filepath.Join(pool, "nr_hugepages"))
 	if st.Blocks > 0 {
 		// A mount with size= reports its own limit: block size = hugepage
@@ -56,7 +56,12 @@ func probeHugetlbfs(dir string) (backingInfo, error) {
 	return info, nil
 }
 
-func poolDir(pageSize int64) string {
+// PoolDir returns the sysfs directory of the kernel's pool of pageSize
+// hugepages, whose nr_hugepages, free_hugepages and resv_hugepages files
+// hold one count each (ParseCount). prometheus/procfs reads /proc/meminfo's
+// figures for the default size only, so the pools of other sizes are read
+// here, for this package and for kvtier doctor.
+func PoolDir(pageSize int64) string {
 	return fmt.Sprintf("/sys/kernel/mm/hugepages/hugepages-%dkB", pageSize>>10)
 }
 
@@ -77,11 +82,25 @@ func readInt(path string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	n, err := ParseCount(b)
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", path, err)
 	}
 	return n, nil
+}
+
+// ParseCount reads a file holding one non-negative integer: a hugepage
+// pool's counters (PoolDir) or /proc/sys/vm/nr_hugepages.
+func ParseCount(b []byte) (int64, error) {
+	s := strings.TrimSpace(string(b))
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v < 0 {
+		if len(s) > 32 {
+			s = s[:32] + "..."
+		}
+		return 0, fmt.Errorf("want a non-negative count, got %q", s)
+	}
+	return v, nil
 }
 
 // probeShm statfs-es a tmpfs directory.
@@ -119,5 +138,5 @@ func poolKnob(pageSize int64) string {
 	if pageSize == 2<<20 {
 		return "/proc/sys/vm/nr_hugepages"
 	}
-	return filepath.Join(poolDir(pageSize), "nr_hugepages")
+	return filepath.Join(PoolDir(pageSize), "nr_hugepages")
 }

@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -158,7 +159,7 @@ func newMount(parent string, pages, owner int) (*Mount, error) {
 // removed. A mount whose owner pid is alive (or was reused by another
 // process) is left alone: sweeping errs on the side of leaking.
 func SweepStale() ([]string, error) {
-	b, err := os.ReadFile("/proc/self/mounts")
+	mounts, err := procfs.GetMounts()
 	if err != nil {
 		return nil, fmt.Errorf("sweep stale hugetlbfs mounts: %w", err)
 	}
@@ -169,8 +170,8 @@ func SweepStale() ([]string, error) {
 	defer unlock()
 	var swept []string
 	var errs []error
-	for _, line := range strings.Split(string(b), "\n") {
-		dir, pages, owner, ok := parseStaleCandidate(line)
+	for _, m := range mounts {
+		dir, pages, owner, ok := staleCandidate(m)
 		if !ok || unix.Kill(owner, 0) != unix.ESRCH {
 			continue
 		}
@@ -191,15 +192,14 @@ func SweepStale() ([]string, error) {
 	return swept, errors.Join(errs...)
 }
 
-// parseStaleCandidate reads one /proc/self/mounts line and reports a
-// hugetlbfs mount made by hugetest: its mount point, its reserved pages
-// (min_size) and its owner's pid.
-func parseStaleCandidate(line string) (dir string, pages, owner int, ok bool) {
-	f := strings.Fields(line)
-	if len(f) < 4 || f[2] != "hugetlbfs" {
+// staleCandidate reports whether a mount of /proc/self/mountinfo is a
+// hugetlbfs mount made by hugetest, and then its mount point, its reserved
+// pages (the min_size superblock option) and its owner's pid.
+func staleCandidate(m *procfs.MountInfo) (dir string, pages, owner int, ok bool) {
+	if m.FSType != "hugetlbfs" {
 		return "", 0, 0, false
 	}
-	dir = f[1]
+	dir = m.MountPoint
 	name := filepath.Base(dir)
 	if !strings.HasPrefix(name, mountPrefix) {
 		return "", 0, 0, false
@@ -209,16 +209,15 @@ func parseStaleCandidate(line string) (dir string, pages, owner int, ok bool) {
 	if !found || err != nil || owner <= 0 {
 		return "", 0, 0, false
 	}
-	for _, opt := range strings.Split(f[3], ",") {
-		if v, ok := strings.CutPrefix(opt, "min_size="); ok {
-			size, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || size <= 0 || size%PageSize != 0 {
-				return "", 0, 0, false
-			}
-			return dir, int(size / PageSize), owner, true
-		}
+	v, found := m.SuperOptions["min_size"]
+	if !found {
+		return "", 0, 0, false
 	}
-	return "", 0, 0, false
+	size, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || size <= 0 || size%PageSize != 0 {
+		return "", 0, 0, false
+	}
+	return dir, int(size / PageSize), owner, true
 }
 
 // Close unmounts (the files on the mount go with it) and returns the pages

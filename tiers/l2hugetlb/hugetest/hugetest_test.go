@@ -4,8 +4,10 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 
+	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -62,24 +64,33 @@ func TestMountClose(t *testing.T) {
 	}
 }
 
-func TestParseStaleCandidate(t *testing.T) {
+func TestStaleCandidate(t *testing.T) {
+	opts := func(s string) map[string]string {
+		m := map[string]string{}
+		for _, o := range strings.Split(s, ",") {
+			k, v, _ := strings.Cut(o, "=")
+			m[k] = v
+		}
+		return m
+	}
 	for _, tc := range []struct {
-		line         string
-		dir          string
-		pages, owner int
-		ok           bool
+		fsType, mountPoint, superOptions string
+		dir                              string
+		pages, owner                     int
+		ok                               bool
 	}{
-		{"none /tmp/x/hugetlbfs-kvtier-4242-123 hugetlbfs rw,relatime,pagesize=2M,size=4194304,min_size=4194304 0 0", "/tmp/x/hugetlbfs-kvtier-4242-123", 2, 4242, true},
-		{"none /tmp/hugetlbfs-123 hugetlbfs rw,pagesize=2M,size=4194304,min_size=4194304 0 0", "", 0, 0, false}, // not ours
-		{"none /tmp/hugetlbfs-kvtier-x-1 hugetlbfs rw,min_size=4194304 0 0", "", 0, 0, false},                   // no pid
-		{"none /tmp/hugetlbfs-kvtier-7-1 hugetlbfs rw,pagesize=2M 0 0", "", 0, 0, false},                        // no min_size
-		{"none /tmp/hugetlbfs-kvtier-7-1 hugetlbfs rw,min_size=1000 0 0", "", 0, 0, false},                      // not whole pages
-		{"tmpfs /tmp/hugetlbfs-kvtier-7-1 tmpfs rw,min_size=4194304 0 0", "", 0, 0, false},                      // not hugetlbfs
-		{"short line", "", 0, 0, false},
+		{"hugetlbfs", "/tmp/x/hugetlbfs-kvtier-4242-123", "rw,pagesize=2M,size=4194304,min_size=4194304", "/tmp/x/hugetlbfs-kvtier-4242-123", 2, 4242, true},
+		{"hugetlbfs", "/tmp/hugetlbfs-123", "rw,pagesize=2M,size=4194304,min_size=4194304", "", 0, 0, false}, // not ours
+		{"hugetlbfs", "/tmp/hugetlbfs-kvtier-x-1", "rw,min_size=4194304", "", 0, 0, false},                   // no pid
+		{"hugetlbfs", "/tmp/hugetlbfs-kvtier-7-1", "rw,pagesize=2M", "", 0, 0, false},                        // no min_size
+		{"hugetlbfs", "/tmp/hugetlbfs-kvtier-7-1", "rw,min_size=1000", "", 0, 0, false},                      // not whole pages
+		{"tmpfs", "/tmp/hugetlbfs-kvtier-7-1", "rw,min_size=4194304", "", 0, 0, false},                       // not hugetlbfs
+		{"", "", "", "", 0, 0, false},
 	} {
-		dir, pages, owner, ok := parseStaleCandidate(tc.line)
+		m := &procfs.MountInfo{FSType: tc.fsType, MountPoint: tc.mountPoint, SuperOptions: opts(tc.superOptions)}
+		dir, pages, owner, ok := staleCandidate(m)
 		if dir != tc.dir || pages != tc.pages || owner != tc.owner || ok != tc.ok {
-			t.Errorf("parseStaleCandidate(%q) = %q, %d, %d, %v; want %q, %d, %d, %v", tc.line, dir, pages, owner, ok, tc.dir, tc.pages, tc.owner, tc.ok)
+			t.Errorf("staleCandidate(%+v) = %q, %d, %d, %v; want %q, %d, %d, %v", *m, dir, pages, owner, ok, tc.dir, tc.pages, tc.owner, tc.ok)
 		}
 	}
 }
