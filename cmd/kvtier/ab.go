@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,11 +11,18 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/internal/abstat"
+	"github.com/spf13/cobra"
 )
 
-const abUsage = `usage: kvtier ab (--metrics URL | --from FILE) [flags]
+// abMaxScrape bounds one /metrics body.
+const abMaxScrape = 16 << 20
 
-Compares the hit rates of serve's shadow policies (kvtier serve --shadow)
+// newABCmd returns `kvtier ab`.
+func newABCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "ab (--metrics URL | --from FILE) [flags]",
+		Short: "compare serve's shadow policies with the live one on live traffic (hit rates, confidence intervals, a verdict)",
+		Long: `Compares the hit rates of serve's shadow policies (kvtier serve --shadow)
 with the live policy's over a window: each policy at each live tier's
 capacity, with a bootstrap confidence interval over the window's time
 buckets (one bucket between two scrapes), and says which policy wins and
@@ -29,21 +34,11 @@ analyses such a file again.
 
 examples:
   kvtier ab --metrics http://127.0.0.1:9400/metrics --window 10m --interval 15s --save ab.samples
-  kvtier ab --from ab.samples --json
-
-flags:
-`
-
-// abMaxScrape bounds one /metrics body.
-const abMaxScrape = 16 << 20
-
-func runAB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("ab", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, abUsage)
-		fs.PrintDefaults()
+  kvtier ab --from ab.samples --json`,
+		Example: `  kvtier ab --metrics http://127.0.0.1:9464/metrics --window 10m --save scrapes.jsonl
+  kvtier ab --from scrapes.jsonl --json`,
 	}
+	fs := cmd.Flags()
 	url := fs.String("metrics", "", "serve's /metrics `URL` to scrape")
 	from := fs.String("from", "", "analyse a samples `file` (written by --save) instead of scraping")
 	window := fs.Duration("window", time.Minute, "with --metrics: how long to scrape")
@@ -53,57 +48,57 @@ func runAB(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	seed := fs.Uint64("seed", 1, "bootstrap seed")
 	resamples := fs.Int("resamples", 2000, "bootstrap resamples")
 	level := fs.Float64("level", 0.95, "confidence level of the intervals")
-	if err := parseInterspersed(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		ctx := cmd.Context()
+		stdout := cmd.OutOrStdout()
+		stderr := cmd.ErrOrStderr()
+		switch {
+		case fs.NArg() > 0:
+			return fmt.Errorf("ab: unexpected arguments %q: %w", fs.Args(), errUsage)
+		case (*url == "") == (*from == ""):
+			return fmt.Errorf("ab: name one of --metrics URL and --from FILE: %w", errUsage)
+		case *from != "" && *save != "":
+			return fmt.Errorf("ab: --save goes with --metrics: %w", errUsage)
+		case *interval < 100*time.Millisecond || *window < 2**interval:
+			return fmt.Errorf("ab: --interval %s, --window %s: want an interval of at least 100ms and a window of at least 2 intervals: %w", *interval, *window, errUsage)
+		case *resamples < 100 || *resamples > 1_000_000:
+			return fmt.Errorf("ab: --resamples %d: want 100..1000000: %w", *resamples, errUsage)
+		case !(*level > 0.5 && *level < 1):
+			return fmt.Errorf("ab: --level %v: want a value in (0.5, 1): %w", *level, errUsage)
 		}
-		return fmt.Errorf("ab: %w: %w", err, errUsage)
-	}
-	switch {
-	case fs.NArg() > 0:
-		return fmt.Errorf("ab: unexpected arguments %q: %w", fs.Args(), errUsage)
-	case (*url == "") == (*from == ""):
-		return fmt.Errorf("ab: name one of --metrics URL and --from FILE: %w", errUsage)
-	case *from != "" && *save != "":
-		return fmt.Errorf("ab: --save goes with --metrics: %w", errUsage)
-	case *interval < 100*time.Millisecond || *window < 2**interval:
-		return fmt.Errorf("ab: --interval %s, --window %s: want an interval of at least 100ms and a window of at least 2 intervals: %w", *interval, *window, errUsage)
-	case *resamples < 100 || *resamples > 1_000_000:
-		return fmt.Errorf("ab: --resamples %d: want 100..1000000: %w", *resamples, errUsage)
-	case !(*level > 0.5 && *level < 1):
-		return fmt.Errorf("ab: --level %v: want a value in (0.5, 1): %w", *level, errUsage)
-	}
-	var raw []byte
-	if *from != "" {
-		var err error
-		if raw, err = readBounded(*from, 1<<30); err != nil {
-			return fmt.Errorf("ab: %w", err)
-		}
-	} else {
-		var err error
-		if raw, err = scrapeWindow(ctx, *url, *window, *interval, stderr); err != nil {
-			return fmt.Errorf("ab: %w", err)
-		}
-		if *save != "" {
-			if err := os.WriteFile(*save, raw, 0o644); err != nil {
-				return fmt.Errorf("ab: --save: %w", err)
+		var raw []byte
+		if *from != "" {
+			var err error
+			if raw, err = readBounded(*from, 1<<30); err != nil {
+				return fmt.Errorf("ab: %w", err)
+			}
+		} else {
+			var err error
+			if raw, err = scrapeWindow(ctx, *url, *window, *interval, stderr); err != nil {
+				return fmt.Errorf("ab: %w", err)
+			}
+			if *save != "" {
+				if err := os.WriteFile(*save, raw, 0o644); err != nil {
+					return fmt.Errorf("ab: --save: %w", err)
+				}
 			}
 		}
+		scrapes, err := abstat.ParseSamples(raw)
+		if err != nil {
+			return fmt.Errorf("ab: %s: %w", sourceName(*from, *url), err)
+		}
+		rep, err := abstat.Analyse(scrapes, abstat.Options{Resamples: *resamples, Seed: *seed, Level: *level})
+		if err != nil {
+			return fmt.Errorf("ab: %s: %w", sourceName(*from, *url), err)
+		}
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			return enc.Encode(rep)
+		}
+		printAB(stdout, rep)
+		return nil
 	}
-	scrapes, err := abstat.ParseSamples(raw)
-	if err != nil {
-		return fmt.Errorf("ab: %s: %w", sourceName(*from, *url), err)
-	}
-	rep, err := abstat.Analyse(scrapes, abstat.Options{Resamples: *resamples, Seed: *seed, Level: *level})
-	if err != nil {
-		return fmt.Errorf("ab: %s: %w", sourceName(*from, *url), err)
-	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		return enc.Encode(rep)
-	}
-	printAB(stdout, rep)
-	return nil
+	return cmd
 }
 
 func sourceName(from, url string) string {

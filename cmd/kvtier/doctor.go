@@ -4,21 +4,36 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
 
 	"github.com/kvtier/kvtier/host/doctor"
+	"github.com/spf13/cobra"
 )
 
 // errChecksFailed marks a doctor run with a failed check: exit status 1,
 // the report already printed.
 var errChecksFailed = errors.New("checks failed")
 
-const doctorUsage = `usage: kvtier doctor [--config FILE] [--socket PATH] [--json]
+// doctorWith runs `kvtier doctor args...` on the machine sys.
+func doctorWith(ctx context.Context, args []string, stdout, stderr io.Writer, sys doctor.System) error {
+	root := newRootCmd()
+	for _, c := range root.Commands() {
+		if c.Name() == "doctor" {
+			root.RemoveCommand(c)
+		}
+	}
+	root.AddCommand(newDoctorCmd(sys))
+	return execute(ctx, root, append([]string{"doctor"}, args...), stdout, stderr)
+}
 
-Checks this machine against a stack config before kvtier serve runs on it:
+// newDoctorCmd returns `kvtier doctor` on the machine sys.
+func newDoctorCmd(sys doctor.System) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "doctor [flags]",
+		Short: "check this machine against a stack config before serving",
+		Long: `Checks this machine against a stack config before kvtier serve runs on it:
 hugepages and the hugetlbfs mount against the L2 slab, the memlock limit,
 O_DIRECT, power-loss protection (fdatasync latency) and free space on each
 L3 disk, the LMDB map size, the API socket and the plugin pins. The API
@@ -27,63 +42,49 @@ kvtier.sock in its default --data-dir): free, a stale file a dead serve left
 (serve removes it), or held by a live serve that answers; and its directory.
 Each check passes, warns or fails with what to run or change. Exits 1 when a
 check fails; warnings exit 0. The O_DIRECT and power-loss probes write a
-scratch file in each L3 directory (or its nearest existing parent) and remove it.
-
-flags:
-`
-
-// runDoctor implements `kvtier doctor`.
-func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return doctorWith(ctx, args, stdout, stderr, doctor.OS{})
-}
-
-// doctorWith is runDoctor on the machine sys.
-func doctorWith(ctx context.Context, args []string, stdout, stderr io.Writer, sys doctor.System) error {
-	fs := flag.NewFlagSet("kvtier doctor", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+scratch file in each L3 directory (or its nearest existing parent) and remove it.`,
+		Example: `  kvtier doctor
+  kvtier config default --serve > stack.yaml && kvtier doctor --config stack.yaml --socket /tmp/kvtier.sock --json`,
+	}
+	fs := cmd.Flags()
 	cfgPath := fs.String("config", "", "stack config `file` (default: the embedded default stack)")
 	socket := fs.String("socket", "", "the unix socket `path` serve will listen on (default: serve's, DIR/kvtier.sock under $XDG_STATE_HOME/kvtier or ~/.local/state/kvtier)")
 	asJSON := fs.Bool("json", false, "print one JSON object {checks: [{name, status, message, detail}], ok}")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, doctorUsage)
-		fs.PrintDefaults()
-	}
-	if err := parseInterspersed(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		ctx := cmd.Context()
+		stdout := cmd.OutOrStdout()
+		if fs.NArg() > 0 {
+			return fmt.Errorf("doctor: unexpected arguments %q: %w", fs.Args(), errUsage)
 		}
-		return fmt.Errorf("doctor: %w: %w", err, errUsage)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("doctor: unexpected arguments %q: %w", fs.Args(), errUsage)
-	}
-	st, err := configLoadStack(*cfgPath)
-	if err != nil {
-		return fmt.Errorf("doctor: %w", err)
-	}
-	sock := *socket
-	if sock == "" {
-		dir, err := defaultServeDataDir()
+		st, err := configLoadStack(*cfgPath)
 		if err != nil {
-			return fmt.Errorf("doctor: %w (pass --socket)", err)
+			return fmt.Errorf("doctor: %w", err)
 		}
-		sock = serveSocketIn(dir)
-	}
-	rep := doctor.RunOptions(ctx, st, sys, doctor.Options{Socket: sock})
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
-			return fmt.Errorf("doctor: write json: %w", err)
+		sock := *socket
+		if sock == "" {
+			dir, err := defaultServeDataDir()
+			if err != nil {
+				return fmt.Errorf("doctor: %w (pass --socket)", err)
+			}
+			sock = serveSocketIn(dir)
 		}
-	} else {
-		writeDoctorReport(stdout, rep, *cfgPath)
+		rep := doctor.RunOptions(ctx, st, sys, doctor.Options{Socket: sock})
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			if err := enc.Encode(rep); err != nil {
+				return fmt.Errorf("doctor: write json: %w", err)
+			}
+		} else {
+			writeDoctorReport(stdout, rep, *cfgPath)
+		}
+		if !rep.OK {
+			_, _, failed := rep.Counts()
+			return fmt.Errorf("doctor: %d of %d %w", failed, len(rep.Checks), errChecksFailed)
+		}
+		return nil
 	}
-	if !rep.OK {
-		_, _, failed := rep.Counts()
-		return fmt.Errorf("doctor: %d of %d %w", failed, len(rep.Checks), errChecksFailed)
-	}
-	return nil
+	return cmd
 }
 
 // writeDoctorReport prints one line per check and a summary.

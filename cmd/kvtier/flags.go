@@ -24,20 +24,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 )
-
-// flagSet reports whether the flag name was given on the command line (as
-// opposed to holding its default).
-func flagSet(fs *flag.FlagSet, name string) bool {
-	set := false
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name == name {
-			set = true
-		}
-	})
-	return set
-}
 
 // countValue is a count flag: a whole number written plainly (100000) or
 // in exponent notation (1e8, 2.5e3), so the figures people type are read
@@ -62,6 +51,22 @@ func (v countValue[T]) Set(s string) error {
 	}
 	*v.p = T(n)
 	return nil
+}
+
+// Type names the value in --help.
+func (v countValue[T]) Type() string { return "count" }
+
+// pcountFlag defines a count flag of type int on fs.
+func pcountFlag(fs *pflag.FlagSet, name string, value int, usage string) *int {
+	p := new(int)
+	*p = value
+	fs.Var(countValue[int]{p}, name, usage)
+	return p
+}
+
+// pcountVar defines a count flag stored in p, with p's value as default.
+func pcountVar[T int | int64](fs *pflag.FlagSet, p *T, name, usage string) {
+	fs.Var(countValue[T]{p}, name, usage)
 }
 
 // countFlag defines a count flag of type int on fs.

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -12,19 +10,22 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
-	"golang.org/x/term"
-
 	"github.com/kvtier/kvtier/host/builtin"
 	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/host/replay"
 	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/workload"
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
 )
 
-const replayUsage = `usage: kvtier replay [TRACE] [flags]
-
-Replays a Mooncake-format trace (or, without TRACE, the built-in generated
+// newReplayCmd returns `kvtier replay`.
+func newReplayCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "replay [TRACE] [flags]",
+		Short: "replay a trace through the radix tree and eviction policies",
+		Long: `Replays a Mooncake-format trace (or, without TRACE, the built-in generated
 workload) through the radix tree in metadata mode and prints, per capacity
 and policy, the token hit rate, hit and input tokens, evictions, node count
 and why blocks missed, with the Belady and infinite-capacity bounds as rows.
@@ -36,154 +37,141 @@ the tail when only part is needed). A request longer than the capacity
 inserts only the leading blocks that fit; the rest count as NOT ADMITTED.
 With --lookahead N, the present pages of the next N requests (the engine's
 waiting queue) are locked against eviction while each request is replayed;
-the running request still comes first (docs/policies.md).
-
-flags:
-`
-
-func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, replayUsage)
-		fs.PrintDefaults()
+the running request still comes first (docs/policies.md).`,
+		Example: `  kvtier replay --policy lru --vs s3fifo,slru
+  kvtier replay docs.jsonl --policy lru --vs s3fifo --sweep --plot plots/docs
+  kvtier replay docs.jsonl --policy lru --lookahead 32 --capacity 1M,3M,inf --json
+  kvtier replay --data --requests 2000 --cold-start load`,
 	}
+	fs := cmd.Flags()
 	configPath := fs.String("config", "", "stack config YAML (default: the embedded default stack)")
 	policyName := fs.String("policy", "", "eviction policy (default: the config's policy)")
 	vs := fs.String("vs", "", "comma-separated policies replayed side by side with --policy")
 	capacity := fs.String("capacity", "", "comma-separated capacities in tokens: 3000000, 3M, 1.5M, inf (default 1M,3M,10M,inf)")
 	asJSON := fs.Bool("json", false, "print one JSON object per line, one per (policy, capacity)")
 	sweep := fs.Bool("sweep", false, "replay a log-spaced sweep of capacities (working set / 256 up to the working set) and write a hit-rate plot")
-	points := countFlag(fs, "sweep-points", 12, "with --sweep: `number` of capacities (at least 2)")
+	points := pcountFlag(fs, "sweep-points", 12, "with --sweep: `number` of capacities (at least 2)")
 	plotPrefix := fs.String("plot", defaultPlotPrefix, "with --sweep: write the plot to PREFIX.png and PREFIX.svg (PREFIX's directory must exist; the default's plots/ is created)")
-	parallel := countFlag(fs, "parallel", 0, "`number` of replays run at once, one tree replica each, at least 1 (default: GOMAXPROCS)")
-	lookahead := countFlag(fs, "lookahead", 0, "the engine's waiting queue as an eviction hint: while a request is replayed, the pages of the next `number` requests that were present when each entered the queue are locked against eviction (0: off)")
+	parallel := pcountFlag(fs, "parallel", 0, "`number` of replays run at once, one tree replica each, at least 1 (default: GOMAXPROCS)")
+	lookahead := pcountFlag(fs, "lookahead", 0, "the engine's waiting queue as an eviction hint: while a request is replayed, the pages of the next `number` requests that were present when each entered the queue are locked against eviction (0: off)")
 	df := addDataFlags(fs)
 
-	// Flags may come before or after TRACE.
-	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if err == flag.ErrHelp {
-				return err
-			}
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		ctx := cmd.Context()
+		stdout := cmd.OutOrStdout()
+		stderr := cmd.ErrOrStderr()
+		positional := fs.Args()
+		if len(positional) > 1 {
+			return fmt.Errorf("replay: want at most one TRACE, got %q: %w", positional, errUsage)
+		}
+		if df.data && fs.Changed("lookahead") {
+			return fmt.Errorf("replay: --lookahead applies to the metadata replay, not to --data: %w", errUsage)
+		}
+		if df.data {
+			return runReplayData(ctx, fs, df, positional, *configPath, *asJSON, stdout, stderr)
+		}
+		if *capacity != "" && *sweep {
+			return fmt.Errorf("replay: --capacity and --sweep exclude each other: %w", errUsage)
+		}
+		if err := checkReplayFlags(fs, *capacity, *points, *parallel); err != nil {
 			return fmt.Errorf("replay: %w: %w", err, errUsage)
 		}
-		if fs.NArg() == 0 {
-			break
-		}
-		positional = append(positional, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
-	if len(positional) > 1 {
-		return fmt.Errorf("replay: want at most one TRACE, got %q: %w", positional, errUsage)
-	}
-	if df.data && flagSet(fs, "lookahead") {
-		return fmt.Errorf("replay: --lookahead applies to the metadata replay, not to --data: %w", errUsage)
-	}
-	if df.data {
-		return runReplayData(ctx, fs, df, positional, *configPath, *asJSON, stdout, stderr)
-	}
-	if *capacity != "" && *sweep {
-		return fmt.Errorf("replay: --capacity and --sweep exclude each other: %w", errUsage)
-	}
-	if err := checkReplayFlags(fs, *capacity, *points, *parallel); err != nil {
-		return fmt.Errorf("replay: %w: %w", err, errUsage)
-	}
-	if err := (flagRange{Flag: "lookahead", Value: int64(*lookahead), Min: 0, MinWhy: "0 is off", Max: int64(^uint(0) >> 1)}).check(); err != nil {
-		return fmt.Errorf("replay: %w: %w", err, errUsage)
-	}
-	plotExplicit := flagSet(fs, "plot")
-	if err := checkPlotPrefix(*plotPrefix, plotExplicit); err != nil {
-		return fmt.Errorf("replay: %w: %w", err, errUsage)
-	}
-
-	policies, err := builtin.Policies()
-	if err != nil {
-		return fmt.Errorf("replay: %w", err)
-	}
-	stack, err := loadStack(*configPath, policies)
-	if err != nil {
-		return fmt.Errorf("replay: %w", err)
-	}
-	if pt := stack.Payload.PageTokens; pt != workload.BlockTokens {
-		return fmt.Errorf("replay: config page_tokens is %d, but replay maps one %d-token trace block to one page: set model.page_tokens: %d", pt, workload.BlockTokens, workload.BlockTokens)
-	}
-	specs, err := policySpecs(stack, *policyName, *vs)
-	if err != nil {
-		return fmt.Errorf("replay: %w", err)
-	}
-
-	tr, err := loadTrace(positional)
-	if err != nil {
-		return fmt.Errorf("replay: %w", err)
-	}
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-
-	capacities := replay.DefaultCapacities()
-	capacityFlag, given := "capacity", len(capacities)
-	switch {
-	case *sweep:
-		if err := checkSweepPoints(tr, *points); err != nil {
+		if err := (flagRange{Flag: "lookahead", Value: int64(*lookahead), Min: 0, MinWhy: "0 is off", Max: int64(^uint(0) >> 1)}).check(); err != nil {
 			return fmt.Errorf("replay: %w: %w", err, errUsage)
 		}
-		capacities = replay.SweepCapacities(tr, *points)
-		capacityFlag, given = "sweep-points", *points
-	case *capacity != "":
-		if capacities, err = replay.ParseCapacities(*capacity); err != nil {
-			return fmt.Errorf("replay: --capacity: %w: %w", err, errUsage)
+		plotExplicit := fs.Changed("plot")
+		if err := checkPlotPrefix(*plotPrefix, plotExplicit); err != nil {
+			return fmt.Errorf("replay: %w: %w", err, errUsage)
 		}
-		given = len(capacities)
-	}
-	plan := replay.Plan{
-		Policies:   specs,
-		Capacities: capacities,
-		Belady:     true,
-		Infinite:   true,
-		Parallel:   *parallel,
-		Breakdown:  true,
-		Lookahead:  *lookahead,
-	}
-	if err := checkReplayMemory(machineOf(ctx), tr, plan, capacityFlag, given); err != nil {
-		return fmt.Errorf("replay: %w: %w", err, errUsage)
-	}
-	var bar *progressbar.ProgressBar
-	if f, ok := stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-		bar = progressbar.NewOptions64(int64(plan.Jobs()*tr.Requests()),
-			progressbar.OptionSetWriter(stderr),
-			progressbar.OptionSetDescription(fmt.Sprintf("replay %d runs", plan.Jobs())),
-			progressbar.OptionShowCount(),
-			progressbar.OptionThrottle(100*time.Millisecond),
-			progressbar.OptionClearOnFinish())
-		plan.Progress = func(n int) { _ = bar.Add(n) }
-	}
-	results, err := replay.RunPlan(ctx, tr, policies, plan)
-	if bar != nil {
-		_ = bar.Finish()
-	}
-	if err != nil {
-		return fmt.Errorf("replay %s: %w", tr.Name, err)
-	}
-	if *sweep {
-		title := fmt.Sprintf("token hit rate vs capacity: %s", filepath.Base(tr.Name))
-		files, err := writeSweepPlot(results, title, *plotPrefix, plotExplicit)
+
+		policies, err := builtin.Policies()
 		if err != nil {
 			return fmt.Errorf("replay: %w", err)
 		}
-		fmt.Fprintf(stderr, "wrote %s\n", strings.Join(files, ", "))
-	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		for _, r := range results {
-			if err := enc.Encode(r); err != nil {
-				return fmt.Errorf("replay: write json: %w", err)
-			}
+		stack, err := loadStack(*configPath, policies)
+		if err != nil {
+			return fmt.Errorf("replay: %w", err)
 		}
-		return nil
+		if pt := stack.Payload.PageTokens; pt != workload.BlockTokens {
+			return fmt.Errorf("replay: config page_tokens is %d, but replay maps one %d-token trace block to one page: set model.page_tokens: %d", pt, workload.BlockTokens, workload.BlockTokens)
+		}
+		specs, err := policySpecs(stack, *policyName, *vs)
+		if err != nil {
+			return fmt.Errorf("replay: %w", err)
+		}
+
+		tr, err := loadTrace(positional)
+		if err != nil {
+			return fmt.Errorf("replay: %w", err)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+
+		capacities := replay.DefaultCapacities()
+		capacityFlag, given := "capacity", len(capacities)
+		switch {
+		case *sweep:
+			if err := checkSweepPoints(tr, *points); err != nil {
+				return fmt.Errorf("replay: %w: %w", err, errUsage)
+			}
+			capacities = replay.SweepCapacities(tr, *points)
+			capacityFlag, given = "sweep-points", *points
+		case *capacity != "":
+			if capacities, err = replay.ParseCapacities(*capacity); err != nil {
+				return fmt.Errorf("replay: --capacity: %w: %w", err, errUsage)
+			}
+			given = len(capacities)
+		}
+		plan := replay.Plan{
+			Policies:   specs,
+			Capacities: capacities,
+			Belady:     true,
+			Infinite:   true,
+			Parallel:   *parallel,
+			Breakdown:  true,
+			Lookahead:  *lookahead,
+		}
+		if err := checkReplayMemory(machineOf(ctx), tr, plan, capacityFlag, given); err != nil {
+			return fmt.Errorf("replay: %w: %w", err, errUsage)
+		}
+		var bar *progressbar.ProgressBar
+		if f, ok := stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+			bar = progressbar.NewOptions64(int64(plan.Jobs()*tr.Requests()),
+				progressbar.OptionSetWriter(stderr),
+				progressbar.OptionSetDescription(fmt.Sprintf("replay %d runs", plan.Jobs())),
+				progressbar.OptionShowCount(),
+				progressbar.OptionThrottle(100*time.Millisecond),
+				progressbar.OptionClearOnFinish())
+			plan.Progress = func(n int) { _ = bar.Add(n) }
+		}
+		results, err := replay.RunPlan(ctx, tr, policies, plan)
+		if bar != nil {
+			_ = bar.Finish()
+		}
+		if err != nil {
+			return fmt.Errorf("replay %s: %w", tr.Name, err)
+		}
+		if *sweep {
+			title := fmt.Sprintf("token hit rate vs capacity: %s", filepath.Base(tr.Name))
+			files, err := writeSweepPlot(results, title, *plotPrefix, plotExplicit)
+			if err != nil {
+				return fmt.Errorf("replay: %w", err)
+			}
+			fmt.Fprintf(stderr, "wrote %s\n", strings.Join(files, ", "))
+		}
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			for _, r := range results {
+				if err := enc.Encode(r); err != nil {
+					return fmt.Errorf("replay: write json: %w", err)
+				}
+			}
+			return nil
+		}
+		return writeReplayTable(stdout, tr, results)
 	}
-	return writeReplayTable(stdout, tr, results)
+	return cmd
 }
 
 // loadStack returns the stack at path, or the embedded default.

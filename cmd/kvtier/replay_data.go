@@ -2,10 +2,10 @@ package main
 
 import (
 	"github.com/kvtier/kvtier/host/datareplay"
+	"github.com/spf13/pflag"
 
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -33,20 +33,20 @@ type dataFlags struct {
 	store     string
 }
 
-func addDataFlags(fs *flag.FlagSet) *dataFlags {
+func addDataFlags(fs *pflag.FlagSet) *dataFlags {
 	d := &dataFlags{}
 	fs.BoolVar(&d.data, "data", false, "replay with bytes through a whole tier stack (default: the built-in small-page stack; --config must then name a stack with a host L1 pool), every hit verified")
 	fs.StringVar(&d.dir, "data-dir", "", "with --data and the built-in stack: `directory` for the slab files, L3 and its index (default: a temporary directory, removed at the end)")
-	d.requests = countFlag(fs, "requests", 0, "with --data: replay only the first `number` requests (default: all)")
+	d.requests = pcountFlag(fs, "requests", 0, "with --data: replay only the first `number` requests (default: all)")
 	fs.StringVar(&d.coldStart, "cold-start", "clear", "with --data: what the stores do with a previous run's data: clear or load")
 	fs.StringVar(&d.store, "store", "", "with --data: the store tier that is L3 (default: the first store)")
 	return d
 }
 
 // runReplayData runs `kvtier replay --data`.
-func runReplayData(ctx context.Context, fs *flag.FlagSet, df *dataFlags, positional []string, configPath string, asJSON bool, stdout, stderr io.Writer) error {
+func runReplayData(ctx context.Context, fs *pflag.FlagSet, df *dataFlags, positional []string, configPath string, asJSON bool, stdout, stderr io.Writer) error {
 	for _, f := range []string{"policy", "vs", "capacity", "sweep", "sweep-points", "plot", "parallel"} {
-		if flagSet(fs, f) {
+		if fs.Changed(f) {
 			return fmt.Errorf("replay: --%s has no meaning with --data (the stack config sets the policy and the tier sizes): %w", f, errUsage)
 		}
 	}

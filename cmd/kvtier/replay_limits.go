@@ -2,8 +2,8 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
+	"github.com/spf13/pflag"
 	"runtime"
 	"strings"
 
@@ -24,12 +24,12 @@ const (
 // checkReplayFlags checks what replay's flags say on their own, before
 // anything is loaded: a --capacity that was given is not empty,
 // --sweep-points is at least 2 and a --parallel that was given at least 1.
-func checkReplayFlags(fs *flag.FlagSet, capacity string, points, parallel int) error {
-	if flagSet(fs, "capacity") && strings.TrimSpace(capacity) == "" {
+func checkReplayFlags(fs *pflag.FlagSet, capacity string, points, parallel int) error {
+	if fs.Changed("capacity") && strings.TrimSpace(capacity) == "" {
 		return errors.New(`--capacity "": empty; give capacities in tokens such as 1M,3M,inf, or leave the flag out for the defaults`)
 	}
 	rs := []flagRange{{Flag: "sweep-points", Value: int64(points), Min: 2, MinWhy: "a sweep needs both ends", Max: int64(^uint(0) >> 1)}}
-	if flagSet(fs, "parallel") {
+	if fs.Changed("parallel") {
 		rs = append(rs, flagRange{Flag: "parallel", Value: int64(parallel), Min: 1, MinWhy: "leave the flag out for GOMAXPROCS", Max: int64(^uint(0) >> 1)})
 	}
 	return checkRanges(rs...)

@@ -224,7 +224,7 @@ func TestReplayErrors(t *testing.T) {
 		{"sweep and capacity", []string{trace, "--sweep", "--capacity", "1M"}, "exclude each other", true},
 		{"infinite is not a policy", []string{trace, "--vs", "infinite"}, "infinite bound", false},
 		{"page size must be the block size", []string{trace, "--config", smallPages}, "page_tokens is 256", false},
-		{"bad flag", []string{"--nope"}, "flag provided but not defined", true},
+		{"bad flag", []string{"--nope"}, "unknown flag: --nope", true},
 		{"negative lookahead", []string{trace, "--lookahead", "-1"}, "--lookahead -1", true},
 		{"lookahead is not a data replay", []string{trace, "--data", "--lookahead", "4"}, "not to --data", true},
 	} {

@@ -1,9 +1,6 @@
 package main
 
 import (
-	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,12 +13,18 @@ import (
 	"github.com/kvtier/kvtier/host/serve"
 	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers"
+	"github.com/spf13/cobra"
 )
 
-const serveUsage = `usage: kvtier serve [--config FILE] [--socket PATH] [--metrics ADDR] [--data-dir DIR] [--ranks N]
-             [--group inproc|engine|tcp [--group-rank R --group-size N --group-hub ADDR]]
+// maxConfigBytes bounds a stack config file read by serve.
+const maxConfigBytes = 1 << 20
 
-Hosts the Nodes of the ranks a stack config names (one control Machine per
+// newServeCmd returns `kvtier serve`.
+func newServeCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "serve [flags]",
+		Short: "serve the engine API: the ranks of a stack over a unix socket",
+		Long: `Hosts the Nodes of the ranks a stack config names (one control Machine per
 rank, each over its own slab, L3 and index) and serves the engine API
 kvtier.engine.v1 on a unix socket (mode 0600) and, with --listen, on
 loopback TCP. Without --config it runs the embedded default stack (a demo
@@ -36,17 +39,13 @@ frontier), or one serve process per rank exchanges over TCP (--group tcp:
 rank 0 listens at --group-hub, the others dial it; a stopped group or a
 session's end ends the process, exit status 1 with the reason, and a
 restart of every rank's serve finds the L3 pages again).
-See docs/serve.md and docs/engine-api.md.
-
-flags:
-`
-
-// maxConfigBytes bounds a stack config file read by serve.
-const maxConfigBytes = 1 << 20
-
-func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("kvtier serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+See docs/serve.md and docs/engine-api.md.`,
+		Example: `  kvtier serve
+  kvtier serve --config stack.yaml --socket /tmp/kvtier.sock --ranks 4 --metrics 127.0.0.1:9464
+  kvtier serve --doors store --socket /tmp/kvtier.sock
+  kvtier serve --shadow s3fifo,slru --metrics 127.0.0.1:9464`,
+	}
+	fs := cmd.Flags()
 	cfgPath := fs.String("config", "", "stack config `file` ({{DIR}} = --data-dir, {{RANK}} = the rank; default: the embedded demo stack)")
 	dataDir := fs.String("data-dir", "", "`dir` for every rank's slab, L3 and index (default: $XDG_STATE_HOME/kvtier or ~/.local/state/kvtier)")
 	socket := fs.String("socket", "", "unix socket `path` (default: DIR/kvtier.sock)")
@@ -75,121 +74,117 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	storeVerify := fs.Bool("store-verify", true, "check each slab page's CRC32C at every store BatchGet (a page that fails is a miss, never wrong bytes)")
 	storeLease := fs.Duration("store-lease", 30*time.Second, "a store get's pins and a set's reservations end this long after the call if not released or committed")
 	storeTTL := fs.Duration("store-session-ttl", 10*time.Minute, "close a store session without a call for this long (a dropped connection ends its sessions at once)")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, serveUsage)
-		fs.PrintDefaults()
-	}
-	if err := parseInterspersed(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		ctx := cmd.Context()
+		stdout := cmd.OutOrStdout()
+		stderr := cmd.ErrOrStderr()
+		if fs.NArg() > 0 {
+			return fmt.Errorf("serve: unexpected arguments %q: %w", fs.Args(), errUsage)
+		}
+		if *ranks < 0 || *ranks > 64 {
+			return fmt.Errorf("serve: --ranks %d: want 0..64: %w", *ranks, errUsage)
+		}
+		switch *group {
+		case serve.GroupInproc, serve.GroupEngine:
+			if *groupHub != "" || *groupSize != 0 || *groupRank != 0 {
+				return fmt.Errorf("serve: --group-rank, --group-size and --group-hub go with --group tcp: %w", errUsage)
+			}
+		case serve.GroupTCP:
+			if *groupSize < 1 || *groupRank < 0 || *groupRank >= *groupSize || *groupHub == "" {
+				return fmt.Errorf("serve: --group tcp needs --group-size N, --group-rank in 0..N-1 and --group-hub ADDR: %w", errUsage)
+			}
+		default:
+			return fmt.Errorf("serve: --group %q: want %s, %s or %s: %w", *group, serve.GroupInproc, serve.GroupEngine, serve.GroupTCP, errUsage)
+		}
+		if *groupTimeout < 100*time.Millisecond || *groupTimeout > time.Hour {
+			return fmt.Errorf("serve: --group-timeout %s: want 100ms..1h: %w", *groupTimeout, errUsage)
+		}
+		if *ttl < time.Second || *ttl > 24*time.Hour {
+			return fmt.Errorf("serve: --session-ttl %s: want 1s..24h: %w", *ttl, errUsage)
+		}
+		if *doorsFlag == "" {
+			*doorsFlag = "engine,store"
+			if *group == serve.GroupTCP {
+				*doorsFlag = "engine"
+			}
+		}
+		doors, err := serve.ParseDoors(*doorsFlag)
+		if err != nil {
+			return fmt.Errorf("serve: --doors: %w: %w", err, errUsage)
+		}
+		if *storeLease < 100*time.Millisecond || *storeLease > time.Hour {
+			return fmt.Errorf("serve: --store-lease %s: want 100ms..1h: %w", *storeLease, errUsage)
+		}
+		if *storeTTL < time.Second || *storeTTL > 24*time.Hour {
+			return fmt.Errorf("serve: --store-session-ttl %s: want 1s..24h: %w", *storeTTL, errUsage)
+		}
+		if *planTimeout < 100*time.Millisecond || *planTimeout > 24*time.Hour {
+			return fmt.Errorf("serve: --plan-timeout %s: want 100ms..24h: %w", *planTimeout, errUsage)
+		}
+		if *maxMsg < 1<<20 || *maxMsg > 1<<30 {
+			return fmt.Errorf("serve: --max-message-bytes %d: want 1048576..1073741824 (1 MiB..1 GiB): %w", *maxMsg, errUsage)
+		}
+		recMax, err := quantity.ParseSize(*recordMax)
+		if err != nil || recMax < 1<<20 || recMax > 1<<40 {
+			return fmt.Errorf("serve: --record-max-bytes %q: want a size in 1MiB..1TiB: %w", *recordMax, errUsage)
+		}
+		if *recordKeep < 1 || *recordKeep > 10000 {
+			return fmt.Errorf("serve: --record-keep %d: want 1..10000: %w", *recordKeep, errUsage)
+		}
+		var level slog.Level
+		if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+			return fmt.Errorf("serve: --log-level %q: %w", *logLevel, errUsage)
+		}
+		cs := tiers.ColdStart(*cold)
+		if cs != tiers.ColdStartLoad && cs != tiers.ColdStartClear {
+			return fmt.Errorf("serve: --cold-start %q: want load or clear: %w", *cold, errUsage)
+		}
+		dir := *dataDir
+		if dir == "" {
+			d, err := defaultServeDataDir()
+			if err != nil {
+				return fmt.Errorf("serve: %w", err)
+			}
+			dir = d
+		}
+		sock := *socket
+		if sock == "" {
+			sock = serveSocketIn(dir)
+		}
+		var text string
+		if *cfgPath != "" {
+			b, err := readBounded(*cfgPath, maxConfigBytes)
+			if err != nil {
+				return fmt.Errorf("serve: %w", err)
+			}
+			text = string(b)
+		}
+		var storeText string
+		if *storeCfg != "" {
+			b, err := readBounded(*storeCfg, maxConfigBytes)
+			if err != nil {
+				return fmt.Errorf("serve: --store-config: %w", err)
+			}
+			storeText = string(b)
+		}
+		logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+		s, err := serve.Open(ctx, serve.Config{YAML: text, ConfigName: *cfgPath, DataDir: dir, Ranks: *ranks, Socket: sock,
+			Listen: *listen, AllowRemote: *allowRemote, Metrics: *metricsAddr, ColdStart: cs, SessionTTL: *ttl, PlanTimeout: *planTimeout, MaxMessageBytes: *maxMsg, Group: *group,
+			GroupRank: *groupRank, GroupSize: *groupSize, GroupHub: *groupHub, GroupName: *groupName, GroupTimeout: *groupTimeout, OwnerLanes: *ownerLanes,
+			Version: version, Logger: logger, Doors: doors, StoreYAML: storeText, StoreConfigName: *storeCfg, StoreSkipVerify: !*storeVerify,
+			StoreLimits: pagestore.Limits{Lease: *storeLease, SessionTTL: *storeTTL},
+			Record:      *record, RecordMaxBytes: int64(recMax), RecordKeep: *recordKeep, Shadow: splitList(*shadow)})
+		if err != nil {
 			return err
 		}
-		return fmt.Errorf("serve: %w: %w", err, errUsage)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("serve: unexpected arguments %q: %w", fs.Args(), errUsage)
-	}
-	if *ranks < 0 || *ranks > 64 {
-		return fmt.Errorf("serve: --ranks %d: want 0..64: %w", *ranks, errUsage)
-	}
-	switch *group {
-	case serve.GroupInproc, serve.GroupEngine:
-		if *groupHub != "" || *groupSize != 0 || *groupRank != 0 {
-			return fmt.Errorf("serve: --group-rank, --group-size and --group-hub go with --group tcp: %w", errUsage)
-		}
-	case serve.GroupTCP:
-		if *groupSize < 1 || *groupRank < 0 || *groupRank >= *groupSize || *groupHub == "" {
-			return fmt.Errorf("serve: --group tcp needs --group-size N, --group-rank in 0..N-1 and --group-hub ADDR: %w", errUsage)
-		}
-	default:
-		return fmt.Errorf("serve: --group %q: want %s, %s or %s: %w", *group, serve.GroupInproc, serve.GroupEngine, serve.GroupTCP, errUsage)
-	}
-	if *groupTimeout < 100*time.Millisecond || *groupTimeout > time.Hour {
-		return fmt.Errorf("serve: --group-timeout %s: want 100ms..1h: %w", *groupTimeout, errUsage)
-	}
-	if *ttl < time.Second || *ttl > 24*time.Hour {
-		return fmt.Errorf("serve: --session-ttl %s: want 1s..24h: %w", *ttl, errUsage)
-	}
-	if *doorsFlag == "" {
-		*doorsFlag = "engine,store"
 		if *group == serve.GroupTCP {
-			*doorsFlag = "engine"
+			fmt.Fprintf(stdout, "kvtier serve: rank %d of a tcp group of %d (hub %s), socket %s, data %s, boot_id %s\n", *groupRank, *groupSize, *groupHub, sock, dir, s.BootID())
+		} else {
+			fmt.Fprintf(stdout, "kvtier serve: %d rank(s), doors %s, socket %s, data %s, boot_id %s\n", s.Ranks(), strings.Join(doors, ","), sock, dir, s.BootID())
 		}
+		return s.Serve(ctx)
 	}
-	doors, err := serve.ParseDoors(*doorsFlag)
-	if err != nil {
-		return fmt.Errorf("serve: --doors: %w: %w", err, errUsage)
-	}
-	if *storeLease < 100*time.Millisecond || *storeLease > time.Hour {
-		return fmt.Errorf("serve: --store-lease %s: want 100ms..1h: %w", *storeLease, errUsage)
-	}
-	if *storeTTL < time.Second || *storeTTL > 24*time.Hour {
-		return fmt.Errorf("serve: --store-session-ttl %s: want 1s..24h: %w", *storeTTL, errUsage)
-	}
-	if *planTimeout < 100*time.Millisecond || *planTimeout > 24*time.Hour {
-		return fmt.Errorf("serve: --plan-timeout %s: want 100ms..24h: %w", *planTimeout, errUsage)
-	}
-	if *maxMsg < 1<<20 || *maxMsg > 1<<30 {
-		return fmt.Errorf("serve: --max-message-bytes %d: want 1048576..1073741824 (1 MiB..1 GiB): %w", *maxMsg, errUsage)
-	}
-	recMax, err := quantity.ParseSize(*recordMax)
-	if err != nil || recMax < 1<<20 || recMax > 1<<40 {
-		return fmt.Errorf("serve: --record-max-bytes %q: want a size in 1MiB..1TiB: %w", *recordMax, errUsage)
-	}
-	if *recordKeep < 1 || *recordKeep > 10000 {
-		return fmt.Errorf("serve: --record-keep %d: want 1..10000: %w", *recordKeep, errUsage)
-	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("serve: --log-level %q: %w", *logLevel, errUsage)
-	}
-	cs := tiers.ColdStart(*cold)
-	if cs != tiers.ColdStartLoad && cs != tiers.ColdStartClear {
-		return fmt.Errorf("serve: --cold-start %q: want load or clear: %w", *cold, errUsage)
-	}
-	dir := *dataDir
-	if dir == "" {
-		d, err := defaultServeDataDir()
-		if err != nil {
-			return fmt.Errorf("serve: %w", err)
-		}
-		dir = d
-	}
-	sock := *socket
-	if sock == "" {
-		sock = serveSocketIn(dir)
-	}
-	var text string
-	if *cfgPath != "" {
-		b, err := readBounded(*cfgPath, maxConfigBytes)
-		if err != nil {
-			return fmt.Errorf("serve: %w", err)
-		}
-		text = string(b)
-	}
-	var storeText string
-	if *storeCfg != "" {
-		b, err := readBounded(*storeCfg, maxConfigBytes)
-		if err != nil {
-			return fmt.Errorf("serve: --store-config: %w", err)
-		}
-		storeText = string(b)
-	}
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	s, err := serve.Open(ctx, serve.Config{YAML: text, ConfigName: *cfgPath, DataDir: dir, Ranks: *ranks, Socket: sock,
-		Listen: *listen, AllowRemote: *allowRemote, Metrics: *metricsAddr, ColdStart: cs, SessionTTL: *ttl, PlanTimeout: *planTimeout, MaxMessageBytes: *maxMsg, Group: *group,
-		GroupRank: *groupRank, GroupSize: *groupSize, GroupHub: *groupHub, GroupName: *groupName, GroupTimeout: *groupTimeout, OwnerLanes: *ownerLanes,
-		Version: version, Logger: logger, Doors: doors, StoreYAML: storeText, StoreConfigName: *storeCfg, StoreSkipVerify: !*storeVerify,
-		StoreLimits: pagestore.Limits{Lease: *storeLease, SessionTTL: *storeTTL},
-		Record:      *record, RecordMaxBytes: int64(recMax), RecordKeep: *recordKeep, Shadow: splitList(*shadow)})
-	if err != nil {
-		return err
-	}
-	if *group == serve.GroupTCP {
-		fmt.Fprintf(stdout, "kvtier serve: rank %d of a tcp group of %d (hub %s), socket %s, data %s, boot_id %s\n", *groupRank, *groupSize, *groupHub, sock, dir, s.BootID())
-	} else {
-		fmt.Fprintf(stdout, "kvtier serve: %d rank(s), doors %s, socket %s, data %s, boot_id %s\n", s.Ranks(), strings.Join(doors, ","), sock, dir, s.BootID())
-	}
-	return s.Serve(ctx)
+	return cmd
 }
 
 // readBounded reads a file of at most limit bytes.

@@ -1,12 +1,8 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 	"time"
@@ -14,11 +10,15 @@ import (
 	"github.com/kvtier/kvtier/host/consensus/simgroup"
 	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/host/simrun"
+	"github.com/spf13/cobra"
 )
 
-const simUsage = `usage: kvtier sim [--ranks N] [--ticks T] [--seed S] [--faults SPEC] [--inject-divergence TICK] [--replicate] [--evict-ahead F] [--json]
-
-Runs N ranks, each a control Machine and a host.Node over real in-process
+// newSimCmd returns `kvtier sim`.
+func newSimCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "sim [flags]",
+		Short: "simulate a rank group (delays, faults, divergence) and check it never diverges or hangs",
+		Long: `Runs N ranks, each a control Machine and a host.Node over real in-process
 tiers (host L1 pool, shm slab, memstore L3), over the simulated rank group
 with a generated workload, as a context-parallel group (page i of a key
 is rank i mod N's: only it writes, moves and verifies the page's bytes;
@@ -35,14 +35,11 @@ its end; then every rank runs 4×(--max-ack-skew+4) more ticks so held acks
 land: the ticks printed exceed --ticks by those. Failed ops are the ok
 bits --fail-rate cleared plus the ops the ranks' tiers failed.
 
-SPEC is a comma-separated list of stall:RANK@TICK and crash:RANK@TICK.
-
-flags:
-`
-
-func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("kvtier sim", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+SPEC is a comma-separated list of stall:RANK@TICK and crash:RANK@TICK.`,
+		Example: `  kvtier sim --ranks 4 --ticks 20000 --seed 3
+  kvtier sim --ranks 8 --faults stall:2@500,crash:5@900 --fail-rate 0.001 --json`,
+	}
+	fs := cmd.Flags()
 	ranks := fs.Int("ranks", 8, "group size (1..64)")
 	ticks := fs.Uint64("ticks", 100_000, "ticks to run")
 	seed := fs.Uint64("seed", 1, "seed of the workload, delays and faults")
@@ -55,62 +52,57 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	replicate := fs.Bool("replicate", false, "every rank moves every page (data-parallel replicas) instead of its owner lane's (page i: rank i mod N)")
 	evictAhead := fs.Float64("evict-ahead", control.DefaultEvictAhead, "share of L1 or L2 an eviction that must happen frees beyond its need (0..0.5; control.Options.EvictAhead)")
 	asJSON := fs.Bool("json", false, "print one JSON object")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, simUsage)
-		fs.PrintDefaults()
-	}
-	if err := parseInterspersed(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		ctx := cmd.Context()
+		stdout := cmd.OutOrStdout()
+		if fs.NArg() > 0 {
+			return fmt.Errorf("sim: unexpected arguments %q: %w", fs.Args(), errUsage)
+		}
+		switch {
+		case *ranks < 1 || *ranks > 64:
+			return fmt.Errorf("sim: --ranks %d: want 1..64: %w", *ranks, errUsage)
+		case *ticks < 1 || *ticks > 1<<32:
+			return fmt.Errorf("sim: --ticks %d: want 1..2^32: %w", *ticks, errUsage)
+		case *skew < 0 || *skew > 1000:
+			return fmt.Errorf("sim: --max-ack-skew %d: want 0..1000: %w", *skew, errUsage)
+		case !(*failRate >= 0 && *failRate <= 1):
+			return fmt.Errorf("sim: --fail-rate %v: want 0..1: %w", *failRate, errUsage)
+		case *digestEvery < 1 || *digestEvery > 1<<20:
+			return fmt.Errorf("sim: --digest-every %d: want 1..2^20: %w", *digestEvery, errUsage)
+		case *timeout < time.Millisecond || *timeout > time.Hour:
+			return fmt.Errorf("sim: --timeout %s: want 1ms..1h: %w", *timeout, errUsage)
+		case !(*evictAhead >= 0 && *evictAhead <= 0.5):
+			return fmt.Errorf("sim: --evict-ahead %v: want 0..0.5: %w", *evictAhead, errUsage)
+		}
+		fl, err := parseSimFaults(*faults, *ranks)
+		if err != nil {
+			return fmt.Errorf("sim: --faults: %w: %w", err, errUsage)
+		}
+		res, err := simrun.Run(ctx, simrun.Config{Ranks: *ranks, Ticks: *ticks, Seed: *seed, MaxAckSkew: *skew, OpFailRate: *failRate,
+			Faults: fl, InjectDivergence: *inject, DigestEvery: *digestEvery, Timeout: *timeout, Replicate: *replicate, EvictAhead: evictAhead})
+		if err != nil {
 			return err
 		}
-		return fmt.Errorf("sim: %w: %w", err, errUsage)
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			return enc.Encode(res)
+		}
+		fmt.Fprintf(stdout, "ranks %d, ticks %d (%.0f/s), requests %d%s\n", res.Ranks, res.Ticks, res.TicksPerSecond, res.Requests, simTicksNote(res.Ticks, *ticks, *skew))
+		fmt.Fprintf(stdout, "digest checks %d, divergences %d, hangs %d, failed ops %d %s, max ack skew %d ticks\n",
+			res.DigestChecks, res.Divergences, res.Hangs, res.FailedOps, simFailedOpsNote(res, *failRate), res.MaxAckSkewTicks)
+		fmt.Fprintf(stdout, "verified pages %d, wrong bytes %d\n", res.VerifiedPages, res.WrongBytes)
+		fmt.Fprintf(stdout, "L1 admissions %d, planner runs %d, capacity skips %d (evict ahead %g)\n", res.L1Admissions, res.L1Plans, res.L1CapacitySkips, res.EvictAhead)
+		fmt.Fprintf(stdout, "owner lanes %v (pages in a rank's store that another lane owns: %d); bytes over all ranks: l1->l2 %d, l2->l3 %d, l3->l2 %d, l2->l1 %d\n",
+			res.OwnerLanes, res.ForeignPages, res.L1ToL2, res.L2ToL3, res.L3ToL2, res.L2ToL1)
+		if res.InjectedAtTick > 0 {
+			fmt.Fprintf(stdout, "divergence injected at tick %d, caught at tick %d\n", res.InjectedAtTick, res.CaughtAtTick)
+		}
+		if res.StoppedBy != "" {
+			fmt.Fprintf(stdout, "stopped by: %s\n", res.StoppedBy)
+		}
+		return nil
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("sim: unexpected arguments %q: %w", fs.Args(), errUsage)
-	}
-	switch {
-	case *ranks < 1 || *ranks > 64:
-		return fmt.Errorf("sim: --ranks %d: want 1..64: %w", *ranks, errUsage)
-	case *ticks < 1 || *ticks > 1<<32:
-		return fmt.Errorf("sim: --ticks %d: want 1..2^32: %w", *ticks, errUsage)
-	case *skew < 0 || *skew > 1000:
-		return fmt.Errorf("sim: --max-ack-skew %d: want 0..1000: %w", *skew, errUsage)
-	case !(*failRate >= 0 && *failRate <= 1):
-		return fmt.Errorf("sim: --fail-rate %v: want 0..1: %w", *failRate, errUsage)
-	case *digestEvery < 1 || *digestEvery > 1<<20:
-		return fmt.Errorf("sim: --digest-every %d: want 1..2^20: %w", *digestEvery, errUsage)
-	case *timeout < time.Millisecond || *timeout > time.Hour:
-		return fmt.Errorf("sim: --timeout %s: want 1ms..1h: %w", *timeout, errUsage)
-	case !(*evictAhead >= 0 && *evictAhead <= 0.5):
-		return fmt.Errorf("sim: --evict-ahead %v: want 0..0.5: %w", *evictAhead, errUsage)
-	}
-	fl, err := parseSimFaults(*faults, *ranks)
-	if err != nil {
-		return fmt.Errorf("sim: --faults: %w: %w", err, errUsage)
-	}
-	res, err := simrun.Run(ctx, simrun.Config{Ranks: *ranks, Ticks: *ticks, Seed: *seed, MaxAckSkew: *skew, OpFailRate: *failRate,
-		Faults: fl, InjectDivergence: *inject, DigestEvery: *digestEvery, Timeout: *timeout, Replicate: *replicate, EvictAhead: evictAhead})
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		return enc.Encode(res)
-	}
-	fmt.Fprintf(stdout, "ranks %d, ticks %d (%.0f/s), requests %d%s\n", res.Ranks, res.Ticks, res.TicksPerSecond, res.Requests, simTicksNote(res.Ticks, *ticks, *skew))
-	fmt.Fprintf(stdout, "digest checks %d, divergences %d, hangs %d, failed ops %d %s, max ack skew %d ticks\n",
-		res.DigestChecks, res.Divergences, res.Hangs, res.FailedOps, simFailedOpsNote(res, *failRate), res.MaxAckSkewTicks)
-	fmt.Fprintf(stdout, "verified pages %d, wrong bytes %d\n", res.VerifiedPages, res.WrongBytes)
-	fmt.Fprintf(stdout, "L1 admissions %d, planner runs %d, capacity skips %d (evict ahead %g)\n", res.L1Admissions, res.L1Plans, res.L1CapacitySkips, res.EvictAhead)
-	fmt.Fprintf(stdout, "owner lanes %v (pages in a rank's store that another lane owns: %d); bytes over all ranks: l1->l2 %d, l2->l3 %d, l3->l2 %d, l2->l1 %d\n",
-		res.OwnerLanes, res.ForeignPages, res.L1ToL2, res.L2ToL3, res.L3ToL2, res.L2ToL1)
-	if res.InjectedAtTick > 0 {
-		fmt.Fprintf(stdout, "divergence injected at tick %d, caught at tick %d\n", res.InjectedAtTick, res.CaughtAtTick)
-	}
-	if res.StoppedBy != "" {
-		fmt.Fprintf(stdout, "stopped by: %s\n", res.StoppedBy)
-	}
-	return nil
+	return cmd
 }
 
 // simTicksNote explains why a run's ticks exceed --ticks: requests start

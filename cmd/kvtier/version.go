@@ -1,10 +1,10 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"runtime/debug"
+
+	"github.com/spf13/cobra"
 )
 
 // Set by the Makefile through -ldflags "-X main.version=... -X main.revision=...".
@@ -36,11 +36,17 @@ func buildVersion() (ver, rev string) {
 	return ver, rev
 }
 
-func runVersion(_ context.Context, args []string, stdout, _ io.Writer) error {
-	if len(args) > 0 {
-		return fmt.Errorf("version takes no arguments: %w", errUsage)
+// newVersionCmd returns `kvtier version`.
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "version",
+		Short:   "print the module version and VCS revision",
+		Example: "  kvtier version",
+		Args:    noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ver, rev := buildVersion()
+			fmt.Fprintf(cmd.OutOrStdout(), "kvtier %s (module github.com/kvtier/kvtier, revision %s)\n", ver, rev)
+			return nil
+		},
 	}
-	ver, rev := buildVersion()
-	fmt.Fprintf(stdout, "kvtier %s (module github.com/kvtier/kvtier, revision %s)\n", ver, rev)
-	return nil
 }
