@@ -23,10 +23,12 @@ type Store struct {
 
 	env      tiers.Env
 	ackReady chan struct{}
+	// acks locks itself; acks are pushed under mu all the same, so they
+	// queue in the order the ledger settles them.
+	acks tiers.AckQueue
 
 	nextBatch tiers.BatchID
 	ledger    ackLedger
-	queue     []tiers.Ack
 	carry     tiers.StoreStats // counters of past processes and of degraded items
 }
 
@@ -86,7 +88,7 @@ func OpenStore(ctx context.Context, env tiers.Env, spec PluginSpec) (*Store, err
 			rl: ratelog.New(logger, opts.LogInterval),
 		},
 		env:      env,
-		ackReady: make(chan struct{}, 1),
+		ackReady: tiers.NewAckReady(),
 	}
 	s.whenDown = s.settleDown
 	// The supervisor exists before the first process, which may die at
@@ -212,39 +214,26 @@ func (s *Store) applyAcks(g *storeGen, acks []*storev1.Ack) error {
 	if s.gen != g && !g.closing {
 		return nil // a replaced process: its acks were already synthesized
 	}
-	n := len(s.queue)
-	var err error
-	s.queue, err = s.ledger.apply(g.id, s.spec.Name, acks, s.queue)
-	if len(s.queue) > n {
+	settled, err := s.ledger.apply(g.id, s.spec.Name, acks, nil)
+	if len(settled) > 0 {
 		var failed int64
-		for _, a := range s.queue[n:] {
+		for _, a := range settled {
 			if a.Stage == tiers.AckFailed {
 				failed++
 			}
 		}
 		s.countSeen(g, tiers.StoreStats{PutFailures: failed})
-		s.signal()
+		s.acks.Push(s.ackReady, settled...)
 	}
 	return err
-}
-
-// signal wakes AckReady; callers hold s.mu or not, it never blocks.
-func (s *Store) signal() {
-	select {
-	case s.ackReady <- struct{}{}:
-	default:
-	}
 }
 
 // failPending acknowledges AckFailed, with err, every item of generation
 // gen's batches (all batches if gen < 0) that has no terminal ack yet. It
 // returns the number of items. s.mu must be held.
 func (s *Store) failPending(gen int, err error) int {
-	var n int
-	s.queue, n = s.ledger.failPending(gen, err, s.queue)
-	if n > 0 {
-		s.signal()
-	}
+	failed, n := s.ledger.failPending(gen, err, nil)
+	s.acks.Push(s.ackReady, failed...)
 	return n
 }
 
@@ -361,12 +350,13 @@ func (s *Store) Put(ctx context.Context, batch []tiers.PutRequest) (tiers.BatchI
 	}
 	if g == nil {
 		err := fmt.Errorf("plugin %s: %w: %w", s.spec.Name, ErrDown, tiers.ErrBroken)
+		failed := make([]tiers.Ack, len(batch))
 		for i := range batch {
-			s.queue = append(s.queue, tiers.Ack{Batch: id, Index: i, Stage: tiers.AckFailed, Err: err})
+			failed[i] = tiers.Ack{Batch: id, Index: i, Stage: tiers.AckFailed, Err: err}
 		}
 		s.carry.Puts += int64(len(batch))
 		s.carry.PutFailures += int64(len(batch))
-		s.signal()
+		s.acks.Push(s.ackReady, failed...)
 		s.mu.Unlock()
 		s.m.degraded.WithLabelValues("put").Add(float64(len(batch)))
 		s.rl.Warn("degraded-put", "store plugin down: put items failed", "items", len(batch))
@@ -606,12 +596,7 @@ func (s *Store) keysCall(ctx context.Context, method string, keys []tiers.Key, c
 
 // DrainAcks appends the queued acks to dst.
 func (s *Store) DrainAcks(dst []tiers.Ack) []tiers.Ack {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	dst = append(dst, s.queue...)
-	clear(s.queue)
-	s.queue = s.queue[:0]
-	return dst
+	return s.acks.Drain(dst)
 }
 
 // AckReady is signalled when acks were queued.

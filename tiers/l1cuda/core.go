@@ -81,24 +81,25 @@ func (l layout) check(slab tiers.Slab, batch []tiers.PoolCopy, toSlab bool) erro
 	return nil
 }
 
-// ackQueue is the Pool v1 completion machinery every pool of this package
-// shares: batch ids, the ack queue and its ready signal, stats and the
-// closed state. Batches in flight are counted so Close can wait for them.
-type ackQueue struct {
-	mu       sync.Mutex
+// completions is the Pool v1 completion machinery every pool of this
+// package shares: batch ids, the ack queue and its ready signal, stats and
+// the closed state. Batches in flight are counted so Close can wait for
+// them.
+type completions struct {
+	mu       sync.Mutex // guards next, stats and closed
 	next     tiers.BatchID
-	acks     []tiers.Ack
 	stats    tiers.PoolStats
 	closed   bool
 	inflight sync.WaitGroup
+	acks     tiers.AckQueue
 	ready    chan struct{}
 }
 
-func newAckQueue() *ackQueue { return &ackQueue{ready: make(chan struct{}, 1)} }
+func newCompletions() *completions { return &completions{ready: tiers.NewAckReady()} }
 
 // begin assigns the next batch id unless the pool is closed; the caller
 // must call the returned id's items' acks and then end exactly once.
-func (q *ackQueue) begin(what string) (tiers.BatchID, error) {
+func (q *completions) begin(what string) (tiers.BatchID, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
@@ -110,10 +111,10 @@ func (q *ackQueue) begin(what string) (tiers.BatchID, error) {
 }
 
 // end marks a batch begun with begin as finished (all its items acked).
-func (q *ackQueue) end() { q.inflight.Done() }
+func (q *completions) end() { q.inflight.Done() }
 
 // ack queues the ack of item index of batch id and counts a copied item.
-func (q *ackQueue) ack(id tiers.BatchID, index int, c tiers.PoolCopy, toSlab bool, err error) {
+func (q *completions) ack(id tiers.BatchID, index int, c tiers.PoolCopy, toSlab bool, err error) {
 	a := tiers.Ack{Batch: id, Index: index, Stage: tiers.AckCopied}
 	if err != nil {
 		a.Stage, a.Err = tiers.AckFailed, err
@@ -128,35 +129,28 @@ func (q *ackQueue) ack(id tiers.BatchID, index int, c tiers.PoolCopy, toSlab boo
 			q.stats.BytesFromSlab += c.Span.Length
 		}
 	}
-	q.acks = append(q.acks, a)
 	q.mu.Unlock()
-	select {
-	case q.ready <- struct{}{}:
-	default:
-	}
+	// NB: counted before queued, so a drained ack is already in Stats.
+	q.acks.Push(q.ready, a)
 }
 
 // DrainAcks appends the queued acks to dst.
-func (q *ackQueue) DrainAcks(dst []tiers.Ack) []tiers.Ack {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	dst = append(dst, q.acks...)
-	q.acks = q.acks[:0]
-	return dst
+func (q *completions) DrainAcks(dst []tiers.Ack) []tiers.Ack {
+	return q.acks.Drain(dst)
 }
 
 // AckReady is signalled when acks were queued since the last drain.
-func (q *ackQueue) AckReady() <-chan struct{} { return q.ready }
+func (q *completions) AckReady() <-chan struct{} { return q.ready }
 
 // Stats returns the copy counters.
-func (q *ackQueue) Stats() tiers.PoolStats {
+func (q *completions) Stats() tiers.PoolStats {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.stats
 }
 
 // refuse makes begin fail from now on without waiting for anything.
-func (q *ackQueue) refuse() {
+func (q *completions) refuse() {
 	q.mu.Lock()
 	q.closed = true
 	q.mu.Unlock()
@@ -164,7 +158,7 @@ func (q *ackQueue) refuse() {
 
 // shut refuses new batches and waits for those in flight; it reports
 // whether this call was the one that closed the queue.
-func (q *ackQueue) shut() bool {
+func (q *completions) shut() bool {
 	q.mu.Lock()
 	first := !q.closed
 	q.closed = true
@@ -177,7 +171,7 @@ func (q *ackQueue) shut() bool {
 // the ack queue, the geometry and the batch admission. start runs an
 // admitted, non-empty batch and returns its id.
 type base struct {
-	*ackQueue
+	*completions
 	name  string
 	geo   tiers.PoolGeometry
 	lay   layout
@@ -187,11 +181,11 @@ type base struct {
 
 func newBase(name, device string, env tiers.Env, lay layout) base {
 	return base{
-		ackQueue: newAckQueue(),
-		name:     name,
-		geo:      tiers.PoolGeometry{Pages: lay.pages, Payload: env.Payload, Device: device},
-		lay:      lay,
-		slab:     env.Slab,
+		completions: newCompletions(),
+		name:        name,
+		geo:         tiers.PoolGeometry{Pages: lay.pages, Payload: env.Payload, Device: device},
+		lay:         lay,
+		slab:        env.Slab,
 	}
 }
 

@@ -85,7 +85,7 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 		rebuildMark: filepath.Join(dir, RebuildMarkName(stackID, env.Rank)),
 		gatherSig:   make(chan struct{}, 1),
 		ctlSig:      make(chan struct{}, 1),
-		ackReady:    make(chan struct{}, 1),
+		ackReady:    tiers.NewAckReady(),
 		stop:        make(chan struct{}),
 		inflight:    make(map[tiers.Key]*writeJob),
 	}

@@ -41,12 +41,7 @@ func signal(c chan struct{}) {
 	}
 }
 
-func (s *Store) ack(a ...tiers.Ack) {
-	s.ackMu.Lock()
-	s.acks = append(s.acks, a...)
-	s.ackMu.Unlock()
-	signal(s.ackReady)
-}
+func (s *Store) ack(a ...tiers.Ack) { s.acks.Push(s.ackReady, a...) }
 
 func (s *Store) failItems(items []putItem, err error) {
 	acks := make([]tiers.Ack, len(items))
@@ -59,12 +54,7 @@ func (s *Store) failItems(items []putItem, err error) {
 
 // DrainAcks implements tiers.Store.
 func (s *Store) DrainAcks(dst []tiers.Ack) []tiers.Ack {
-	s.ackMu.Lock()
-	dst = append(dst, s.acks...)
-	clear(s.acks)
-	s.acks = s.acks[:0]
-	s.ackMu.Unlock()
-	return dst
+	return s.acks.Drain(dst)
 }
 
 // AckReady implements tiers.Store.

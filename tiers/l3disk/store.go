@@ -83,8 +83,7 @@ type Store struct {
 	// for LRU order, read by the syncer for the index's LastAccess.
 	clock atomic.Uint64
 
-	ackMu    sync.Mutex
-	acks     []tiers.Ack
+	acks     tiers.AckQueue
 	ackReady chan struct{}
 
 	closeMu  sync.RWMutex

@@ -98,8 +98,7 @@ type Store struct {
 	nextID   tiers.BatchID
 	stats    tiers.StoreStats
 
-	ackMu sync.Mutex
-	acks  []tiers.Ack
+	acks  tiers.AckQueue
 	ready chan struct{}
 }
 
@@ -123,7 +122,7 @@ func Open(env tiers.Env, cfg Config) (*Store, error) {
 		capacity: int64(cfg.Capacity),
 		pages:    make(map[tiers.Key]*entry),
 		free:     make(map[int][][]byte),
-		ready:    make(chan struct{}, 1),
+		ready:    tiers.NewAckReady(),
 	}
 	s.head.prev, s.head.next = &s.head, &s.head
 	s.stats.CapacityBytes = int64(cfg.Capacity)
@@ -197,7 +196,7 @@ func (s *Store) Put(_ context.Context, batch []tiers.PutRequest) (tiers.BatchID,
 		acks = append(acks, tiers.Ack{Batch: id, Index: i, Stage: tiers.AckGathered}, tiers.Ack{Batch: id, Index: i, Stage: tiers.AckDurable})
 	}
 	s.mu.Unlock()
-	s.queue(acks)
+	s.acks.Push(s.ready, acks...)
 	return id, nil
 }
 
@@ -281,11 +280,7 @@ func (s *Store) Touch(_ context.Context, keys []tiers.Key) error {
 
 // DrainAcks appends queued acks to dst.
 func (s *Store) DrainAcks(dst []tiers.Ack) []tiers.Ack {
-	s.ackMu.Lock()
-	dst = append(dst, s.acks...)
-	s.acks = s.acks[:0]
-	s.ackMu.Unlock()
-	return dst
+	return s.acks.Drain(dst)
 }
 
 // AckReady is signalled when acks are queued.
@@ -313,19 +308,6 @@ func (s *Store) Close() error {
 	s.free = nil
 	s.head.prev, s.head.next = &s.head, &s.head
 	return nil
-}
-
-func (s *Store) queue(acks []tiers.Ack) {
-	if len(acks) == 0 {
-		return
-	}
-	s.ackMu.Lock()
-	s.acks = append(s.acks, acks...)
-	s.ackMu.Unlock()
-	select {
-	case s.ready <- struct{}{}:
-	default:
-	}
 }
 
 // buffer returns a page buffer of n bytes, recycled when possible.

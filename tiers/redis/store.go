@@ -66,8 +66,7 @@ type Store struct {
 	chunks  chan *putChunk
 	done    sync.WaitGroup
 
-	ackMu sync.Mutex
-	acks  []tiers.Ack
+	acks  tiers.AckQueue
 	ready chan struct{}
 
 	hits, misses, corrupt atomic.Int64
@@ -186,7 +185,7 @@ func Open(ctx context.Context, env tiers.Env, cfg Config) (*Store, error) {
 		wake:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 		chunks:  make(chan *putChunk, 1),
-		ready:   make(chan struct{}, 1),
+		ready:   tiers.NewAckReady(),
 	}
 	s.rl = ratelog.New(s.log, logInterval)
 	maint := &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
@@ -437,7 +436,7 @@ func (s *Store) failItems(id tiers.BatchID, from, to int, err error) {
 		acks = append(acks, tiers.Ack{Batch: id, Index: i, Stage: tiers.AckFailed, Err: err})
 	}
 	s.putFailures.Add(int64(to - from))
-	s.queue(acks)
+	s.acks.Push(s.ready, acks...)
 }
 
 // sendLoop writes chunks and acknowledges their items gathered and durable,
@@ -471,7 +470,7 @@ func (s *Store) sendLoop() {
 			s.putFailures.Add(int64(failed))
 			s.logRate(logPut, "redis puts failed", "failed", failed, "of", len(c.keys), "first_error", firstErr(errs))
 		}
-		s.queue(acks)
+		s.acks.Push(s.ready, acks...)
 	}
 }
 
@@ -883,11 +882,7 @@ func firstCmdErr(cmds []goredis.Cmder) error {
 
 // DrainAcks appends queued acks to dst.
 func (s *Store) DrainAcks(dst []tiers.Ack) []tiers.Ack {
-	s.ackMu.Lock()
-	dst = append(dst, s.acks...)
-	s.acks = s.acks[:0]
-	s.ackMu.Unlock()
-	return dst
+	return s.acks.Drain(dst)
 }
 
 // AckReady is signalled when acks are queued.
@@ -926,19 +921,6 @@ func (s *Store) Close() error {
 		return fmt.Errorf("redis store close: %w", err)
 	}
 	return nil
-}
-
-func (s *Store) queue(acks []tiers.Ack) {
-	if len(acks) == 0 {
-		return
-	}
-	s.ackMu.Lock()
-	s.acks = append(s.acks, acks...)
-	s.ackMu.Unlock()
-	select {
-	case s.ready <- struct{}{}:
-	default:
-	}
 }
 
 // refreshSlots asks the cluster client to reload its slot map after a
