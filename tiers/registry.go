@@ -37,8 +37,8 @@ type Env struct {
 	// it.
 	//
 	// NB: this one typed field is the declared dependency, kept on purpose
-	// instead of containerd's Registration.Requires plus a by-type lookup
-	// (issue 10 item 3, decided after reading every user). The graph has
+	// instead of containerd's Registration.Requires plus a by-type lookup,
+	// a choice made after reading every user of the field. The graph has
 	// one edge, store → index, with no init order to resolve; the stack
 	// YAML already declares it per entry, and host/config already refuses
 	// an index on anything but a store. One implementation reads the field
