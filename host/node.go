@@ -176,6 +176,10 @@ type Node struct {
 	layout placement.Layout
 	kinds  int
 
+	// plans is the L1 pool when the engine runs its copies (RunsPlans),
+	// else nil.
+	plans planPool
+
 	pool map[tiers.BatchID]*batch
 	puts map[tiers.BatchID]*batch
 	acks []tiers.Ack
@@ -245,6 +249,7 @@ func New(s *stack.Stack, m *control.Machine, opts Options) (*Node, error) {
 		jobs:     map[uint64]*storeJob{},
 		jobReady: make(chan struct{}, 1),
 	}
+	n.plans, _ = s.Pool.(planPool)
 	// NB: the worker's context is the Node's life, never a caller's: a
 	// step's context ends with the step, long before its lookup runs.
 	n.jobCtx, n.jobCancel = context.WithCancel(context.Background())

@@ -67,7 +67,7 @@ func (s *Server) registerReply(r *rank, ses *session) *pb.RegisterReply {
 		sg.Files = append(sg.Files, &pb.SlabFile{Id: uint32(f.ID), Path: f.Path, Size: uint64(f.Size)})
 	}
 	out := &pb.RegisterReply{Session: ses.id, BootId: s.boot, ProtocolVersion: 1, Slab: sg,
-		Limits: &pb.Limits{L1Pages: uint32(r.pool.Geometry().Pages), MaxPagesPerRequest: uint32(s.cfg.MaxPagesPerRequest),
+		Limits: &pb.Limits{L1Pages: uint32(r.st.Pool.Geometry().Pages), MaxPagesPerRequest: uint32(s.cfg.MaxPagesPerRequest),
 			MaxItemsPerStep: uint32(s.cfg.MaxItemsPerStep), SessionTtlMs: uint32(s.cfg.SessionTTL / time.Millisecond)},
 		NamespaceId: append([]byte(nil), ses.keyer[:]...), GroupTransport: s.transport(), OwnerLanes: uint32(s.lanes())}
 	for _, k := range r.st.Config.Payload.Kinds {

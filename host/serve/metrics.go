@@ -59,19 +59,18 @@ func (t epochTotals) add(st host.Stats, ticks uint64) epochTotals {
 // retire adds the counters of the rank's Node and Machine to its past
 // totals; reset calls it before it replaces them with a new epoch's.
 func (r *rank) retire() {
-	if r.node == nil || r.m == nil {
+	if r.node == nil {
 		return
 	}
-	r.past = r.past.add(r.node.Stats(), r.m.Ticks())
+	r.past = r.past.add(r.node.Stats(), r.node.Ticks())
 }
 
 func (r *rank) publish() {
-	l1, l2 := r.m.Free()
-	o := r.m.Options()
-	tot := r.past.add(r.node.Stats(), r.m.Ticks())
+	l1, l2 := r.node.Free()
+	tot := r.past.add(r.node.Stats(), r.node.Ticks())
 	pool, store := r.node.InFlight()
-	sn := &snapshot{node: tot.node, ticks: tot.ticks, l1Total: o.L1Pages, l2Total: o.L2.Kinds[0].Pages(), l1Free: l1, l2Free: l2,
-		poolInflight: pool, storeInflight: store, queue: len(r.m.SpillQueue())}
+	sn := &snapshot{node: tot.node, ticks: tot.ticks, l1Total: r.mo.L1Pages, l2Total: r.mo.L2.Kinds[0].Pages(), l1Free: l1, l2Free: l2,
+		poolInflight: pool, storeInflight: store, queue: r.node.SpillQueueLen()}
 	if r.sess != nil {
 		sn.liveRequests = len(r.sess.reqs)
 		// Held: live requests whose lookup is still PENDING (waiting

@@ -16,7 +16,6 @@ import (
 	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/host/stack"
 	"github.com/kvtier/kvtier/policy"
-	"github.com/kvtier/kvtier/tiers/l1cuda"
 )
 
 func expand(text string, cfg Config, rank, ranks int) string {
@@ -89,8 +88,7 @@ func (s *Server) openRank(ctx context.Context, i int) (_ *rank, err error) {
 			}
 		}()
 	}
-	pool, ok := stk.Pool.(*l1cuda.EnginePool)
-	if !ok {
+	if !host.RunsPlans(stk) {
 		what := "none"
 		if stk.Pool != nil {
 			what = stk.PoolName + " (" + stk.Pool.Geometry().Device + ")"
@@ -116,10 +114,10 @@ func (s *Server) openRank(ctx context.Context, i int) (_ *rank, err error) {
 	if mo.NewEvictor, err = evictor(st); err != nil {
 		return nil, err
 	}
-	r := &rank{idx: i, srv: s, st: stk, pool: pool, log: log, calls: make(chan call), closeHook: closeHook,
+	r := &rank{idx: i, srv: s, st: stk, log: log, calls: make(chan call), closeHook: closeHook,
 		byID: map[control.ReqID]*request{}, mo: mo,
 		nodeOpts: host.Options{Logger: log, SettleTimeout: s.cfg.DrainTimeout, Lanes: lanes, Rank: lane}}
-	if r.m, r.node, err = s.build(r, s.epoch); err != nil {
+	if r.node, err = s.build(r, s.epoch); err != nil {
 		return nil, err
 	}
 	r.epoch = s.epoch
@@ -129,10 +127,10 @@ func (s *Server) openRank(ctx context.Context, i int) (_ *rank, err error) {
 // build makes a rank's Machine and Node for epoch e: a group of one
 // (host.Solo) for a single rank, else the epoch's in-process group
 // through host.ConsensusGroup (digests compared every DigestEvery ticks).
-func (s *Server) build(r *rank, e *epoch) (*control.Machine, *host.Node, error) {
+func (s *Server) build(r *rank, e *epoch) (*host.Node, error) {
 	m, err := control.New(r.mo)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	var g host.Group = host.Solo{}
 	if e.members != nil {
@@ -144,11 +142,7 @@ func (s *Server) build(r *rank, e *epoch) (*control.Machine, *host.Node, error) 
 		tg.digestEvery = uint64(r.mo.DigestEvery)
 	}
 	o.Group = tg
-	node, err := host.New(r.st, m, o)
-	if err != nil {
-		return nil, nil, err
-	}
-	return m, node, nil
+	return host.New(r.st, m, o)
 }
 
 // evictor returns a builder of the stack's eviction policy.

@@ -252,7 +252,7 @@ func TestGroupLoad(t *testing.T) {
 	}
 	driveKeys(t, ctx, es, "a", keys)
 	_, l3 := driveKeys(t, ctx, es, "b", keys[:20])
-	ticks := s.ranks[0].m.Ticks()
+	ticks := s.ranks[0].node.Ticks()
 	t.Logf("%d ticks, %d L3 hit pages per rank, verified %d/%d/%d", ticks, l3, es[0].verified, es[1].verified, es[2].verified)
 	if l3 == 0 || ticks < 64 {
 		t.Fatalf("the load did not reach L3 (%d pages) or a digest tick (%d ticks)", l3, ticks)

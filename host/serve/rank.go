@@ -13,19 +13,16 @@ import (
 	"github.com/kvtier/kvtier/host/stack"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
-	"github.com/kvtier/kvtier/tiers/l1cuda"
 )
 
-// rank hosts one rank: its stack, Node and Machine, and the session of
+// rank hosts one rank: its stack and Node (which owns the rank's Machine), and the session of
 // the engine rank that talks to it. One goroutine (loop) owns all of it.
 type rank struct {
 	idx   int
 	srv   *Server
 	st    *stack.Stack
-	node  *host.Node
-	m     *control.Machine
-	pool  *l1cuda.EnginePool
-	plans []l1cuda.PlannedCopy // reused by step
+	node  rankNode
+	plans []host.PlannedCopy // reused by step
 	log   *slog.Logger
 	calls chan call
 	// closeHook closes stores a test's Config.Stores put in (nil: none).
@@ -63,6 +60,39 @@ type rank struct {
 	// exchanging counts the rank's goroutines in the group exchange now
 	// (0 or 1; a test waits for a rank to be there).
 	exchanging atomic.Int32
+}
+
+// rankNode is what a rank asks of its host.Node, which owns the rank's
+// Machine and carries out what it asks: serve holds nothing else of the
+// rank's control state.
+type rankNode interface {
+	// Apply, Tick, Drain and Settle run the Machine (host.Node).
+	Apply(ctx context.Context, e control.Event) (control.Ready, error)
+	Tick(ctx context.Context) (control.Ready, error)
+	Drain()
+	Settle(ctx context.Context) error
+	Close() error
+	// PoolReady and StoreReady signal work for Drain.
+	PoolReady() <-chan struct{}
+	StoreReady() <-chan struct{}
+
+	// The engine's copy plans (the stack's pool is `use: engine`).
+	TakePlans(dst []host.PlannedCopy) []host.PlannedCopy
+	PlanOutstanding(id tiers.BatchID) bool
+	CompletePlan(id tiers.BatchID, why error) error
+	FailPlans(why error) int
+
+	// What a reply and the metrics read.
+	Ticks() uint64
+	Contribution() control.Contribution
+	DueDigest() ([32]byte, bool)
+	Loading(req control.ReqID) bool
+	MatchedL1(req control.ReqID, dst []control.PageRef) []control.PageRef
+	Free() (l1, l2 int64)
+	SpillQueueLen() int
+	InFlight() (pool, store int)
+	Outstanding() int
+	Stats() host.Stats
 }
 
 type tickResult struct {
@@ -196,7 +226,7 @@ func (r *rank) loop(ctx context.Context) {
 			if r.tickDone == nil {
 				r.node.Drain()
 			}
-		case <-r.pool.AckReady():
+		case <-r.node.PoolReady():
 			if r.tickDone == nil {
 				r.node.Drain()
 			}

@@ -398,7 +398,7 @@ func (s *Server) openShadows() error {
 		return fmt.Errorf("--shadow: %w", err)
 	}
 	var ts []shadowTier
-	if r.pool != nil && r.mo.L1Pages > 0 {
+	if r.mo.L1Pages > 0 {
 		ts = append(ts, shadowTier{name: "l1", pages: r.mo.L1Pages})
 	}
 	if len(r.mo.L2.Kinds) > 0 {

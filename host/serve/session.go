@@ -113,7 +113,7 @@ func (r *rank) dropSession(why string) {
 		r.srv.unbind(s.id, why)
 		r.sess = nil
 	}
-	n := r.pool.FailPending(fmt.Errorf("the session ended before reporting the plan"))
+	n := r.node.FailPlans(fmt.Errorf("the session ended before reporting the plan"))
 	r.stats.rolledBack.Add(int64(n))
 	r.node.Drain()
 }
@@ -139,7 +139,7 @@ func (r *rank) reset(ctx context.Context, e *epoch, why string) {
 	if err := r.node.Close(); err != nil {
 		r.log.Error("kvtier serve: close the old epoch's node", "err", err)
 	}
-	m, node, err := r.srv.build(r, e)
+	node, err := r.srv.build(r, e)
 	if err != nil {
 		// The options built a Machine once, so this is a bug; the old
 		// Machine's L1 is the last engine's: refuse sessions, never
@@ -149,7 +149,7 @@ func (r *rank) reset(ctx context.Context, e *epoch, why string) {
 		return
 	}
 	r.retire()
-	r.m, r.node, r.epoch = m, node, e
+	r.node, r.epoch = node, e
 	clear(r.byID)
 	// NB: request ids are in the replicated events; every rank's new
 	// Machine numbers them from 1, whatever the old epoch applied.

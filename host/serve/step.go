@@ -9,11 +9,11 @@ import (
 	"time"
 
 	pb "github.com/kvtier/kvtier/api/enginev1"
+	"github.com/kvtier/kvtier/host"
 	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/internal/nsdigest"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
-	"github.com/kvtier/kvtier/tiers/l1cuda"
 )
 
 type stepErrs struct {
@@ -44,7 +44,7 @@ func (e stepErrs) add(item ref, req string, code pb.ErrorCode, format string, ar
 // step runs one scheduler step of the session. It never panics on input
 // and never changes state for a refused item.
 func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
-	out := &pb.StepReply{BootId: r.srv.boot, Tick: r.m.Ticks()}
+	out := &pb.StepReply{BootId: r.srv.boot, Tick: r.node.Ticks()}
 	errs := stepErrs{out, &r.stats}
 	s := r.sess
 	switch {
@@ -70,7 +70,7 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 	eg := r.engineMember()
 	if eg != nil && r.tickDone != nil && len(q.GetFrontier()) == 0 {
 		errs.add(ref{"frontier", -1}, "", pb.ErrorCode_ERROR_CODE_STATE,
-			"tick %d waits for the engine's frontier: all-reduce the contributions the ranks' last steps returned and send it; nothing of this step was applied", r.m.Ticks())
+			"tick %d waits for the engine's frontier: all-reduce the contributions the ranks' last steps returned and send it; nothing of this step was applied", r.node.Ticks())
 		out.Contribution, _, _ = eg.PendingEncoded()
 		return out
 	}
@@ -100,7 +100,7 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 		case seen[c.GetPlan()]:
 			errs.add(item, "", pb.ErrorCode_ERROR_CODE_DUPLICATE, "plan %d reported twice in the step", c.GetPlan())
 			continue
-		case !r.pool.Outstanding(id):
+		case !r.node.PlanOutstanding(id):
 			errs.add(item, "", pb.ErrorCode_ERROR_CODE_UNKNOWN, "plan %d was never made or is already reported", c.GetPlan())
 			continue
 		}
@@ -109,7 +109,7 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 		if !c.GetOk() {
 			why = errEngineFailed
 		}
-		if err := r.pool.CompleteBatch(id, why); err != nil {
+		if err := r.node.CompletePlan(id, why); err != nil {
 			errs.add(item, "", pb.ErrorCode_ERROR_CODE_UNKNOWN, "plan %d: %v", c.GetPlan(), err)
 		}
 	}
@@ -192,7 +192,7 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 	}
 
 	r.finishStep(s, out)
-	out.Contribution = []byte(control.Frontier(r.m.Contribution()).String())
+	out.Contribution = []byte(control.Frontier(r.node.Contribution()).String())
 	return out
 }
 
@@ -242,7 +242,7 @@ func (r *rank) finishStep(s *session, out *pb.StepReply) {
 		}
 		out.Lookups = append(out.Lookups, r.result(rq))
 	}
-	r.plans = r.pool.TakePlans(r.plans[:0])
+	r.plans = r.node.TakePlans(r.plans[:0])
 	out.Plans = planMsgs(out.Plans, r.plans)
 	if len(out.Plans) > 0 {
 		now := time.Now()
@@ -253,9 +253,8 @@ func (r *rank) finishStep(s *session, out *pb.StepReply) {
 			r.planSent[tiers.BatchID(p.Plan)] = now
 		}
 	}
-	out.Tick = r.m.Ticks()
-	if r.m.Options().DigestEvery > 0 && r.m.Ticks()%uint64(r.m.Options().DigestEvery) == 0 {
-		d := r.m.Digest()
+	out.Tick = r.node.Ticks()
+	if d, ok := r.node.DueDigest(); ok {
 		out.Digest = d[:]
 		if r.epoch == nil || r.epoch.members == nil {
 			// A rank of one offers its digest to the engine only; a
@@ -280,7 +279,7 @@ func (r *rank) failOverdue(errs stepErrs, now time.Time) {
 	var late []tiers.BatchID
 	for id, at := range r.planSent {
 		switch {
-		case !r.pool.Outstanding(id):
+		case !r.node.PlanOutstanding(id):
 			delete(r.planSent, id)
 		case now.Sub(at) > r.srv.cfg.PlanTimeout:
 			late = append(late, id)
@@ -289,7 +288,7 @@ func (r *rank) failOverdue(errs stepErrs, now time.Time) {
 	slices.Sort(late)
 	for _, id := range late {
 		delete(r.planSent, id)
-		if err := r.pool.CompleteBatch(id, errPlanOverdue); err != nil {
+		if err := r.node.CompletePlan(id, errPlanOverdue); err != nil {
 			continue // reported or failed meanwhile
 		}
 		r.stats.overduePlans.Add(1)
@@ -441,12 +440,12 @@ func (r *rank) unholds(ctx context.Context, us []control.Unhold) {
 // ready reports whether a lookup is done: not held for a reload and no
 // load-back in flight on its path. Both are replicated state, so every
 // rank of a group answers DONE in the same step.
-func (r *rank) ready(rq *request) bool { return !rq.held && !r.m.Loading(rq.id) }
+func (r *rank) ready(rq *request) bool { return !rq.held && !r.node.Loading(rq.id) }
 
 // result is a DONE lookup result: the hit prefix readable in L1 now.
 func (r *rank) result(rq *request) *pb.LookupResult {
 	rq.done = true
-	r.refs = r.m.MatchedL1(rq.id, r.refs[:0])
+	r.refs = r.node.MatchedL1(rq.id, r.refs[:0])
 	got := len(r.refs)
 	res := &pb.LookupResult{ReqId: rq.name, Status: pb.LookupStatus_LOOKUP_STATUS_DONE, HitPages: uint32(got)}
 	l1 := min(rq.first.L1, got)
@@ -538,7 +537,7 @@ func (r *rank) tick(ctx context.Context) error {
 
 // planMsgs groups planned copies (in plan order, a batch's items
 // together) into one CopyPlan per batch.
-func planMsgs(dst []*pb.CopyPlan, pcs []l1cuda.PlannedCopy) []*pb.CopyPlan {
+func planMsgs(dst []*pb.CopyPlan, pcs []host.PlannedCopy) []*pb.CopyPlan {
 	for i, pc := range pcs {
 		if i == 0 || pcs[i-1].Batch != pc.Batch {
 			m := &pb.CopyPlan{Plan: uint64(pc.Batch), Direction: pb.Direction_DIRECTION_FROM_SLAB}
