@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -20,6 +19,7 @@ import (
 	"github.com/kvtier/kvtier/host/consensus/tcpgroup"
 	"github.com/kvtier/kvtier/internal/benchreport"
 	"github.com/kvtier/kvtier/internal/measure"
+	"github.com/spf13/cobra"
 )
 
 // groupBenchShape is the vector exchanged: 4 operation classes, 64 ok
@@ -34,84 +34,92 @@ const groupBytesPerRankTick = 64
 // groupMaxRanks bounds --ranks.
 const groupMaxRanks = 256
 
-// runBenchGroup times the TCP rank group (gRPC, rank 0 as hub) over
-// loopback against a hand-written all-gather of the same bytes over plain
-// net.Conn with the same hub topology, in alternating rounds of one run.
-// Every rank is a goroutine of this process with its own socket.
-func runBenchGroup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("bench group", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// newBenchGroupCmd returns `kvtier group`.
+func newBenchGroupCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "group [flags]",
+		Short: "the rank group's tick exchange against a raw TCP all-gather",
+		Long: `Times the TCP rank group (gRPC, rank 0 as hub) over loopback against a
+hand-written all-gather of the same bytes over plain net.Conn with the
+same hub topology, in alternating rounds of one run. Every rank is a
+goroutine of this process with its own socket.`,
+		Example: `  kvtier bench group
+  kvtier bench group --json`,
+	}
+	fs := cmd.Flags()
 	asJSON := fs.Bool("json", false, "print one JSON object per line")
 	ranks := countFlag(fs, "ranks", 8, "`number` of ranks (goroutines, one socket each)")
 	ticks := countFlag(fs, "ticks", 2000, "timed exchanges per round and transport")
 	rounds := countFlag(fs, "rounds", 5, "alternating timed `rounds` per transport (samples of all rounds pooled)")
-	if err := parseInterspersed(fs, args); err != nil {
-		return fmt.Errorf("bench group: %w: %w", err, errUsage)
-	}
-	if fs.NArg() != 0 {
-		return fmt.Errorf("bench group: unexpected arguments %v: %w", fs.Args(), errUsage)
-	}
-	m := machineOf(ctx)
-	if err := checkRanges(
-		flagRange{Flag: "ranks", Value: int64(*ranks), Min: 2, MinWhy: "a group of one exchanges nothing", Max: groupMaxRanks,
-			MaxWhy: "a fixed bound: one goroutine and socket pair per rank, and a hub is meant for small groups"},
-		roundsRange("rounds", int64(*rounds)),
-		// NB: ranks and rounds are checked above, so the per-tick cost
-		// below cannot overflow.
-		m.memoryRange("ticks", int64(*ticks), 1, groupBytesPerRankTick*int64(max(min(*ranks, groupMaxRanks), 0))*int64(max(min(*rounds, maxRounds), 0)), 0, "tick"),
-	); err != nil {
-		return fmt.Errorf("bench group: %w: %w", err, errUsage)
-	}
-	var kv, raw []int64
-	var kvCPU, rawCPU time.Duration
-	for r := 0; r < *rounds; r++ {
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("bench group: %w", err)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		ctx := cmd.Context()
+		stdout := cmd.OutOrStdout()
+		if fs.NArg() != 0 {
+			return fmt.Errorf("bench group: unexpected arguments %v: %w", fs.Args(), errUsage)
 		}
-		cpu0 := measure.ProcessCPU()
-		k, err := timeTCPGroup(ctx, *ranks, *ticks, uint64(r))
-		if err != nil {
-			return fmt.Errorf("bench group: round %d: tcp group: %w", r, err)
+		m := machineOf(ctx)
+		if err := checkRanges(
+			flagRange{Flag: "ranks", Value: int64(*ranks), Min: 2, MinWhy: "a group of one exchanges nothing", Max: groupMaxRanks,
+				MaxWhy: "a fixed bound: one goroutine and socket pair per rank, and a hub is meant for small groups"},
+			roundsRange("rounds", int64(*rounds)),
+			// NB: ranks and rounds are checked above, so the per-tick cost
+			// below cannot overflow.
+			m.memoryRange("ticks", int64(*ticks), 1, groupBytesPerRankTick*int64(max(min(*ranks, groupMaxRanks), 0))*int64(max(min(*rounds, maxRounds), 0)), 0, "tick"),
+		); err != nil {
+			return fmt.Errorf("bench group: %w: %w", err, errUsage)
 		}
-		cpu1 := measure.ProcessCPU()
-		w, err := timeRawGather(ctx, *ranks, *ticks, uint64(r))
-		if err != nil {
-			return fmt.Errorf("bench group: round %d: raw all-gather: %w", r, err)
+		var kv, raw []int64
+		var kvCPU, rawCPU time.Duration
+		for r := 0; r < *rounds; r++ {
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("bench group: %w", err)
+			}
+			cpu0 := measure.ProcessCPU()
+			k, err := timeTCPGroup(ctx, *ranks, *ticks, uint64(r))
+			if err != nil {
+				return fmt.Errorf("bench group: round %d: tcp group: %w", r, err)
+			}
+			cpu1 := measure.ProcessCPU()
+			w, err := timeRawGather(ctx, *ranks, *ticks, uint64(r))
+			if err != nil {
+				return fmt.Errorf("bench group: round %d: raw all-gather: %w", r, err)
+			}
+			kvCPU, rawCPU = kvCPU+cpu1-cpu0, rawCPU+measure.ProcessCPU()-cpu1
+			kv, raw = append(kv, k...), append(raw, w...)
 		}
-		kvCPU, rawCPU = kvCPU+cpu1-cpu0, rawCPU+measure.ProcessCPU()-cpu1
-		kv, raw = append(kv, k...), append(raw, w...)
-	}
-	// CPU per tick of the whole group (all ranks, set-up and warm-up
-	// included): what the exchange costs, whatever the load.
-	perTick := func(d time.Duration) float64 {
-		return d.Seconds() * 1e6 / float64(*rounds*(*ticks+*ticks/9+1))
-	}
-	us := func(ns int64) float64 { return float64(ns) / 1e3 }
-	load := loadNote()
-	note := fmt.Sprintf("%d ranks, %d B per contribution, %d exchanges x %d rounds; latency of each rank's Exchange, all ranks pooled; ratio = raw/kvtier; %s, GOMAXPROCS %d",
-		*ranks, groupWireLen(), *ticks, *rounds, load, runtime.GOMAXPROCS(0))
-	var results []benchreport.Result
-	for _, q := range []struct {
-		name   string
-		q      float64
-		target float64
-	}{{"p50", 0.50, 0.8}, {"p99", 0.99, 0.8}} {
-		k, w := us(measure.Quantile(kv, q.q)), us(measure.Quantile(raw, q.q))
-		n := note
-		if q.name == "p99" {
-			n += "; target p99 <= 1000 us"
+		// CPU per tick of the whole group (all ranks, set-up and warm-up
+		// included): what the exchange costs, whatever the load.
+		perTick := func(d time.Duration) float64 {
+			return d.Seconds() * 1e6 / float64(*rounds*(*ticks+*ticks/9+1))
 		}
+		us := func(ns int64) float64 { return float64(ns) / 1e3 }
+		load := loadNote()
+		note := fmt.Sprintf("%d ranks, %d B per contribution, %d exchanges x %d rounds; latency of each rank's Exchange, all ranks pooled; ratio = raw/kvtier; %s, GOMAXPROCS %d",
+			*ranks, groupWireLen(), *ticks, *rounds, load, runtime.GOMAXPROCS(0))
+		var results []benchreport.Result
+		for _, q := range []struct {
+			name   string
+			q      float64
+			target float64
+		}{{"p50", 0.50, 0.8}, {"p99", 0.99, 0.8}} {
+			k, w := us(measure.Quantile(kv, q.q)), us(measure.Quantile(raw, q.q))
+			n := note
+			if q.name == "p99" {
+				n += "; target p99 <= 1000 us"
+			}
+			results = append(results,
+				benchreport.Result{Bench: "group/raw/" + q.name, Value: w, Unit: "us", Note: "hand-written all-gather over net.Conn, same hub topology; reference"},
+				benchreport.Result{Bench: "group/tcp/" + q.name, Value: k, Unit: "us", Limit: w, LimitName: "raw tcp all-gather", Ratio: w / k, Target: q.target, Note: n},
+			)
+		}
+		kc, rc := perTick(kvCPU), perTick(rawCPU)
 		results = append(results,
-			benchreport.Result{Bench: "group/raw/" + q.name, Value: w, Unit: "us", Note: "hand-written all-gather over net.Conn, same hub topology; reference"},
-			benchreport.Result{Bench: "group/tcp/" + q.name, Value: k, Unit: "us", Limit: w, LimitName: "raw tcp all-gather", Ratio: w / k, Target: q.target, Note: n},
-		)
+			benchreport.Result{Bench: "group/raw/cpu", Value: rc, Unit: "cpu-us/tick", Note: "process CPU (user+system) per tick, all ranks; reference"},
+			benchreport.Result{Bench: "group/tcp/cpu", Value: kc, Unit: "cpu-us/tick", Limit: rc, LimitName: "raw tcp all-gather", Ratio: rc / kc,
+				Note: "process CPU (user+system) per tick, all ranks, set-up included; ratio = raw/kvtier; insensitive to waiting for a core"})
+		return benchreport.Write(stdout, results, *asJSON)
 	}
-	kc, rc := perTick(kvCPU), perTick(rawCPU)
-	results = append(results,
-		benchreport.Result{Bench: "group/raw/cpu", Value: rc, Unit: "cpu-us/tick", Note: "process CPU (user+system) per tick, all ranks; reference"},
-		benchreport.Result{Bench: "group/tcp/cpu", Value: kc, Unit: "cpu-us/tick", Limit: rc, LimitName: "raw tcp all-gather", Ratio: rc / kc,
-			Note: "process CPU (user+system) per tick, all ranks, set-up included; ratio = raw/kvtier; insensitive to waiting for a core"})
-	return benchreport.Write(stdout, results, *asJSON)
+	return cmd
 }
 
 func groupWireLen() int {

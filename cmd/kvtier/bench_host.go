@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -22,6 +20,7 @@ import (
 	"github.com/kvtier/kvtier/tiers/l1cuda"
 	"github.com/kvtier/kvtier/tiers/tiertest"
 	"github.com/kvtier/kvtier/workload"
+	"github.com/spf13/cobra"
 )
 
 // Targets of issue 11.
@@ -33,87 +32,92 @@ const (
 	hostCopyWorkers = 2
 )
 
-// runBenchHost runs `kvtier bench host`: the Machine's decisions in
-// metadata mode against the bare replay, and the data paths against their
-// limits, each measured in the same run.
-func runBenchHost(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("bench host", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// newBenchHostCmd returns `kvtier host`.
+func newBenchHostCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "host [flags]",
+		Short: "the Machine's decisions, copies, spill and reload against their limits",
+		Long: `Measures the Machine's decisions in metadata mode against
+the bare replay, and the data paths against their limits, each measured in
+the same run.`,
+		Example: `  kvtier bench host
+  kvtier bench host --json`,
+	}
+	fs := cmd.Flags()
 	asJSON := fs.Bool("json", false, "print one JSON object per line")
 	tracePath := fs.String("trace", "", "Mooncake JSONL trace (default: "+defaultBenchTrace+" if present, else the generated workload)")
 	rounds := countFlag(fs, "rounds", 3, "timed `rounds` per side (the median counts)")
 	dir := fs.String("dir", os.TempDir(), "`directory` on the file system the spill and reload rows measure")
 	l3Pages := countFlag(fs, "l3-pages", 64, "`number` of pages the spill and reload rows move")
-	if err := parseInterspersed(fs, args); err != nil {
-		if err == flag.ErrHelp {
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		ctx := cmd.Context()
+		stdout := cmd.OutOrStdout()
+		if fs.NArg() != 0 {
+			return fmt.Errorf("bench host: unexpected arguments %v: %w", fs.Args(), errUsage)
+		}
+		if err := checkRanges(roundsRange("rounds", int64(*rounds)),
+			flagRange{Flag: "l3-pages", Value: int64(*l3Pages), Min: 1, Max: 1 << 16}); err != nil {
+			return fmt.Errorf("bench host: %w: %w", err, errUsage)
+		}
+		path := *tracePath
+		if path == "" {
+			if _, err := os.Stat(defaultBenchTrace); err == nil {
+				path = defaultBenchTrace
+			}
+		}
+		var tr *replay.Trace
+		var err error
+		if path != "" {
+			reqs, err := workload.ReadFile(path)
+			if err != nil {
+				return fmt.Errorf("bench host: %w", err)
+			}
+			if tr, err = replay.Compile(filepath.Base(path), reqs); err != nil {
+				return fmt.Errorf("bench host: %w", err)
+			}
+		} else {
+			reqs, name, err := builtinWorkload()
+			if err != nil {
+				return fmt.Errorf("bench host: %w", err)
+			}
+			if tr, err = replay.Compile(name, reqs); err != nil {
+				return fmt.Errorf("bench host: %w", err)
+			}
+		}
+		var res []benchreport.Result
+		r, err := benchHostDecisions(ctx, tr, *rounds)
+		if err != nil {
 			return err
 		}
-		return fmt.Errorf("bench host: %w: %w", err, errUsage)
-	}
-	if fs.NArg() != 0 {
-		return fmt.Errorf("bench host: unexpected arguments %v: %w", fs.Args(), errUsage)
-	}
-	if err := checkRanges(roundsRange("rounds", int64(*rounds)),
-		flagRange{Flag: "l3-pages", Value: int64(*l3Pages), Min: 1, Max: 1 << 16}); err != nil {
-		return fmt.Errorf("bench host: %w: %w", err, errUsage)
-	}
-	path := *tracePath
-	if path == "" {
-		if _, err := os.Stat(defaultBenchTrace); err == nil {
-			path = defaultBenchTrace
+		res = append(res, r...)
+		cp, err := benchHostCopy(*rounds)
+		if err != nil {
+			return err
 		}
-	}
-	var tr *replay.Trace
-	var err error
-	if path != "" {
-		reqs, err := workload.ReadFile(path)
+		res = append(res, cp...)
+		o := l3bench.DefaultOptions()
+		o.Dir, o.Pages, o.Rounds = *dir, *l3Pages, *rounds
+		o.Batch = min(o.Batch, o.Pages)
+		l3, err := l3bench.Run(ctx, o)
 		if err != nil {
 			return fmt.Errorf("bench host: %w", err)
 		}
-		if tr, err = replay.Compile(filepath.Base(path), reqs); err != nil {
-			return fmt.Errorf("bench host: %w", err)
+		for _, x := range l3 {
+			switch x.Bench {
+			case "l3/spill":
+				x.Bench = "host/spill"
+			case "l3/reload":
+				x.Bench = "host/reload"
+			default:
+				continue
+			}
+			x.Target = hostCopyTarget
+			x.Note = "the L3 store's Put/Get path the Node drives (l3bench), without the Node's bookkeeping; " + x.Note
+			res = append(res, x)
 		}
-	} else {
-		reqs, name, err := builtinWorkload()
-		if err != nil {
-			return fmt.Errorf("bench host: %w", err)
-		}
-		if tr, err = replay.Compile(name, reqs); err != nil {
-			return fmt.Errorf("bench host: %w", err)
-		}
+		return benchreport.Write(stdout, res, *asJSON)
 	}
-	var res []benchreport.Result
-	r, err := benchHostDecisions(ctx, tr, *rounds)
-	if err != nil {
-		return err
-	}
-	res = append(res, r...)
-	cp, err := benchHostCopy(*rounds)
-	if err != nil {
-		return err
-	}
-	res = append(res, cp...)
-	o := l3bench.DefaultOptions()
-	o.Dir, o.Pages, o.Rounds = *dir, *l3Pages, *rounds
-	o.Batch = min(o.Batch, o.Pages)
-	l3, err := l3bench.Run(ctx, o)
-	if err != nil {
-		return fmt.Errorf("bench host: %w", err)
-	}
-	for _, x := range l3 {
-		switch x.Bench {
-		case "l3/spill":
-			x.Bench = "host/spill"
-		case "l3/reload":
-			x.Bench = "host/reload"
-		default:
-			continue
-		}
-		x.Target = hostCopyTarget
-		x.Note = "the L3 store's Put/Get path the Node drives (l3bench), without the Node's bookkeeping; " + x.Note
-		res = append(res, x)
-	}
-	return benchreport.Write(stdout, res, *asJSON)
+	return cmd
 }
 
 // benchHostDecisions times the Machine's decisions (MachineReplay: every

@@ -1,11 +1,7 @@
 package main
 
 import (
-	"context"
-	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 
@@ -14,6 +10,7 @@ import (
 	"github.com/kvtier/kvtier/internal/benchreport"
 	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers/l3disk"
+	"github.com/spf13/cobra"
 )
 
 // What bench l3 holds, beyond its pages: memory for the store's 4 x depth
@@ -68,13 +65,19 @@ func checkBenchL3(m machine, o l3bench.Options, indexBench bool) error {
 	return r.check()
 }
 
-// runBenchL3 measures the L3 disk store (spill and reload of full pages
-// against fio on the same file system) and its indexes (Index v1 against
-// the raw libraries).
-func runBenchL3(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// newBenchL3Cmd returns `kvtier l3`.
+func newBenchL3Cmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "l3 [flags]",
+		Short: "L3 disk spill and reload against fio",
+		Long: `Measures the L3 disk store (spill and reload of full pages against fio on
+the same file system) and its indexes (Index v1 against the raw
+libraries).`,
+		Example: `  kvtier bench l3
+  kvtier bench l3 --json`,
+	}
+	fs := cmd.Flags()
 	o := l3bench.DefaultOptions()
-	fs := flag.NewFlagSet("kvtier bench l3", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var pageBytes string
 	fs.StringVar(&o.Dir, "dir", o.Dir, "`directory` on the file system under test (a temporary directory is made inside and removed)")
 	asJSON := fs.Bool("json", false, "print one JSON object per result instead of a table")
@@ -88,38 +91,38 @@ func runBenchL3(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.StringVar(&o.Fio, "fio", "", "fio `binary` (default: fio from PATH; - to skip the fio limits)")
 	noIndex := fs.Bool("no-index-bench", false, "skip the Index v1 vs raw library benchmark")
 	verbose := fs.Bool("v", false, "log the store's messages to stderr")
-	if err := parseInterspersed(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		ctx := cmd.Context()
+		stdout := cmd.OutOrStdout()
+		stderr := cmd.ErrOrStderr()
+		if fs.NArg() > 0 {
+			return fmt.Errorf("bench l3: unexpected arguments %q: %w", fs.Args(), errUsage)
+		}
+		size, err := quantity.ParseSize(pageBytes)
+		if err != nil {
+			return fmt.Errorf("bench l3: --page-bytes: %w: %w", err, errUsage)
+		}
+		o.PageBytes = int64(size)
+		if err := checkBenchL3(machineOf(ctx), o, !*noIndex); err != nil {
+			return fmt.Errorf("bench l3: %w: %w", err, errUsage)
+		}
+		if *verbose {
+			o.Logger = slog.New(slog.NewTextHandler(stderr, nil))
+		}
+		res, err := l3bench.Run(ctx, o)
+		if err != nil {
 			return err
 		}
-		return fmt.Errorf("bench l3: %w: %w", err, errUsage)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("bench l3: unexpected arguments %q: %w", fs.Args(), errUsage)
-	}
-	size, err := quantity.ParseSize(pageBytes)
-	if err != nil {
-		return fmt.Errorf("bench l3: --page-bytes: %w: %w", err, errUsage)
-	}
-	o.PageBytes = int64(size)
-	if err := checkBenchL3(machineOf(ctx), o, !*noIndex); err != nil {
-		return fmt.Errorf("bench l3: %w: %w", err, errUsage)
-	}
-	if *verbose {
-		o.Logger = slog.New(slog.NewTextHandler(stderr, nil))
-	}
-	res, err := l3bench.Run(ctx, o)
-	if err != nil {
-		return err
-	}
-	if !*noIndex {
-		io := indexbench.DefaultOptions()
-		io.Dir = o.Dir
-		ir, err := indexbench.Run(ctx, io)
-		if err != nil {
-			return fmt.Errorf("bench l3: index: %w", err)
+		if !*noIndex {
+			io := indexbench.DefaultOptions()
+			io.Dir = o.Dir
+			ir, err := indexbench.Run(ctx, io)
+			if err != nil {
+				return fmt.Errorf("bench l3: index: %w", err)
+			}
+			res = append(res, ir...)
 		}
-		res = append(res, ir...)
+		return benchreport.Write(stdout, res, *asJSON)
 	}
-	return benchreport.Write(stdout, res, *asJSON)
+	return cmd
 }

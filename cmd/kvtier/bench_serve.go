@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,16 +17,23 @@ import (
 	"github.com/kvtier/kvtier/loadgen"
 	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/workload"
+	"github.com/spf13/cobra"
 )
 
-// runBenchServe is `kvtier bench serve`: an in-process kvtier serve on the
-// embedded demo stack with one rank per session, driven by loadgen's
-// sessions in lockstep, each step holding up to per-step new requests
-// (and the stores and finishes of earlier ones); before every step each
-// session times an empty Ping on the same socket, the limit.
-func runBenchServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("kvtier bench serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// newBenchServeCmd returns `kvtier serve`.
+func newBenchServeCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "serve [flags]",
+		Short: "an in-process serve's step latency against an empty Ping",
+		Long: `Runs an in-process kvtier serve on the embedded demo
+stack with one rank per session, driven by loadgen's sessions in lockstep,
+each step holding up to per-step new requests (and the stores and finishes
+of earlier ones); before every step each session times an empty Ping on
+the same socket, the limit.`,
+		Example: `  kvtier bench serve
+  kvtier bench serve --json`,
+	}
+	fs := cmd.Flags()
 	sessions := fs.Int("sessions", 8, "rank sessions (serve ranks)")
 	perStep := fs.Int("per-step", 32, "new requests per step")
 	requests := fs.Int("requests", 4000, "requests of the generated workload")
@@ -42,102 +47,101 @@ func runBenchServe(ctx context.Context, args []string, stdout, stderr io.Writer)
 	maxPages := fs.Int("max-pages", 64, "pages per request at most (longer prompts are cut)")
 	shadow := fs.String("shadow", "", "comma-separated `policies`: alternate rounds of a serve subprocess with --shadow and without, and report serve's CPU per step of each and their ratio (default 3 rounds)")
 	rounds := fs.Int("rounds", 0, "alternate N rounds with the --l3 tier and N without L3, each a fresh serve, and report the step p99 of each and their ratio (0: one run)")
-	if err := parseInterspersed(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		ctx := cmd.Context()
+		stdout := cmd.OutOrStdout()
+		switch {
+		case fs.NArg() > 0:
+			return fmt.Errorf("bench serve: unexpected arguments %q: %w", fs.Args(), errUsage)
+		case *sessions < 1 || *sessions > 64:
+			return fmt.Errorf("bench serve: --sessions %d: want 1..64: %w", *sessions, errUsage)
+		case *perStep < 1 || *perStep > 4096:
+			return fmt.Errorf("bench serve: --per-step %d: want 1..4096: %w", *perStep, errUsage)
+		case *requests < 1 || *requests > 1_000_000:
+			return fmt.Errorf("bench serve: --requests %d: want 1..1000000: %w", *requests, errUsage)
+		case *maxPages < 1 || *maxPages > 4096:
+			return fmt.Errorf("bench serve: --max-pages %d: want 1..4096: %w", *maxPages, errUsage)
+		case *rounds < 0 || *rounds > 100:
+			return fmt.Errorf("bench serve: --rounds %d: want 0..100: %w", *rounds, errUsage)
+		case *rounds > 0 && *l3 == "none" && *shadow == "":
+			return fmt.Errorf("bench serve: --rounds compares --l3 %s with no L3: name an L3 (l3disk or memstore): %w", *l3, errUsage)
+		}
+		var pb quantity.Size
+		if *pageBytes != "" {
+			var err error
+			if pb, err = quantity.ParseSize(*pageBytes); err != nil {
+				return fmt.Errorf("bench serve: --page-bytes: %w: %w", err, errUsage)
+			}
+			if pb < 4096 || pb > 64<<20 || pb%4096 != 0 {
+				return fmt.Errorf("bench serve: --page-bytes %s: want a multiple of 4KiB in 4KiB..64MiB: %w", *pageBytes, errUsage)
+			}
+		}
+		if need := saturatingMul(saturatingMul(int64(pb), int64(8**maxPages)), int64(*sessions)); pb > 0 && need > machineOf(ctx).MemAvailable {
+			// Per session: an L1 of 2x --max-pages and an L2 of 6x, in RAM.
+			return fmt.Errorf("bench serve: --page-bytes %s with --max-pages %d and --sessions %d needs %s of memory (L1 and L2 of %d pages a session), %s has %s: %w",
+				*pageBytes, *maxPages, *sessions, quantity.Size(need), 8**maxPages, machineOf(ctx).MemSource, quantity.Size(machineOf(ctx).MemAvailable), errUsage)
+		}
+		o := serveRound{sessions: *sessions, perStep: *perStep, requests: *requests, dir: *dir, copies: *copies, pageBytes: int64(pb), maxPages: *maxPages}
+		if *cpuProfile != "" {
+			f, err := os.Create(*cpuProfile)
+			if err != nil {
+				return fmt.Errorf("bench serve: %w", err)
+			}
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				return fmt.Errorf("bench serve: %w", err)
+			}
+			defer pprof.StopCPUProfile()
+		}
+		if *traceFile != "" {
+			f, err := os.Create(*traceFile)
+			if err != nil {
+				return fmt.Errorf("bench serve: %w", err)
+			}
+			defer f.Close()
+			if err := trace.Start(f); err != nil {
+				return fmt.Errorf("bench serve: %w", err)
+			}
+			defer trace.Stop()
+		}
+		if *shadow != "" {
+			n := *rounds
+			if n == 0 {
+				n = 3
+			}
+			return benchServeShadow(ctx, o, *l3, splitList(*shadow), n, stdout, *asJSON)
+		}
+		if *rounds > 0 {
+			return benchServeRounds(ctx, o, *l3, *rounds, stdout, *asJSON)
+		}
+		res, err := o.run(ctx, *l3)
+		if err != nil {
 			return err
 		}
-		return fmt.Errorf("bench serve: %w: %w", err, errUsage)
-	}
-	switch {
-	case fs.NArg() > 0:
-		return fmt.Errorf("bench serve: unexpected arguments %q: %w", fs.Args(), errUsage)
-	case *sessions < 1 || *sessions > 64:
-		return fmt.Errorf("bench serve: --sessions %d: want 1..64: %w", *sessions, errUsage)
-	case *perStep < 1 || *perStep > 4096:
-		return fmt.Errorf("bench serve: --per-step %d: want 1..4096: %w", *perStep, errUsage)
-	case *requests < 1 || *requests > 1_000_000:
-		return fmt.Errorf("bench serve: --requests %d: want 1..1000000: %w", *requests, errUsage)
-	case *maxPages < 1 || *maxPages > 4096:
-		return fmt.Errorf("bench serve: --max-pages %d: want 1..4096: %w", *maxPages, errUsage)
-	case *rounds < 0 || *rounds > 100:
-		return fmt.Errorf("bench serve: --rounds %d: want 0..100: %w", *rounds, errUsage)
-	case *rounds > 0 && *l3 == "none" && *shadow == "":
-		return fmt.Errorf("bench serve: --rounds compares --l3 %s with no L3: name an L3 (l3disk or memstore): %w", *l3, errUsage)
-	}
-	var pb quantity.Size
-	if *pageBytes != "" {
-		var err error
-		if pb, err = quantity.ParseSize(*pageBytes); err != nil {
-			return fmt.Errorf("bench serve: --page-bytes: %w: %w", err, errUsage)
+		what := copiesRun
+		if !*copies {
+			what = copiesNotRun
 		}
-		if pb < 4096 || pb > 64<<20 || pb%4096 != 0 {
-			return fmt.Errorf("bench serve: --page-bytes %s: want a multiple of 4KiB in 4KiB..64MiB: %w", *pageBytes, errUsage)
+		note := fmt.Sprintf("L3 %s, %s; %s; %d sessions in lockstep (one serve rank each), %d new requests a step, %d requests, %d steps; payloads not generated (loadgen verifies them); ratio = ping/step; %s",
+			*l3, what, o.geometry(), *sessions, *perStep, res.Requests, res.Steps, loadNote())
+		lower := func(name string, v, limit float64, target float64) benchreport.Result {
+			r := benchreport.Result{Bench: name, Value: v, Unit: "us", Limit: limit, LimitName: "empty gRPC call, same socket", Target: target, Note: note}
+			if v > 0 {
+				r.Ratio = limit / v
+			}
+			return r
 		}
-	}
-	if need := saturatingMul(saturatingMul(int64(pb), int64(8**maxPages)), int64(*sessions)); pb > 0 && need > machineOf(ctx).MemAvailable {
-		// Per session: an L1 of 2x --max-pages and an L2 of 6x, in RAM.
-		return fmt.Errorf("bench serve: --page-bytes %s with --max-pages %d and --sessions %d needs %s of memory (L1 and L2 of %d pages a session), %s has %s: %w",
-			*pageBytes, *maxPages, *sessions, quantity.Size(need), 8**maxPages, machineOf(ctx).MemSource, quantity.Size(machineOf(ctx).MemAvailable), errUsage)
-	}
-	o := serveRound{sessions: *sessions, perStep: *perStep, requests: *requests, dir: *dir, copies: *copies, pageBytes: int64(pb), maxPages: *maxPages}
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err != nil {
-			return fmt.Errorf("bench serve: %w", err)
+		rows := []benchreport.Result{
+			lower("serve/step_p50", res.StepUsP50, res.PingUsP50, 0),
+			lower("serve/step_p99", res.StepUsP99, res.PingUsP99, 2000),
+			{Bench: "serve/step_max", Value: res.StepUsMax, Unit: "us", Note: note},
+			benchreport.Result{Bench: "serve/load_gbps", Value: res.LoadGBps, Unit: "GB/s", Note: "engine copies slab -> L1 (mapped shm or hugetlbfs)"}.WithLimit("memcpy of the same pages, out of cache", res.MemcpyGBps),
+			benchreport.Result{Bench: "serve/store_gbps", Value: res.StoreGBps, Unit: "GB/s", Note: "engine copies L1 -> slab"}.WithLimit("memcpy of the same pages, out of cache", res.MemcpyGBps),
+			{Bench: "serve/hit_rate", Value: res.HitRate, Unit: "fraction", Note: "hit pages by serve's answers (bytes not generated here)"},
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return fmt.Errorf("bench serve: %w", err)
-		}
-		defer pprof.StopCPUProfile()
+		return benchreport.Write(stdout, rows, *asJSON)
 	}
-	if *traceFile != "" {
-		f, err := os.Create(*traceFile)
-		if err != nil {
-			return fmt.Errorf("bench serve: %w", err)
-		}
-		defer f.Close()
-		if err := trace.Start(f); err != nil {
-			return fmt.Errorf("bench serve: %w", err)
-		}
-		defer trace.Stop()
-	}
-	if *shadow != "" {
-		n := *rounds
-		if n == 0 {
-			n = 3
-		}
-		return benchServeShadow(ctx, o, *l3, splitList(*shadow), n, stdout, *asJSON)
-	}
-	if *rounds > 0 {
-		return benchServeRounds(ctx, o, *l3, *rounds, stdout, *asJSON)
-	}
-	res, err := o.run(ctx, *l3)
-	if err != nil {
-		return err
-	}
-	what := copiesRun
-	if !*copies {
-		what = copiesNotRun
-	}
-	note := fmt.Sprintf("L3 %s, %s; %s; %d sessions in lockstep (one serve rank each), %d new requests a step, %d requests, %d steps; payloads not generated (loadgen verifies them); ratio = ping/step; %s",
-		*l3, what, o.geometry(), *sessions, *perStep, res.Requests, res.Steps, loadNote())
-	lower := func(name string, v, limit float64, target float64) benchreport.Result {
-		r := benchreport.Result{Bench: name, Value: v, Unit: "us", Limit: limit, LimitName: "empty gRPC call, same socket", Target: target, Note: note}
-		if v > 0 {
-			r.Ratio = limit / v
-		}
-		return r
-	}
-	rows := []benchreport.Result{
-		lower("serve/step_p50", res.StepUsP50, res.PingUsP50, 0),
-		lower("serve/step_p99", res.StepUsP99, res.PingUsP99, 2000),
-		{Bench: "serve/step_max", Value: res.StepUsMax, Unit: "us", Note: note},
-		benchreport.Result{Bench: "serve/load_gbps", Value: res.LoadGBps, Unit: "GB/s", Note: "engine copies slab -> L1 (mapped shm or hugetlbfs)"}.WithLimit("memcpy of the same pages, out of cache", res.MemcpyGBps),
-		benchreport.Result{Bench: "serve/store_gbps", Value: res.StoreGBps, Unit: "GB/s", Note: "engine copies L1 -> slab"}.WithLimit("memcpy of the same pages, out of cache", res.MemcpyGBps),
-		{Bench: "serve/hit_rate", Value: res.HitRate, Unit: "fraction", Note: "hit pages by serve's answers (bytes not generated here)"},
-	}
-	return benchreport.Write(stdout, rows, *asJSON)
+	return cmd
 }
 
 const (

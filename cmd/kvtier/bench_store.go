@@ -4,10 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -23,6 +20,7 @@ import (
 	"github.com/kvtier/kvtier/host/serve"
 	"github.com/kvtier/kvtier/internal/benchreport"
 	"github.com/kvtier/kvtier/quantity"
+	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 )
 
@@ -40,13 +38,18 @@ type storeBench struct {
 	logger     *slog.Logger
 }
 
-// runBenchStore is `kvtier bench store`: an in-process kvtier serve with
-// only the page-store door (kvtier.store.v1) on a unix socket, driven by
-// the Go client (client/storeclient) the way an SGLang rank drives it,
-// each row against a limit measured in the same run.
-func runBenchStore(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("kvtier bench store", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// newBenchStoreCmd returns `kvtier store`.
+func newBenchStoreCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "store [flags]",
+		Short: "the page-store door over its socket against memcpy, fio and a file-per-page store",
+		Long: `Runs an in-process kvtier serve with only the page-store door (kvtier.store.v1) on a unix socket, driven by the Go client
+(client/storeclient) the way an SGLang rank drives it, each row against a
+limit measured in the same run.`,
+		Example: `  kvtier bench store
+  kvtier bench store --json`,
+	}
+	fs := cmd.Flags()
 	pageBytes := fs.String("page-bytes", "2816KiB", "page `size` (one payload kind; 2816KiB is the seed's geometry)")
 	batch := fs.Int("batch", 128, "`keys` per call (SGLang batches up to 128)")
 	l2Batches := fs.Int("l2-batches", 2, "the L2 slab holds this many `batches`")
@@ -58,56 +61,56 @@ func runBenchStore(ctx context.Context, args []string, stdout, stderr io.Writer)
 	drop := fs.Bool("drop-caches", true, "drop the page cache before each side's get phase of vs-file (root only; else the file store reads what the page cache kept, said in the row)")
 	seed := fs.Uint64("seed", 1, "`seed` of vs-file's get pattern")
 	asJSON := fs.Bool("json", false, "print one JSON object per line")
-	if err := parseInterspersed(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		ctx := cmd.Context()
+		stdout := cmd.OutOrStdout()
+		stderr := cmd.ErrOrStderr()
+		pb, err := quantity.ParseSize(*pageBytes)
+		switch {
+		case fs.NArg() > 0:
+			return fmt.Errorf("bench store: unexpected arguments %q: %w", fs.Args(), errUsage)
+		case err != nil:
+			return fmt.Errorf("bench store: --page-bytes: %w: %w", err, errUsage)
+		case pb < 4096 || pb > 64<<20 || pb%4096 != 0:
+			return fmt.Errorf("bench store: --page-bytes %s: want a multiple of 4KiB in 4KiB..64MiB: %w", *pageBytes, errUsage)
+		case *batch < 1 || *batch > 1024:
+			return fmt.Errorf("bench store: --batch %d: want 1..1024 (the door's batch limit): %w", *batch, errUsage)
+		case *l2Batches < 2 || *l2Batches > 64:
+			return fmt.Errorf("bench store: --l2-batches %d: want 2..64: %w", *l2Batches, errUsage)
+		case *fileFactor < 2 || *fileFactor > 64:
+			return fmt.Errorf("bench store: --file-factor %d: want 2..64: %w", *fileFactor, errUsage)
+		case *rounds < 1 || *rounds > 1000:
+			return fmt.Errorf("bench store: --rounds %d: want 1..1000: %w", *rounds, errUsage)
+		case *exists < 10 || *exists > 1_000_000:
+			return fmt.Errorf("bench store: --exists %d: want 10..1000000: %w", *exists, errUsage)
+		}
+		o := storeBench{pageBytes: int64(pb), batch: *batch, l2Batches: *l2Batches, fileFactor: *fileFactor, rounds: *rounds,
+			exists: *exists, dir: *dir, fio: *fio, drop: *drop, seed: *seed, logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))}
+		bb := o.batchBytes()
+		// RAM: the L2 slab, the client's source and destination batches, and
+		// a small second serve's slab for the unchecked get.
+		if need := saturatingMul(bb, int64(o.l2Batches+2+2)); need > machineOf(ctx).MemAvailable {
+			return fmt.Errorf("bench store: --page-bytes %s, --batch %d, --l2-batches %d need %s of memory, %s has %s: %w",
+				*pageBytes, o.batch, o.l2Batches, quantity.Size(need), machineOf(ctx).MemSource, quantity.Size(machineOf(ctx).MemAvailable), errUsage)
+		}
+		// Disk: the L3 budget, the file store's working set and fio's file.
+		if err := os.MkdirAll(o.dir, 0o755); err != nil {
+			return fmt.Errorf("bench store: --dir: %w", err)
+		}
+		if free, err := machineOf(ctx).FreeDisk(o.dir); err == nil {
+			l3 := max(o.rounds+3, o.workBatches()+1)
+			if need := o.l3Budget(l3) + saturatingMul(bb, int64(o.workBatches()+1)); need > free {
+				return fmt.Errorf("bench store: needs %s of disk under %s (an L3 of %d batches of %s, the file store's %d, fio's one), %s is free: %w",
+					quantity.Size(need), o.dir, l3, quantity.Size(bb), o.workBatches(), quantity.Size(free), errUsage)
+			}
+		}
+		rows, err := o.run(ctx)
+		if err != nil {
 			return err
 		}
-		return fmt.Errorf("bench store: %w: %w", err, errUsage)
+		return benchreport.Write(stdout, rows, *asJSON)
 	}
-	pb, err := quantity.ParseSize(*pageBytes)
-	switch {
-	case fs.NArg() > 0:
-		return fmt.Errorf("bench store: unexpected arguments %q: %w", fs.Args(), errUsage)
-	case err != nil:
-		return fmt.Errorf("bench store: --page-bytes: %w: %w", err, errUsage)
-	case pb < 4096 || pb > 64<<20 || pb%4096 != 0:
-		return fmt.Errorf("bench store: --page-bytes %s: want a multiple of 4KiB in 4KiB..64MiB: %w", *pageBytes, errUsage)
-	case *batch < 1 || *batch > 1024:
-		return fmt.Errorf("bench store: --batch %d: want 1..1024 (the door's batch limit): %w", *batch, errUsage)
-	case *l2Batches < 2 || *l2Batches > 64:
-		return fmt.Errorf("bench store: --l2-batches %d: want 2..64: %w", *l2Batches, errUsage)
-	case *fileFactor < 2 || *fileFactor > 64:
-		return fmt.Errorf("bench store: --file-factor %d: want 2..64: %w", *fileFactor, errUsage)
-	case *rounds < 1 || *rounds > 1000:
-		return fmt.Errorf("bench store: --rounds %d: want 1..1000: %w", *rounds, errUsage)
-	case *exists < 10 || *exists > 1_000_000:
-		return fmt.Errorf("bench store: --exists %d: want 10..1000000: %w", *exists, errUsage)
-	}
-	o := storeBench{pageBytes: int64(pb), batch: *batch, l2Batches: *l2Batches, fileFactor: *fileFactor, rounds: *rounds,
-		exists: *exists, dir: *dir, fio: *fio, drop: *drop, seed: *seed, logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))}
-	bb := o.batchBytes()
-	// RAM: the L2 slab, the client's source and destination batches, and
-	// a small second serve's slab for the unchecked get.
-	if need := saturatingMul(bb, int64(o.l2Batches+2+2)); need > machineOf(ctx).MemAvailable {
-		return fmt.Errorf("bench store: --page-bytes %s, --batch %d, --l2-batches %d need %s of memory, %s has %s: %w",
-			*pageBytes, o.batch, o.l2Batches, quantity.Size(need), machineOf(ctx).MemSource, quantity.Size(machineOf(ctx).MemAvailable), errUsage)
-	}
-	// Disk: the L3 budget, the file store's working set and fio's file.
-	if err := os.MkdirAll(o.dir, 0o755); err != nil {
-		return fmt.Errorf("bench store: --dir: %w", err)
-	}
-	if free, err := machineOf(ctx).FreeDisk(o.dir); err == nil {
-		l3 := max(o.rounds+3, o.workBatches()+1)
-		if need := o.l3Budget(l3) + saturatingMul(bb, int64(o.workBatches()+1)); need > free {
-			return fmt.Errorf("bench store: needs %s of disk under %s (an L3 of %d batches of %s, the file store's %d, fio's one), %s is free: %w",
-				quantity.Size(need), o.dir, l3, quantity.Size(bb), o.workBatches(), quantity.Size(free), errUsage)
-		}
-	}
-	rows, err := o.run(ctx)
-	if err != nil {
-		return err
-	}
-	return benchreport.Write(stdout, rows, *asJSON)
+	return cmd
 }
 
 func (o storeBench) batchBytes() int64 { return o.pageBytes * int64(o.batch) }

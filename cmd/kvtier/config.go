@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"flag"
 	"fmt"
 	"io"
 	"sort"
@@ -15,83 +13,111 @@ import (
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/tiers"
+	"github.com/spf13/cobra"
 )
 
-const configUsage = `usage: kvtier config COMMAND
+// newConfigCmd returns `kvtier config validate|show|default|modules`.
+func newConfigCmd() *cobra.Command {
+	c := groupCommand("config", "validate a stack config or print the embedded default",
+		newConfigValidateCmd(), newConfigShowCmd(), newConfigDefaultCmd(), newConfigModulesCmd())
+	c.Example = `  kvtier config default > stack.yaml
+  kvtier config validate stack.yaml
+  kvtier config show stack.yaml
+  kvtier config default --serve
+  kvtier config modules`
+	return c
+}
 
-commands:
-  validate FILE   check a stack config; prints "ok: N tiers, policy P" or the error
-  show [FILE]     print a stack config with every default filled in (no FILE: the default stack)
-  default         print the embedded default stack config (replay, doctor and
-                  config show use it without --config)
-  default --serve print the embedded demo stack kvtier serve runs without
-                  --config ({{DIR}} = --data-dir, {{RANK}} = the rank)
-  modules         list the registered tier, index, policy and planner modules
-`
+// newConfigValidateCmd returns `kvtier config validate FILE`.
+func newConfigValidateCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "validate FILE",
+		Short:   `check a stack config; prints "ok: N tiers, policy P" or the error`,
+		Long:    "Checks a stack config with the modules built into this binary; an error names the YAML path and line.",
+		Example: "  kvtier config validate stack.yaml",
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return fmt.Errorf("config validate: want one FILE, got %d arguments", len(args))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, err := configLoadStack(args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "ok: %d tiers, policy %s\n", len(s.Tiers), s.Policy.Evictor)
+			return nil
+		},
+	}
+}
 
-// runConfig implements `kvtier config`.
-func runConfig(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, configUsage)
-		return fmt.Errorf("config: name a command (validate, show, default, modules): %w", errUsage)
-	}
-	sub, rest := args[0], args[1:]
-	fs := flag.NewFlagSet("config "+sub, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, configUsage) }
-	var serveStack *bool
-	if sub == "default" {
-		serveStack = fs.Bool("serve", false, "print the embedded stack of kvtier serve instead")
-	}
-	if err := parseInterspersed(fs, rest); err != nil {
-		return err
-	}
-	switch sub {
-	case "-h", "--help", "help":
-		fmt.Fprint(stdout, configUsage)
-		return nil
-	case "validate":
-		if fs.NArg() != 1 {
-			return fmt.Errorf("config validate: want one FILE, got %d arguments: %w", fs.NArg(), errUsage)
-		}
-		s, err := configLoadStack(fs.Arg(0))
-		if err != nil {
+// newConfigShowCmd returns `kvtier config show [FILE]`.
+func newConfigShowCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "show [FILE]",
+		Short:   "print a stack config with every default filled in (no FILE: the default stack)",
+		Example: "  kvtier config show\n  kvtier config show stack.yaml",
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) > 1 {
+				return fmt.Errorf("config show: want at most one FILE, got %d arguments", len(args))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path := ""
+			if len(args) == 1 {
+				path = args[0]
+			}
+			s, err := configLoadStack(path)
+			if err != nil {
+				return err
+			}
+			b, err := s.MarshalYAML()
+			if err != nil {
+				return fmt.Errorf("config show: %w", err)
+			}
+			_, err = cmd.OutOrStdout().Write(b)
 			return err
-		}
-		fmt.Fprintf(stdout, "ok: %d tiers, policy %s\n", len(s.Tiers), s.Policy.Evictor)
-		return nil
-	case "show":
-		if fs.NArg() > 1 {
-			return fmt.Errorf("config show: want at most one FILE, got %d arguments: %w", fs.NArg(), errUsage)
-		}
-		s, err := configLoadStack(fs.Arg(0))
-		if err != nil {
-			return err
-		}
-		b, err := s.MarshalYAML()
-		if err != nil {
-			return fmt.Errorf("config show: %w", err)
-		}
-		_, err = stdout.Write(b)
-		return err
-	case "default":
-		if fs.NArg() != 0 {
-			return fmt.Errorf("config default takes no arguments: %w", errUsage)
-		}
+		},
+	}
+}
+
+// newConfigDefaultCmd returns `kvtier config default [--serve]`.
+func newConfigDefaultCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "default [--serve]",
+		Short: "print the embedded default stack config (replay, doctor and config show use it without --config)",
+		Long: `Prints the embedded default stack config, which kvtier replay, kvtier
+doctor and kvtier config show use without --config; with --serve, the
+embedded demo stack kvtier serve runs without --config ({{DIR}} =
+--data-dir, {{RANK}} = the rank).`,
+		Example: "  kvtier config default > stack.yaml\n  kvtier config default --serve > serve.yaml",
+		Args:    noArgs,
+	}
+	serveStack := cmd.Flags().Bool("serve", false, "print the embedded stack of kvtier serve instead")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if *serveStack {
-			_, err := io.WriteString(stdout, serve.DefaultYAML())
+			_, err := io.WriteString(cmd.OutOrStdout(), serve.DefaultYAML())
 			return err
 		}
-		_, err := stdout.Write(config.DefaultYAML())
+		_, err := cmd.OutOrStdout().Write(config.DefaultYAML())
 		return err
-	case "modules":
-		if fs.NArg() != 0 {
-			return fmt.Errorf("config modules takes no arguments: %w", errUsage)
-		}
-		return configListModules(stdout)
 	}
-	fmt.Fprint(stderr, configUsage)
-	return fmt.Errorf("config: unknown command %q (known: validate, show, default, modules): %w", sub, errUsage)
+	return cmd
+}
+
+// newConfigModulesCmd returns `kvtier config modules`.
+func newConfigModulesCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "modules",
+		Short:   "list the registered tier, index, policy and planner modules",
+		Example: "  kvtier config modules",
+		Args:    noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return configListModules(cmd.OutOrStdout())
+		},
+	}
 }
 
 // configModules returns the registries of the modules built into this

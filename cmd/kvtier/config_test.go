@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,7 +39,7 @@ func TestConfigCommand(t *testing.T) {
 		{name: "default names its users", args: []string{"default"}, out: "`kvtier replay`, `kvtier doctor` and `kvtier config show` use when no\n# --config is given"},
 		{name: "default says serve runs its own", args: []string{"default"}, out: "`kvtier serve` without --config does not use this file"},
 		{name: "default --serve", args: []string{"default", "--serve"}, out: serve.DefaultYAML()},
-		{name: "show --serve refused", args: []string{"show", "--serve"}, errText: "flag provided but not defined: -serve"},
+		{name: "show --serve refused", args: []string{"show", "--serve"}, errText: "unknown flag: --serve", usage: true},
 		{name: "show default", args: []string{"show"}, out: "write_policy: write_through\n"},
 		{name: "show file", args: []string{"show", good}, out: "page_bytes: 2.75MiB\n"},
 		{name: "modules", args: []string{"modules"}, out: "kvtier.policy.evictor.v1"},
@@ -89,4 +90,9 @@ func TestConfigShowRoundTrip(t *testing.T) {
 	if again.String() != shown.String() {
 		t.Fatalf("show is not a fixed point:\n%s\n---\n%s", shown.String(), again.String())
 	}
+}
+
+// runConfig runs `kvtier config args...`.
+func runConfig(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return run(ctx, append([]string{"config"}, args...), stdout, stderr)
 }

@@ -17,7 +17,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"math"
 	"os"
@@ -56,21 +55,8 @@ func (v countValue[T]) Set(s string) error {
 // Type names the value in --help.
 func (v countValue[T]) Type() string { return "count" }
 
-// pcountFlag defines a count flag of type int on fs.
-func pcountFlag(fs *pflag.FlagSet, name string, value int, usage string) *int {
-	p := new(int)
-	*p = value
-	fs.Var(countValue[int]{p}, name, usage)
-	return p
-}
-
-// pcountVar defines a count flag stored in p, with p's value as default.
-func pcountVar[T int | int64](fs *pflag.FlagSet, p *T, name, usage string) {
-	fs.Var(countValue[T]{p}, name, usage)
-}
-
 // countFlag defines a count flag of type int on fs.
-func countFlag(fs *flag.FlagSet, name string, value int, usage string) *int {
+func countFlag(fs *pflag.FlagSet, name string, value int, usage string) *int {
 	p := new(int)
 	*p = value
 	fs.Var(countValue[int]{p}, name, usage)
@@ -78,7 +64,7 @@ func countFlag(fs *flag.FlagSet, name string, value int, usage string) *int {
 }
 
 // countVar defines a count flag stored in p, with p's value as default.
-func countVar[T int | int64](fs *flag.FlagSet, p *T, name, usage string) {
+func countVar[T int | int64](fs *pflag.FlagSet, p *T, name, usage string) {
 	fs.Var(countValue[T]{p}, name, usage)
 }
 
@@ -359,28 +345,4 @@ func splitList(v string) []string {
 		}
 	}
 	return out
-}
-
-// parseInterspersed parses args with fs allowing flags before, between
-// and after positional arguments (`kvtier loadgen TRACE --socket S`); a
-// "--" ends the flags, everything after it is positional. fs.Args() then
-// holds the positional arguments in order.
-func parseInterspersed(fs *flag.FlagSet, args []string) error {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return err
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			break
-		}
-		if used := len(args) - len(rest); used > 0 && args[used-1] == "--" {
-			pos = append(pos, rest...)
-			break
-		}
-		pos = append(pos, rest[0])
-		args = rest[1:]
-	}
-	return fs.Parse(append([]string{"--"}, pos...))
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/kvtier/kvtier/bench/l2bench"
 	"github.com/kvtier/kvtier/bench/l3bench"
 	"github.com/kvtier/kvtier/host/config"
+	"github.com/spf13/cobra"
 )
 
 // smallMachine is a pinned machine for the limit tests: 2 GiB of memory
@@ -304,9 +305,9 @@ func FuzzParseMemAvailable(f *testing.F) {
 	})
 }
 
-// TestParseInterspersed: flags anywhere among the positional arguments,
-// "--" ends the flags.
-func TestParseInterspersed(t *testing.T) {
+// TestFlagsAnywhere: flags before, between and after the positional
+// arguments, "--" ends the flags, as every kvtier command parses them.
+func TestFlagsAnywhere(t *testing.T) {
 	tests := []struct {
 		args []string
 		x    string
@@ -320,20 +321,73 @@ func TestParseInterspersed(t *testing.T) {
 		{[]string{"a", "-v", "--", "--x", "b"}, "", true, []string{"a", "--x", "b"}},
 		{nil, "", false, nil},
 	}
+	probe := func() (*cobra.Command, *string, *bool, *[]string) {
+		var pos []string
+		c := &cobra.Command{Use: "probe", RunE: func(_ *cobra.Command, args []string) error { pos = args; return nil }}
+		x := c.Flags().String("x", "", "")
+		v := c.Flags().BoolP("verbose", "v", false, "")
+		root := newRootCmd()
+		root.AddCommand(c)
+		return root, x, v, &pos
+	}
 	for _, tc := range tests {
-		fs := flag.NewFlagSet("t", flag.ContinueOnError)
-		x := fs.String("x", "", "")
-		v := fs.Bool("v", false, "")
-		if err := parseInterspersed(fs, tc.args); err != nil {
+		root, x, v, pos := probe()
+		if err := execute(context.Background(), root, append([]string{"probe"}, tc.args...), io.Discard, io.Discard); err != nil {
 			t.Fatalf("%q: %v", tc.args, err)
 		}
-		if *x != tc.x || *v != tc.v || !slices.Equal(fs.Args(), tc.pos) {
-			t.Errorf("%q: x=%q v=%v args %q, want %q %v %q", tc.args, *x, *v, fs.Args(), tc.x, tc.v, tc.pos)
+		if *x != tc.x || *v != tc.v || !slices.Equal(*pos, tc.pos) {
+			t.Errorf("%q: x=%q v=%v args %q, want %q %v %q", tc.args, *x, *v, *pos, tc.x, tc.v, tc.pos)
 		}
 	}
-	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	if err := parseInterspersed(fs, []string{"a", "--nope"}); err == nil || !strings.Contains(err.Error(), "nope") {
-		t.Errorf("unknown flag after a positional: %v", err)
+	root, _, _, _ := probe()
+	err := execute(context.Background(), root, []string{"probe", "a", "--nope"}, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "nope") || !errors.Is(err, errUsage) {
+		t.Errorf("unknown flag after a positional: %v, want a usage error naming it", err)
+	}
+}
+
+// TestSuggestions: an unknown command or flag is a usage error that names
+// the nearest one; --help returns flag.ErrHelp for every command.
+func TestSuggestions(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"genrate"}, "did you mean generate?"},
+		{[]string{"bench", "radx"}, "did you mean radix?"},
+		{[]string{"bench", "radx", "--help"}, "did you mean radix?"},
+		{[]string{"config", "valdate", "x.yaml"}, "did you mean validate?"},
+		{[]string{"generate", "--sed", "3"}, "did you mean --seed?"},
+		{[]string{"serve", "--sokcet", "/tmp/s"}, "did you mean --socket?"},
+		{[]string{"loadgen", "-socket", "/tmp/s"}, "did you mean --socket? long flags take two dashes"},
+		{[]string{"version", "now"}, "takes no arguments"},
+		{[]string{"bench"}, "name a command: one of"},
+	} {
+		err := run(context.Background(), c.args, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), c.want) || !errors.Is(err, errUsage) {
+			t.Errorf("%q: %v, want a usage error containing %q", c.args, err, c.want)
+		}
+	}
+	var walk func(prefix []string, c *cobra.Command)
+	walk = func(prefix []string, c *cobra.Command) {
+		for _, sub := range c.Commands() {
+			if sub.Hidden || sub.Name() == "help" {
+				continue
+			}
+			args := append(slices.Clone(prefix), sub.Name())
+			var out bytes.Buffer
+			if err := run(context.Background(), append(args, "--help"), &out, io.Discard); !errors.Is(err, flag.ErrHelp) {
+				t.Errorf("kvtier %s --help: %v, want flag.ErrHelp", strings.Join(args, " "), err)
+			}
+			if !strings.Contains(out.String(), "Usage:") || (sub.Runnable() && !strings.Contains(out.String(), "Examples:") && sub.Parent().Name() != "completion") {
+				t.Errorf("kvtier %s --help: no usage or no examples:\n%s", strings.Join(args, " "), out.String())
+			}
+			walk(args, sub)
+		}
+	}
+	walk(nil, newRootCmd())
+	var script bytes.Buffer
+	if err := run(context.Background(), []string{"completion", "bash"}, &script, io.Discard); err != nil || !strings.Contains(script.String(), "kvtier") {
+		t.Errorf("completion bash: %v (%d bytes)", err, script.Len())
 	}
 }

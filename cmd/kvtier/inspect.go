@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,27 +17,29 @@ import (
 	"github.com/kvtier/kvtier/indexes/badger"
 	"github.com/kvtier/kvtier/indexes/lmdb"
 	"github.com/kvtier/kvtier/tiers/l3disk"
+	"github.com/spf13/cobra"
 )
 
 // errDamage marks an inspection that found damage: exit status 1 with the
 // counts already printed.
 var errDamage = errors.New("damage found")
 
-func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		return fmt.Errorf("inspect: name a tier kind: l3: %w", errUsage)
-	}
-	switch args[0] {
-	case "l3":
-		return runInspectL3(ctx, args[1:], stdout, stderr)
-	}
-	return fmt.Errorf("inspect %q: unknown (known: l3): %w", args[0], errUsage)
+// newInspectCmd returns `kvtier inspect`, the offline checks of a tier's
+// on-disk state.
+func newInspectCmd() *cobra.Command {
+	c := groupCommand("inspect", "check a tier's on-disk state offline (l3)", newInspectL3Cmd(builtinModules))
+	c.Example = "  kvtier inspect l3 --config stack.yaml"
+	return c
 }
 
 // dirList is a repeatable, comma-separable --dir flag.
 type dirList []string
 
 func (d *dirList) String() string { return strings.Join(*d, ",") }
+
+// Type names the value in --help.
+func (d *dirList) Type() string { return "dirs" }
+
 func (d *dirList) Set(s string) error {
 	for _, p := range strings.Split(s, ",") {
 		if p = strings.TrimSpace(p); p != "" {
@@ -48,19 +49,21 @@ func (d *dirList) Set(s string) error {
 	return nil
 }
 
-func runInspectL3(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// builtinModules returns the registries of the modules built into this
+// binary, as inspect l3 opens a stack with them.
+func builtinModules() (config.Modules, error) {
 	var m config.Modules
 	var err error
 	if m.Tiers, err = builtin.Tiers(); err != nil {
-		return err
+		return m, err
 	}
 	if m.Indexes, err = builtin.Indexes(); err != nil {
-		return err
+		return m, err
 	}
 	if m.Policies, err = builtin.Policies(); err != nil {
-		return err
+		return m, err
 	}
-	return inspectL3(ctx, args, stdout, stderr, m)
+	return m, nil
 }
 
 // maxInspectDepth bounds inspect's reads in flight: past the deepest
@@ -75,10 +78,35 @@ const (
 // inspectBaseBytes is inspect's memory beyond its read buffers.
 const inspectBaseBytes = 64 << 20
 
-// inspectL3 is runInspectL3 with the module registries passed in.
+// inspectL3 runs `kvtier inspect l3 args...` with the module registries m.
 func inspectL3(ctx context.Context, args []string, stdout, stderr io.Writer, m config.Modules) error {
-	fs := flag.NewFlagSet("kvtier inspect l3", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	root := newRootCmd()
+	for _, c := range root.Commands() {
+		if c.Name() == "inspect" {
+			root.RemoveCommand(c)
+		}
+	}
+	root.AddCommand(groupCommand("inspect", "check a tier's on-disk state offline (l3)",
+		newInspectL3Cmd(func() (config.Modules, error) { return m, nil })))
+	return execute(ctx, root, append([]string{"inspect", "l3"}, args...), stdout, stderr)
+}
+
+// newInspectL3Cmd returns `kvtier inspect l3`, which opens the stack with
+// the module registries modules returns.
+func newInspectL3Cmd(modules func() (config.Modules, error)) *cobra.Command {
+	cmd := &cobra.Command{
+		Use: "l3 (--config FILE [--tier NAME] | --dir D[,D...] --index-dir DIR [--index lmdb|badger]) [--repair | --rebuild-index]",
+		Long: `Checks l3disk slab files against their index offline (no store may have
+them open): counts live, orphan, corrupt, lost and free slots and index
+entries without a valid slot; exits 1 when it finds damage, repaired or
+not. Without --repair or --rebuild-index it writes nothing and creates
+nothing.`,
+		Short: "check the L3 disk slabs and index offline (read-only unless repairing)",
+		Example: `  kvtier inspect l3 --config stack.yaml
+  kvtier inspect l3 --config stack.yaml --repair
+  kvtier inspect l3 --dir /mnt/nvme0/kvtier,/mnt/nvme1/kvtier --index-dir /mnt/nvme0/kvtier/index --index lmdb`,
+	}
+	fs := cmd.Flags()
 	var (
 		cfgPath  = fs.String("config", "", "stack config `file`; its l3disk tier names the disks and the index")
 		tierName = fs.String("tier", "", "the l3disk tier's `name` in the config (default: the only one)")
@@ -89,145 +117,140 @@ func inspectL3(ctx context.Context, args []string, stdout, stderr io.Writer, m c
 		repair   = fs.Bool("repair", false, "delete index entries that name no valid slot, extend truncated slab files (keeping their intact slots), and rebuild a corrupt or missing index from the slot headers")
 		rebuild  = fs.Bool("rebuild-index", false, "replace the index's entries of these slab files with one per verified slot (creates the index if there is none; implies --repair)")
 		depth    = countFlag(fs, "depth", 8, fmt.Sprintf("`number` of reads in flight (1 to %d)", maxInspectDepth))
-		verbose  = fs.Bool("v", false, "log progress to stderr")
+		verbose  = fs.BoolP("verbose", "v", false, "log progress to stderr")
 	)
 	fs.Var(&dirs, "dir", "disk `directory` in disk-number order (repeat or comma-separate) when no config is given")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kvtier inspect l3 (--config FILE [--tier NAME] | --dir D[,D...] --index-dir DIR [--index lmdb|badger]) [--repair | --rebuild-index]")
-		fmt.Fprintln(stderr, "\nChecks l3disk slab files against their index offline (no store may have them open):")
-		fmt.Fprintln(stderr, "counts live, orphan, corrupt, lost and free slots and index entries without a valid slot;")
-		fmt.Fprintln(stderr, "exits 1 when it finds damage, repaired or not. Without --repair or --rebuild-index it")
-		fmt.Fprintln(stderr, "writes nothing and creates nothing.")
-		fmt.Fprintln(stderr)
-		fs.PrintDefaults()
-	}
-	if err := parseInterspersed(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		m, err := modules()
+		if err != nil {
 			return err
 		}
-		return fmt.Errorf("inspect l3: %w: %w", err, errUsage)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("inspect l3: unexpected arguments %q: %w", fs.Args(), errUsage)
-	}
-	if err := (flagRange{Flag: "depth", Value: int64(*depth), Min: 1, Max: maxInspectDepth, MaxWhy: inspectDepthWhy}).check(); err != nil {
-		return fmt.Errorf("inspect l3: %w: %w", err, errUsage)
-	}
-	logger := slog.New(slog.DiscardHandler)
-	if *verbose {
-		logger = slog.New(slog.NewTextHandler(stderr, nil))
-	}
-	write := *repair || *rebuild
-	var ixUse string
-	var ixCfg any
-	switch {
-	case *cfgPath != "" && len(dirs) > 0:
-		return fmt.Errorf("inspect l3: give --config or --dir, not both: %w", errUsage)
-	case *cfgPath != "":
-		st, err := config.LoadFile(*cfgPath, m)
-		if err != nil {
-			return fmt.Errorf("inspect l3: %w", err)
+		ctx := cmd.Context()
+		stdout := cmd.OutOrStdout()
+		stderr := cmd.ErrOrStderr()
+		if fs.NArg() > 0 {
+			return fmt.Errorf("inspect l3: unexpected arguments %q: %w", fs.Args(), errUsage)
 		}
-		var found []config.Tier
-		for _, t := range st.Tiers {
-			if t.Use == l3disk.Name && (*tierName == "" || t.Name == *tierName) {
-				found = append(found, t)
-			}
-		}
-		if len(found) != 1 {
-			return fmt.Errorf("inspect l3: %s has %d l3disk tiers matching --tier %q; name exactly one: %w", *cfgPath, len(found), *tierName, errUsage)
-		}
-		t := found[0]
-		var slot int64
-		for _, k := range st.Payload.Kinds {
-			slot = max(slot, l3disk.SlotBytes(k.PageBytes))
-		}
-		if err := machineOf(ctx).memoryRange("depth", int64(*depth), 1, max(slot, 1), inspectBaseBytes, fmt.Sprintf("read in flight (a %s slot buffer)", bytesString(slot))).check(); err != nil {
+		if err := (flagRange{Flag: "depth", Value: int64(*depth), Min: 1, Max: maxInspectDepth, MaxWhy: inspectDepthWhy}).check(); err != nil {
 			return fmt.Errorf("inspect l3: %w: %w", err, errUsage)
 		}
-		c, ok := t.Config.(*l3disk.Config)
-		if !ok {
-			return fmt.Errorf("inspect l3: tier %q config is %T, want *l3disk.Config", t.Name, t.Config)
+		logger := slog.New(slog.DiscardHandler)
+		if *verbose {
+			logger = slog.New(slog.NewTextHandler(stderr, nil))
 		}
-		for _, d := range c.Disks {
-			dirs = append(dirs, d.Dir)
+		write := *repair || *rebuild
+		var ixUse string
+		var ixCfg any
+		switch {
+		case *cfgPath != "" && len(dirs) > 0:
+			return fmt.Errorf("inspect l3: give --config or --dir, not both: %w", errUsage)
+		case *cfgPath != "":
+			st, err := config.LoadFile(*cfgPath, m)
+			if err != nil {
+				return fmt.Errorf("inspect l3: %w", err)
+			}
+			var found []config.Tier
+			for _, t := range st.Tiers {
+				if t.Use == l3disk.Name && (*tierName == "" || t.Name == *tierName) {
+					found = append(found, t)
+				}
+			}
+			if len(found) != 1 {
+				return fmt.Errorf("inspect l3: %s has %d l3disk tiers matching --tier %q; name exactly one: %w", *cfgPath, len(found), *tierName, errUsage)
+			}
+			t := found[0]
+			var slot int64
+			for _, k := range st.Payload.Kinds {
+				slot = max(slot, l3disk.SlotBytes(k.PageBytes))
+			}
+			if err := machineOf(ctx).memoryRange("depth", int64(*depth), 1, max(slot, 1), inspectBaseBytes, fmt.Sprintf("read in flight (a %s slot buffer)", bytesString(slot))).check(); err != nil {
+				return fmt.Errorf("inspect l3: %w: %w", err, errUsage)
+			}
+			c, ok := t.Config.(*l3disk.Config)
+			if !ok {
+				return fmt.Errorf("inspect l3: tier %q config is %T, want *l3disk.Config", t.Name, t.Config)
+			}
+			for _, d := range c.Disks {
+				dirs = append(dirs, d.Dir)
+			}
+			if t.Index == nil || t.Index.Use == "" {
+				return fmt.Errorf("inspect l3: tier %q has no in-process index to check against (plugin indexes are not supported here)", t.Name)
+			}
+			ixUse, ixCfg = t.Index.Use, t.Index.Config
+		case len(dirs) > 0:
+			ixUse = *ixName
+		default:
+			return fmt.Errorf("inspect l3: give --config FILE or --dir D: %w", errUsage)
 		}
-		if t.Index == nil || t.Index.Use == "" {
-			return fmt.Errorf("inspect l3: tier %q has no in-process index to check against (plugin indexes are not supported here)", t.Name)
+		for i, d := range dirs {
+			st, err := os.Stat(d)
+			if err != nil {
+				return fmt.Errorf("inspect l3: disk %d directory: %w", i, err)
+			}
+			if !st.IsDir() {
+				return fmt.Errorf("inspect l3: disk %d: %s is not a directory", i, d)
+			}
 		}
-		ixUse, ixCfg = t.Index.Use, t.Index.Config
-	case len(dirs) > 0:
-		ixUse = *ixName
-	default:
-		return fmt.Errorf("inspect l3: give --config FILE or --dir D: %w", errUsage)
-	}
-	for i, d := range dirs {
-		st, err := os.Stat(d)
-		if err != nil {
-			return fmt.Errorf("inspect l3: disk %d directory: %w", i, err)
+		if ixCfg == nil && ixUse != "" {
+			reg, err := m.Indexes.Lookup(indexes.IndexV1, ixUse)
+			if err != nil {
+				return fmt.Errorf("inspect l3: index: %w", err)
+			}
+			if reg.NewConfig != nil {
+				ixCfg = reg.NewConfig()
+			}
 		}
-		if !st.IsDir() {
-			return fmt.Errorf("inspect l3: disk %d: %s is not a directory", i, d)
+		dir := indexDirOf(ixCfg, *ixDir)
+		if dir == "" {
+			return fmt.Errorf("inspect l3: no index directory: give --index-dir (or name one in the index config): %w", errUsage)
 		}
-	}
-	if ixCfg == nil && ixUse != "" {
+		found := detectIndex(dir)
+		switch {
+		case ixUse == "" && found == "":
+			return fmt.Errorf("inspect l3: no index in %s (no data.mdb, no MANIFEST); give --index lmdb|badger with --rebuild-index to create one from the slabs", dir)
+		case ixUse == "":
+			ixUse = found
+		case found != "" && found != ixUse:
+			return fmt.Errorf("inspect l3: %s holds a %s index, not %s", dir, found, ixUse)
+		case found == "" && !*rebuild:
+			return fmt.Errorf("inspect l3: no %s index in %s; nothing is created without --rebuild-index", ixUse, dir)
+		}
 		reg, err := m.Indexes.Lookup(indexes.IndexV1, ixUse)
 		if err != nil {
 			return fmt.Errorf("inspect l3: index: %w", err)
 		}
-		if reg.NewConfig != nil {
+		if ixCfg == nil && reg.NewConfig != nil {
 			ixCfg = reg.NewConfig()
 		}
-	}
-	dir := indexDirOf(ixCfg, *ixDir)
-	if dir == "" {
-		return fmt.Errorf("inspect l3: no index directory: give --index-dir (or name one in the index config): %w", errUsage)
-	}
-	found := detectIndex(dir)
-	switch {
-	case ixUse == "" && found == "":
-		return fmt.Errorf("inspect l3: no index in %s (no data.mdb, no MANIFEST); give --index lmdb|badger with --rebuild-index to create one from the slabs", dir)
-	case ixUse == "":
-		ixUse = found
-	case found != "" && found != ixUse:
-		return fmt.Errorf("inspect l3: %s holds a %s index, not %s", dir, found, ixUse)
-	case found == "" && !*rebuild:
-		return fmt.Errorf("inspect l3: no %s index in %s; nothing is created without --rebuild-index", ixUse, dir)
-	}
-	reg, err := m.Indexes.Lookup(indexes.IndexV1, ixUse)
-	if err != nil {
-		return fmt.Errorf("inspect l3: index: %w", err)
-	}
-	if ixCfg == nil && reg.NewConfig != nil {
-		ixCfg = reg.NewConfig()
-	}
-	// NB: a read-only inspection must not move a damaged index aside.
-	setOnCorrupt(ixCfg, write)
-	ix, err := reg.Factory(ctx, indexes.Env{Logger: logger, Dir: dir}, ixCfg)
-	if err != nil {
-		if errors.Is(err, indexes.ErrCorrupt) {
-			fmt.Fprintf(stdout, "index %s (%s): DAMAGED: %v\nstatus: DAMAGED\n", dir, ixUse, err)
-			return fmt.Errorf("inspect l3: %w: the index is damaged (run with --repair to set it aside and rebuild it from the slabs)", errDamage)
+		// NB: a read-only inspection must not move a damaged index aside.
+		setOnCorrupt(ixCfg, write)
+		ix, err := reg.Factory(ctx, indexes.Env{Logger: logger, Dir: dir}, ixCfg)
+		if err != nil {
+			if errors.Is(err, indexes.ErrCorrupt) {
+				fmt.Fprintf(stdout, "index %s (%s): DAMAGED: %v\nstatus: DAMAGED\n", dir, ixUse, err)
+				return fmt.Errorf("inspect l3: %w: the index is damaged (run with --repair to set it aside and rebuild it from the slabs)", errDamage)
+			}
+			return fmt.Errorf("inspect l3: open index %s: %w", ixUse, err)
 		}
-		return fmt.Errorf("inspect l3: open index %s: %w", ixUse, err)
-	}
-	rep, err := l3disk.Check(ctx, l3disk.CheckOptions{
-		Dirs: dirs, StackID: *stack, Index: ix, Repair: *repair, RebuildIndex: *rebuild, Depth: *depth, Logger: logger,
-	})
-	err = errors.Join(err, ix.Close())
-	if err != nil {
-		return fmt.Errorf("inspect l3: %w", err)
-	}
-	writeCheckReport(stdout, rep, write)
-	if rep.Damaged() {
-		what := fmt.Sprintf("%d corrupt slots, %d lost slots, %d dangling entries, %d entries naming a missing file, %d entries newer than their file",
-			rep.Corrupt, rep.Lost, rep.Dangling, rep.Missing, rep.Newer)
-		if write {
-			return fmt.Errorf("inspect l3: %w: %s; %d index entries repaired, %d pages indexed by the rebuild", errDamage, what, rep.Repaired, rep.Rebuilt.Kept)
+		rep, err := l3disk.Check(ctx, l3disk.CheckOptions{
+			Dirs: dirs, StackID: *stack, Index: ix, Repair: *repair, RebuildIndex: *rebuild, Depth: *depth, Logger: logger,
+		})
+		err = errors.Join(err, ix.Close())
+		if err != nil {
+			return fmt.Errorf("inspect l3: %w", err)
 		}
-		return fmt.Errorf("inspect l3: %w: %s (run with --repair)", errDamage, what)
+		writeCheckReport(stdout, rep, write)
+		if rep.Damaged() {
+			what := fmt.Sprintf("%d corrupt slots, %d lost slots, %d dangling entries, %d entries naming a missing file, %d entries newer than their file",
+				rep.Corrupt, rep.Lost, rep.Dangling, rep.Missing, rep.Newer)
+			if write {
+				return fmt.Errorf("inspect l3: %w: %s; %d index entries repaired, %d pages indexed by the rebuild", errDamage, what, rep.Repaired, rep.Rebuilt.Kept)
+			}
+			return fmt.Errorf("inspect l3: %w: %s (run with --repair)", errDamage, what)
+		}
+		return nil
 	}
-	return nil
+	return cmd
 }
 
 // detectIndex names the index kept in dir by its files, "" if none.

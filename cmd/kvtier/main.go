@@ -124,12 +124,12 @@ runs benchmarks and inspects tiers.`,
 	root.SetFlagErrorFunc(flagError)
 	root.AddCommand(
 		newVersionCmd(),
-		legacyCommand("config", "validate a stack config or print the embedded default", runConfig),
+		newConfigCmd(),
 		newReplayCmd(),
 		newGenerateCmd(),
-		legacyCommand("bench", "run a benchmark on this machine (radix, l2, l3, planner, plugin, ...)", runBench),
-		legacyCommand("inspect", "check a tier's on-disk state offline (l3)", runInspect),
-		legacyCommand("plugin", "pin (sum) or smoke-test (check) a tier or index plugin binary", runPlugin),
+		newBenchCmd(),
+		newInspectCmd(),
+		newPluginCmd(),
 		newDoctorCmd(doctor.OS{}),
 		newServeCmd(),
 		newLoadgenCmd(),
@@ -137,19 +137,6 @@ runs benchmarks and inspects tiers.`,
 		newABCmd(),
 	)
 	return root
-}
-
-// legacyCommand wraps a command that still parses its own arguments with
-// the standard flag package.
-func legacyCommand(name, short string, fn func(ctx context.Context, args []string, stdout, stderr io.Writer) error) *cobra.Command {
-	return &cobra.Command{
-		Use:                name,
-		Short:              short,
-		DisableFlagParsing: true,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return fn(cmd.Context(), args, cmd.OutOrStdout(), cmd.ErrOrStderr())
-		},
-	}
 }
 
 // groupCommand returns a command that only holds subcommands: run alone,
@@ -163,7 +150,7 @@ func groupCommand(name, short string, subs ...*cobra.Command) *cobra.Command {
 	c.RunE = func(cmd *cobra.Command, args []string) error {
 		cmd.SetOut(cmd.ErrOrStderr())
 		_ = cmd.Usage()
-		return fmt.Errorf("%s: name one of %s: %w", name, strings.Join(subcommandNames(cmd), ", "), errUsage)
+		return fmt.Errorf("%s: name a command: one of %s: %w", name, strings.Join(subcommandNames(cmd), ", "), errUsage)
 	}
 	return c
 }
@@ -204,6 +191,7 @@ func checkSubcommand(root *cobra.Command, args []string) error {
 			continue
 		}
 		msg := fmt.Sprintf("unknown command %q for %q (known: %s)", a, c.CommandPath(), strings.Join(subcommandNames(c), ", "))
+		c.SuggestionsMinimumDistance = root.SuggestionsMinimumDistance
 		if s := c.SuggestionsFor(a); len(s) > 0 {
 			msg += fmt.Sprintf("; did you mean %s?", strings.Join(s, " or "))
 		}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,78 +18,90 @@ import (
 	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l2hugetlb"
+	"github.com/spf13/cobra"
 )
 
-// runPlugin is `kvtier plugin sum|check`: pin a plugin binary, and check
-// that one starts, negotiates and serves before it goes into a stack.
-func runPlugin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		return fmt.Errorf("plugin: name a subcommand: sum PATH | check [--role store|index] [--config JSON] PATH: %w", errUsage)
-	}
-	switch args[0] {
-	case "sum":
-		return runPluginSum(args[1:], stdout)
-	case "check":
-		return runPluginCheck(ctx, args[1:], stdout, stderr)
-	}
-	return fmt.Errorf("plugin %q: unknown subcommand (sum, check): %w", args[0], errUsage)
+// newPluginCmd returns `kvtier plugin sum|check`: pin a plugin binary, and
+// check that one starts, negotiates and serves before it goes into a stack.
+func newPluginCmd() *cobra.Command {
+	c := groupCommand("plugin", "pin (sum) or smoke-test (check) a tier or index plugin binary", newPluginSumCmd(), newPluginCheckCmd())
+	c.Example = `  kvtier plugin sum bin/plugins/memstore
+  kvtier plugin check bin/plugins/memstore --role store`
+	return c
 }
 
-// runPluginSum prints the `plugin:` block that pins PATH.
-func runPluginSum(args []string, stdout io.Writer) error {
-	if len(args) != 1 {
-		return fmt.Errorf("plugin sum: want one PATH: %w", errUsage)
+// newPluginSumCmd returns `kvtier plugin sum PATH`, which prints the
+// `plugin:` block that pins PATH.
+func newPluginSumCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "sum PATH",
+		Short:   "print the plugin: block (path and sha256) that pins a plugin binary",
+		Example: "  kvtier plugin sum bin/plugins/memstore >> stack.yaml",
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return errors.New("plugin sum: want one PATH")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sum, err := pluginhost.FileSHA256(args[0])
+			if err != nil {
+				return fmt.Errorf("plugin sum: %w", err)
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "plugin:\n  path: %s\n  sha256: %s\n", args[0], sum)
+			return err
+		},
 	}
-	sum, err := pluginhost.FileSHA256(args[0])
-	if err != nil {
-		return fmt.Errorf("plugin sum: %w", err)
-	}
-	_, err = fmt.Fprintf(stdout, "plugin:\n  path: %s\n  sha256: %s\n", args[0], sum)
-	return err
 }
 
-// runPluginCheck starts the plugin as a host would (checksum, handshake,
-// version negotiation, AutoMTLS), opens it and runs a short smoke test.
-func runPluginCheck(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("plugin check", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// newPluginCheckCmd returns `kvtier check PATH`.
+func newPluginCheckCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "check PATH [flags]",
+		Short: "start a plugin binary as a host would and smoke-test its store or index",
+		Long: `Starts the plugin as a host would (checksum, handshake, version
+negotiation, AutoMTLS), opens it and runs a short smoke test.`,
+		Example: `  kvtier plugin check bin/plugins/memstore
+  kvtier plugin check bin/plugins/lmdbindex --role index`,
+	}
+	fs := cmd.Flags()
 	role := fs.String("role", "store", "the role to check: store or index")
 	cfgJSON := fs.String("config", "", "the plugin's config block as JSON (default: none)")
 	sum := fs.String("sha256", "", "the pinned SHA-256 (default: the binary's own, i.e. check without pinning)")
-	verbose := fs.Bool("v", false, "log the plugin's lines to stderr")
-	if err := parseInterspersed(fs, args); err != nil {
-		if err == flag.ErrHelp {
-			return err
+	verbose := fs.BoolP("verbose", "v", false, "log the plugin's lines to stderr")
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		ctx := cmd.Context()
+		stdout := cmd.OutOrStdout()
+		stderr := cmd.ErrOrStderr()
+		if fs.NArg() != 1 || (*role != "store" && *role != "index") {
+			return fmt.Errorf("plugin check: want --role store|index and one PATH: %w", errUsage)
 		}
-		return fmt.Errorf("plugin check: %w: %w", err, errUsage)
-	}
-	if fs.NArg() != 1 || (*role != "store" && *role != "index") {
-		return fmt.Errorf("plugin check: want --role store|index and one PATH: %w", errUsage)
-	}
-	path := fs.Arg(0)
-	var config any
-	if *cfgJSON != "" {
-		if err := json.Unmarshal([]byte(*cfgJSON), &config); err != nil {
-			return fmt.Errorf("plugin check: --config: %w: %w", err, errUsage)
+		path := fs.Arg(0)
+		var config any
+		if *cfgJSON != "" {
+			if err := json.Unmarshal([]byte(*cfgJSON), &config); err != nil {
+				return fmt.Errorf("plugin check: --config: %w: %w", err, errUsage)
+			}
 		}
-	}
-	if *sum == "" {
-		s, err := pluginhost.FileSHA256(path)
-		if err != nil {
-			return fmt.Errorf("plugin check: %w", err)
+		if *sum == "" {
+			s, err := pluginhost.FileSHA256(path)
+			if err != nil {
+				return fmt.Errorf("plugin check: %w", err)
+			}
+			*sum = s
 		}
-		*sum = s
+		logger := slog.New(slog.DiscardHandler)
+		if *verbose {
+			logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		}
+		spec := pluginhost.PluginSpec{Name: "check", Path: path, SHA256: *sum, Config: config}
+		fmt.Fprintf(stdout, "host speaks protocol versions [%s]\n", plugins.FormatVersions(plugins.Versions()))
+		if *role == "index" {
+			return checkIndex(ctx, spec, logger, stdout)
+		}
+		return checkStore(ctx, spec, logger, stdout)
 	}
-	logger := slog.New(slog.DiscardHandler)
-	if *verbose {
-		logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	spec := pluginhost.PluginSpec{Name: "check", Path: path, SHA256: *sum, Config: config}
-	fmt.Fprintf(stdout, "host speaks protocol versions [%s]\n", plugins.FormatVersions(plugins.Versions()))
-	if *role == "index" {
-		return checkIndex(ctx, spec, logger, stdout)
-	}
-	return checkStore(ctx, spec, logger, stdout)
+	return cmd
 }
 
 func checkStore(ctx context.Context, spec pluginhost.PluginSpec, logger *slog.Logger, stdout io.Writer) (err error) {

@@ -50,10 +50,10 @@ the running request still comes first (docs/policies.md).`,
 	capacity := fs.String("capacity", "", "comma-separated capacities in tokens: 3000000, 3M, 1.5M, inf (default 1M,3M,10M,inf)")
 	asJSON := fs.Bool("json", false, "print one JSON object per line, one per (policy, capacity)")
 	sweep := fs.Bool("sweep", false, "replay a log-spaced sweep of capacities (working set / 256 up to the working set) and write a hit-rate plot")
-	points := pcountFlag(fs, "sweep-points", 12, "with --sweep: `number` of capacities (at least 2)")
+	points := countFlag(fs, "sweep-points", 12, "with --sweep: `number` of capacities (at least 2)")
 	plotPrefix := fs.String("plot", defaultPlotPrefix, "with --sweep: write the plot to PREFIX.png and PREFIX.svg (PREFIX's directory must exist; the default's plots/ is created)")
-	parallel := pcountFlag(fs, "parallel", 0, "`number` of replays run at once, one tree replica each, at least 1 (default: GOMAXPROCS)")
-	lookahead := pcountFlag(fs, "lookahead", 0, "the engine's waiting queue as an eviction hint: while a request is replayed, the pages of the next `number` requests that were present when each entered the queue are locked against eviction (0: off)")
+	parallel := countFlag(fs, "parallel", 0, "`number` of replays run at once, one tree replica each, at least 1 (default: GOMAXPROCS)")
+	lookahead := countFlag(fs, "lookahead", 0, "the engine's waiting queue as an eviction hint: while a request is replayed, the pages of the next `number` requests that were present when each entered the queue are locked against eviction (0: off)")
 	df := addDataFlags(fs)
 
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {

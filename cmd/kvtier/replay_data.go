@@ -37,7 +37,7 @@ func addDataFlags(fs *pflag.FlagSet) *dataFlags {
 	d := &dataFlags{}
 	fs.BoolVar(&d.data, "data", false, "replay with bytes through a whole tier stack (default: the built-in small-page stack; --config must then name a stack with a host L1 pool), every hit verified")
 	fs.StringVar(&d.dir, "data-dir", "", "with --data and the built-in stack: `directory` for the slab files, L3 and its index (default: a temporary directory, removed at the end)")
-	d.requests = pcountFlag(fs, "requests", 0, "with --data: replay only the first `number` requests (default: all)")
+	d.requests = countFlag(fs, "requests", 0, "with --data: replay only the first `number` requests (default: all)")
 	fs.StringVar(&d.coldStart, "cold-start", "clear", "with --data: what the stores do with a previous run's data: clear or load")
 	fs.StringVar(&d.store, "store", "", "with --data: the store tier that is L3 (default: the first store)")
 	return d
