@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 
 	"github.com/kvtier/kvtier/loadgen"
 	"github.com/kvtier/kvtier/workload"
@@ -36,6 +37,8 @@ or when no page was verified.`,
 	maxPages := fs.Int("max-pages", 64, "pages per request at most (longer prompts are cut)")
 	seed := fs.Uint64("seed", 1, "seed of the built-in generated workload")
 	asJSON := fs.Bool("json", false, "print one JSON object")
+	ping := fs.Bool("ping", false, "time an empty call (Ping) on the same socket before every step: the floor of the step latency")
+	writeTrace := fs.String("write-trace", "", "write the requests run, each cut to --max-pages pages, as a Mooncake JSONL `file` (kvtier replay FILE gives their hit-rate bounds)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
 		stdout := cmd.OutOrStdout()
@@ -76,7 +79,12 @@ or when no page was verified.`,
 		if *requests > 0 && *requests < len(reqs) {
 			reqs = reqs[:*requests]
 		}
-		res, err := loadgen.Run(ctx, loadgen.Config{Socket: *socket, Ranks: *ranks, Requests: reqs, PerStep: *perStep, MaxLive: *maxLive, MaxPages: *maxPages})
+		if *writeTrace != "" {
+			if err := writeCutTrace(*writeTrace, reqs, *maxPages); err != nil {
+				return fmt.Errorf("loadgen: --write-trace: %w", err)
+			}
+		}
+		res, err := loadgen.Run(ctx, loadgen.Config{Socket: *socket, Ranks: *ranks, Requests: reqs, PerStep: *perStep, MaxLive: *maxLive, MaxPages: *maxPages, Ping: *ping})
 		if err != nil {
 			return err
 		}
@@ -98,6 +106,10 @@ or when no page was verified.`,
 			fmt.Fprintf(stdout, "%-6s %14d %7.2f%%  of %d input tokens\n", "total", res.HitTokens, 100*res.HitRate, res.InputTokens)
 			fmt.Fprintf(stdout, "\nverified pages %d, wrong bytes %d, errors %d, restarts %d\n", res.VerifiedPages, res.WrongBytes, res.Errors, res.Restarts)
 			fmt.Fprintf(stdout, "step latency p50 %.0f us, p99 %.0f us, max %.0f us\n", res.StepUsP50, res.StepUsP99, res.StepUsMax)
+			if res.PingUsP50 > 0 {
+				fmt.Fprintf(stdout, "empty call (Ping) on the same socket p50 %.0f us, p99 %.0f us (step/ping %.1fx, %.1fx)\n",
+					res.PingUsP50, res.PingUsP99, res.StepUsP50/res.PingUsP50, res.StepUsP99/max(res.PingUsP99, 1))
+			}
 			fmt.Fprintf(stdout, "engine copies: load %.2f GB/s, store %.2f GB/s; memcpy of the same pages %.2f GB/s (%.2fx, %.2fx)\n",
 				res.LoadGBps, res.StoreGBps, res.MemcpyGBps, res.LoadRatio, res.StoreRatio)
 			if res.FirstError != "" {
@@ -108,4 +120,27 @@ or when no page was verified.`,
 		return res.Check(true)
 	}
 	return cmd
+}
+
+// writeCutTrace writes reqs to path as loadgen runs them: each request's
+// hash ids cut to maxPages pages and its input length to as many tokens,
+// so a replay of the file counts the same tokens as loadgen does.
+func writeCutTrace(path string, reqs []workload.Request, maxPages int) error {
+	cut := make([]workload.Request, len(reqs))
+	for i, r := range reqs {
+		if len(r.HashIDs) > maxPages {
+			r.HashIDs = r.HashIDs[:maxPages]
+		}
+		r.InputLength = min(r.InputLength, len(r.HashIDs)*workload.BlockTokens)
+		cut[i] = r
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := workload.Write(f, cut); err != nil {
+		f.Close()
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return f.Close()
 }
