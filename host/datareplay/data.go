@@ -1,8 +1,6 @@
 package datareplay
 
 import (
-	"github.com/kvtier/kvtier/host/replay"
-
 	"context"
 	_ "embed"
 	"fmt"
@@ -14,12 +12,12 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/host"
-	"github.com/kvtier/kvtier/host/builtin"
+	"github.com/kvtier/kvtier/host/assemble"
 	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/host/control"
+	"github.com/kvtier/kvtier/host/replay"
 	"github.com/kvtier/kvtier/host/stack"
 	"github.com/kvtier/kvtier/pagehash"
-	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/workload"
@@ -124,27 +122,10 @@ func DataTraceOptions() control.Options {
 
 // LoadDataStack loads the built-in stack (or yaml) with dirs under dir.
 func LoadDataStack(yaml, dir string) (*config.Stack, stack.Registries, error) {
-	tr, err := builtin.Tiers()
-	if err != nil {
-		return nil, stack.Registries{}, err
-	}
-	ix, err := builtin.Indexes()
-	if err != nil {
-		return nil, stack.Registries{}, err
-	}
-	pr, err := builtin.Policies()
-	if err != nil {
-		return nil, stack.Registries{}, err
-	}
 	if yaml == "" {
 		yaml = dataYAML
 	}
-	yaml = strings.ReplaceAll(yaml, "{{DIR}}", dir)
-	st, err := config.Load([]byte(yaml), "data stack", config.Modules{Tiers: tr, Indexes: ix, Policies: pr})
-	if err != nil {
-		return nil, stack.Registries{}, err
-	}
-	return st, stack.Registries{Tiers: tr, Indexes: ix}, nil
+	return assemble.Load([]byte(strings.ReplaceAll(yaml, "{{DIR}}", dir)), "data stack")
 }
 
 // RunData replays tr through a whole opened stack with bytes: one
@@ -206,14 +187,7 @@ func RunData(ctx context.Context, tr *replay.Trace, cfg DataConfig) (res DataRes
 	if cfg.Machine != nil {
 		base = *cfg.Machine
 	}
-	mo, err := host.MachineOptions(s, base, cfg.Store)
-	if err != nil {
-		return res, fmt.Errorf("replay --data: %w", err)
-	}
-	if mo.NewEvictor, err = configEvictor(st); err != nil {
-		return res, fmt.Errorf("replay --data: %w", err)
-	}
-	m, err := control.New(mo)
+	mo, err := assemble.MachineOptions(s, base, cfg.Store, "data mode")
 	if err != nil {
 		return res, fmt.Errorf("replay --data: %w", err)
 	}
@@ -221,7 +195,7 @@ func RunData(ctx context.Context, tr *replay.Trace, cfg DataConfig) (res DataRes
 	if err != nil {
 		return res, fmt.Errorf("replay --data: %w", err)
 	}
-	node, err := host.New(s, m, host.Options{Engine: eng, Store: cfg.Store, Logger: logger})
+	node, m, err := assemble.Node(s, mo, host.Options{Engine: eng, Store: cfg.Store, Logger: logger}, nil)
 	if err != nil {
 		return res, fmt.Errorf("replay --data: %w", err)
 	}
@@ -289,24 +263,6 @@ func RunData(ctx context.Context, tr *replay.Trace, cfg DataConfig) (res DataRes
 	res.Ticks = ns.Ticks
 	res.VerifiedPages, res.WrongBytes = eng.VerifiedPages, eng.WrongBytes
 	return res, nil
-}
-
-// configEvictor returns a builder of the stack's eviction policy for the
-// Machine's tree (online policies only: the Machine has no future).
-func configEvictor(st *config.Stack) (func() (policy.Evictor, error), error) {
-	reg, err := builtin.Policies()
-	if err != nil {
-		return nil, err
-	}
-	r, err := reg.Lookup(policy.EvictorV1, st.Policy.Evictor)
-	if err != nil {
-		return nil, fmt.Errorf("policy %q: %w", st.Policy.Evictor, err)
-	}
-	build := func() (policy.Evictor, error) { return r.Factory(policy.Options{Params: st.Policy.Params}) }
-	if _, err := build(); err != nil {
-		return nil, fmt.Errorf("policy %q (data mode runs online policies only): %w", st.Policy.Evictor, err)
-	}
-	return build, nil
 }
 
 func geometry(st *config.Stack, s *stack.Stack, mo control.Options, store string) string {

@@ -11,11 +11,9 @@ import (
 	"strings"
 
 	"github.com/kvtier/kvtier/host"
-	"github.com/kvtier/kvtier/host/builtin"
-	"github.com/kvtier/kvtier/host/config"
+	"github.com/kvtier/kvtier/host/assemble"
 	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/host/stack"
-	"github.com/kvtier/kvtier/policy"
 )
 
 func expand(text string, cfg Config, rank, ranks int) string {
@@ -23,30 +21,10 @@ func expand(text string, cfg Config, rank, ranks int) string {
 	return strings.NewReplacer("{{DIR}}", cfg.DataDir, "{{RANK}}", strconv.Itoa(rank), "{{RANKS}}", strconv.Itoa(ranks), "{{DIRHASH}}", hex.EncodeToString(sum[:4])).Replace(text)
 }
 
-func loadStack(text, name string) (*config.Stack, stack.Registries, error) {
-	tr, err := builtin.Tiers()
-	if err != nil {
-		return nil, stack.Registries{}, err
-	}
-	ix, err := builtin.Indexes()
-	if err != nil {
-		return nil, stack.Registries{}, err
-	}
-	pr, err := builtin.Policies()
-	if err != nil {
-		return nil, stack.Registries{}, err
-	}
-	st, err := config.Load([]byte(text), name, config.Modules{Tiers: tr, Indexes: ix, Policies: pr})
-	if err != nil {
-		return nil, stack.Registries{}, err
-	}
-	return st, stack.Registries{Tiers: tr, Indexes: ix}, nil
-}
-
 // openRank opens one rank's stack and builds its Machine and Node.
 func (s *Server) openRank(ctx context.Context, i int) (_ *rank, err error) {
 	name := s.name
-	st, regs, err := loadStack(expand(s.text, s.cfg, s.groupRank(i), s.world()), name)
+	st, regs, err := assemble.Load([]byte(expand(s.text, s.cfg, s.groupRank(i), s.world())), name)
 	if err != nil {
 		return nil, err
 	}
@@ -107,11 +85,8 @@ func (s *Server) openRank(ctx context.Context, i int) (_ *rank, err error) {
 	if lanes > 1 {
 		lane = s.groupRank(i)
 	}
-	mo, err := host.MachineOptions(stk, base, "")
+	mo, err := assemble.MachineOptions(stk, base, "", "serve")
 	if err != nil {
-		return nil, err
-	}
-	if mo.NewEvictor, err = evictor(st); err != nil {
 		return nil, err
 	}
 	r := &rank{idx: i, srv: s, st: stk, log: log, calls: make(chan call), closeHook: closeHook,
@@ -128,38 +103,18 @@ func (s *Server) openRank(ctx context.Context, i int) (_ *rank, err error) {
 // (host.Solo) for a single rank, else the epoch's in-process group
 // through host.ConsensusGroup (digests compared every DigestEvery ticks).
 func (s *Server) build(r *rank, e *epoch) (*host.Node, error) {
-	m, err := control.New(r.mo)
-	if err != nil {
-		return nil, err
-	}
-	var g host.Group = host.Solo{}
-	if e.members != nil {
-		g = epochGroup{g: host.ConsensusGroup{G: e.members[r.idx], M: m, DigestEvery: r.mo.DigestEvery}, ctx: e.ctx}
-	}
-	o := r.nodeOpts
-	tg := timedGroup{g: g, m: s.metrics, rank: r.idx, st: &r.stats, waiting: &r.exchanging}
-	if e.members != nil {
-		tg.digestEvery = uint64(r.mo.DigestEvery)
-	}
-	o.Group = tg
-	return host.New(r.st, m, o)
-}
-
-// evictor returns a builder of the stack's eviction policy.
-func evictor(st *config.Stack) (func() (policy.Evictor, error), error) {
-	reg, err := builtin.Policies()
-	if err != nil {
-		return nil, err
-	}
-	e, err := reg.Lookup(policy.EvictorV1, st.Policy.Evictor)
-	if err != nil {
-		return nil, fmt.Errorf("policy %q: %w", st.Policy.Evictor, err)
-	}
-	build := func() (policy.Evictor, error) { return e.Factory(policy.Options{Params: st.Policy.Params}) }
-	if _, err := build(); err != nil {
-		return nil, fmt.Errorf("policy %q (serve runs online policies only): %w", st.Policy.Evictor, err)
-	}
-	return build, nil
+	node, _, err := assemble.Node(r.st, r.mo, r.nodeOpts, func(m *control.Machine) host.Group {
+		var g host.Group = host.Solo{}
+		if e.members != nil {
+			g = epochGroup{g: host.ConsensusGroup{G: e.members[r.idx], M: m, DigestEvery: r.mo.DigestEvery}, ctx: e.ctx}
+		}
+		tg := timedGroup{g: g, m: s.metrics, rank: r.idx, st: &r.stats, waiting: &r.exchanging}
+		if e.members != nil {
+			tg.digestEvery = uint64(r.mo.DigestEvery)
+		}
+		return tg
+	})
+	return node, err
 }
 
 // sharedIf returns a set of shared indexes when the ranks write disjoint

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/host"
+	"github.com/kvtier/kvtier/host/assemble"
 	"github.com/kvtier/kvtier/host/consensus"
 	"github.com/kvtier/kvtier/host/consensus/enginegroup"
 	"github.com/kvtier/kvtier/host/consensus/inproc"
@@ -255,7 +256,7 @@ func (s *Server) tcpMember() (*tcpgroup.Member, error) {
 	h := fnv.New64a()
 	_, _ = io.WriteString(h, "kvtier.group.v1\x00"+s.cfg.GroupName)
 	group := h.Sum64()
-	st, _, err := loadStack(expand(s.text, s.cfg, s.cfg.GroupRank, s.cfg.GroupSize), s.name)
+	st, _, err := assemble.Load([]byte(expand(s.text, s.cfg, s.cfg.GroupRank, s.cfg.GroupSize)), s.name)
 	if err != nil {
 		return nil, err
 	}

@@ -31,6 +31,7 @@ import (
 	"google.golang.org/grpc"
 
 	pb "github.com/kvtier/kvtier/api/enginev1"
+	"github.com/kvtier/kvtier/host/assemble"
 	"github.com/kvtier/kvtier/host/builtin"
 	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/host/pagestore"
@@ -326,7 +327,7 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 		// Read the world size from the config itself (rank 0's view).
 		// NB: not with GroupTCP, which set Ranks to 1 (one rank per
 		// process).
-		st, _, err := loadStack(expand(text, cfg, 0, 1), name)
+		st, _, err := assemble.Load([]byte(expand(text, cfg, 0, 1)), name)
 		if err != nil {
 			return nil, fmt.Errorf("serve: %w", err)
 		}

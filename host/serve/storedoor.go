@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 
 	storepb "github.com/kvtier/kvtier/api/storev1"
+	"github.com/kvtier/kvtier/host/assemble"
 	"github.com/kvtier/kvtier/host/config"
 	"github.com/kvtier/kvtier/host/pagestore"
 	"github.com/kvtier/kvtier/host/stack"
@@ -86,7 +87,7 @@ func (s *Server) openStoreDoor(ctx context.Context) (err error) {
 			return fmt.Errorf("store door: %w", err)
 		}
 	}
-	st, regs, err := loadStack(expand(text, s.cfg, 0, 1), name)
+	st, regs, err := assemble.Load([]byte(expand(text, s.cfg, 0, 1)), name)
 	if err != nil {
 		return fmt.Errorf("store door: %w", err)
 	}
@@ -95,7 +96,7 @@ func (s *Server) openStoreDoor(ctx context.Context) (err error) {
 			return fmt.Errorf("store door: %s: tier %q is a pool; the store door's stack is a slab and stores (the clients keep their own L1)", name, t.Name)
 		}
 	}
-	newEv, err := evictor(st)
+	newEv, err := assemble.Evictor(st, "serve")
 	if err != nil {
 		return fmt.Errorf("store door: %s: %w", name, err)
 	}

@@ -23,8 +23,7 @@ import (
 	"time"
 
 	"github.com/kvtier/kvtier/host"
-	"github.com/kvtier/kvtier/host/builtin"
-	"github.com/kvtier/kvtier/host/config"
+	"github.com/kvtier/kvtier/host/assemble"
 	"github.com/kvtier/kvtier/host/consensus"
 	"github.com/kvtier/kvtier/host/consensus/simgroup"
 	"github.com/kvtier/kvtier/host/control"
@@ -342,24 +341,12 @@ func openRank(ctx context.Context, cfg Config, i int, member consensus.Group) (*
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	tr, err := builtin.Tiers()
-	if err != nil {
-		return nil, err
-	}
-	ix, err := builtin.Indexes()
-	if err != nil {
-		return nil, err
-	}
-	pr, err := builtin.Policies()
-	if err != nil {
-		return nil, err
-	}
-	st, err := config.Load(fmt.Appendf(nil, stackYAML, dir), "sim stack", config.Modules{Tiers: tr, Indexes: ix, Policies: pr})
+	st, regs, err := assemble.Load(fmt.Appendf(nil, stackYAML, dir), "sim stack")
 	if err != nil {
 		return nil, err
 	}
 	quiet := slog.New(slog.DiscardHandler)
-	s, err := stack.Open(ctx, st, stack.Registries{Tiers: tr, Indexes: ix}, stack.Options{Logger: quiet, StackID: fmt.Sprintf("sim-r%d", i), ColdStart: tiers.ColdStartClear, IndexDir: dir})
+	s, err := stack.Open(ctx, st, regs, stack.Options{Logger: quiet, StackID: fmt.Sprintf("sim-r%d", i), ColdStart: tiers.ColdStartClear, IndexDir: dir})
 	if err != nil {
 		return nil, err
 	}
@@ -392,18 +379,16 @@ func openRank(ctx context.Context, cfg Config, i int, member consensus.Group) (*
 	if err != nil {
 		return nil, err
 	}
-	if r.m, err = control.New(mo); err != nil {
-		return nil, err
-	}
 	if r.eng, err = host.NewSimEngine(realPool, st.Payload); err != nil {
 		return nil, err
 	}
 	if err := r.eng.OwnLane(lane, lanes); err != nil {
 		return nil, err
 	}
-	g := &countingGroup{ConsensusGroup: host.ConsensusGroup{G: member, M: nil, DigestEvery: cfg.DigestEvery}, r: r}
-	g.M = r.m
-	if r.node, err = host.New(s, r.m, host.Options{Group: g, Engine: r.eng, Logger: quiet, SettleTimeout: 10 * time.Second, Lanes: lanes, Rank: lane}); err != nil {
+	group := func(m *control.Machine) host.Group {
+		return &countingGroup{ConsensusGroup: host.ConsensusGroup{G: member, M: m, DigestEvery: cfg.DigestEvery}, r: r}
+	}
+	if r.node, r.m, err = assemble.Node(s, mo, host.Options{Engine: r.eng, Logger: quiet, SettleTimeout: 10 * time.Second, Lanes: lanes, Rank: lane}, group); err != nil {
 		return nil, err
 	}
 	ok = true
