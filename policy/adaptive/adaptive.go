@@ -44,20 +44,17 @@
 // (tail key, last access, pages, depth, pages owed, flags) and lru's
 // 36-byte heap entry while evictable; so per cached page at most two table
 // entries and 184 bytes. Ghosts, both bounded by the peak number of cached
-// pages: hindsight's (at most 64 bytes per remembered page) and the duel
-// ghost (a ring of 8-byte keys and a table of twice the ring's length in
-// 13-byte slots, both rounded up to powers of two: at most 68 bytes per
-// entry). The list of indebted nodes is compacted to at most twice their
-// number.
+// pages: hindsight's and the duel ghost, one ghost table each
+// (policy/internal/ghost: at most 68 bytes per remembered page). The list
+// of indebted nodes is compacted to at most twice their number.
 package adaptive
 
 import (
-	"encoding/binary"
 	"fmt"
 
-	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/policy/hindsight"
+	"github.com/kvtier/kvtier/policy/internal/ghost"
 	"github.com/kvtier/kvtier/policy/internal/leafheap"
 	"github.com/kvtier/kvtier/policy/lru"
 )
@@ -82,10 +79,11 @@ const (
 	maxDecaySteps = 1 << 16
 )
 
-// Experts, also the tags of the duel ghost.
+// Experts, also the tags of the duel ghost: which expert's decision
+// evicted a page.
 const (
-	followHindsight = tagHindsight
-	followLRU       = tagLRU
+	followHindsight uint8 = iota
+	followLRU
 )
 
 // Register adds adaptive to r.
@@ -129,7 +127,7 @@ type Adaptive struct {
 	nodes *leafheap.Table[node]
 	pages int64
 	peak  int64
-	ghost ghost
+	ghost ghost.Table // the duel ghost, tagged by the expert that evicted
 	// debtors lists the nodes that owe pages (and perhaps some that no
 	// longer do or are gone), so a switch can clear them.
 	debtors []policy.NodeID
@@ -215,10 +213,6 @@ func (a *Adaptive) Score() (pages float64, switches int) {
 	return float64(a.score) / scale, a.switches
 }
 
-func keyOf(h *pagehash.Hash) uint64 {
-	return max(binary.LittleEndian.Uint64(h[0:8]), 1)
-}
-
 // tick decays the score up to logical time now.
 func (a *Adaptive) tick(now uint64) {
 	if now <= a.decayAt {
@@ -275,7 +269,7 @@ func (a *Adaptive) switchExpert() {
 }
 
 func (a *Adaptive) recall(k uint64) {
-	if tag, ok := a.ghost.take(k); ok {
+	if tag, ok := a.ghost.Take(k); ok {
 		// The expert that evicted k lost it: a win for the other.
 		a.credit(1-tag, 1)
 	}
@@ -291,7 +285,7 @@ func (a *Adaptive) Insert(n policy.NodeInfo) {
 	v := a.nodes.At(slot)
 	a.resize(v, n)
 	a.touch(slot, n.ID, n.LastAccess)
-	v.tail = keyOf(&n.Tail)
+	v.tail = ghost.Key(&n.Tail)
 	if fresh && n.Hits == 0 && n.Children == 0 {
 		a.recall(v.tail)
 	}
@@ -338,7 +332,7 @@ func (a *Adaptive) Update(n policy.NodeInfo) {
 	a.hs.Update(n)
 	a.resize(v, n)
 	a.touch(slot, n.ID, n.LastAccess)
-	v.tail = keyOf(&n.Tail)
+	v.tail = ghost.Key(&n.Tail)
 	if v.owed > v.pages {
 		v.owed = v.pages
 	}
@@ -358,7 +352,7 @@ func (a *Adaptive) commit(v *node) {
 	if a.other == 0 || a.other == a.chosen {
 		return
 	}
-	a.ghost.add(v.tail, a.follow, int(a.peak))
+	a.ghost.Add(v.tail, a.follow, int(a.peak))
 	s, ok := a.nodes.Lookup(a.other)
 	if !ok {
 		return
@@ -449,7 +443,7 @@ func (a *Adaptive) Finished(r policy.RequestInfo) {
 		return
 	}
 	for i := r.MatchedPages; i < len(r.Pages); i++ {
-		a.recall(keyOf(&r.Pages[i]))
+		a.recall(ghost.Key(&r.Pages[i]))
 	}
 }
 
@@ -477,5 +471,5 @@ func (a *Adaptive) Check() string {
 	if a.pages < 0 || a.pages > a.peak {
 		return fmt.Sprintf("pages %d outside [0, peak %d]", a.pages, a.peak)
 	}
-	return a.ghost.check()
+	return a.ghost.Check()
 }

@@ -51,22 +51,26 @@
 // package must never read a wall clock, a random source, a map iteration
 // order or rank-local state.
 //
+// The order, the protected segment and its demotions are the segmented-LRU
+// core shared with slru and proven (policy/internal/segmented); the ghost
+// is the ghost table shared with adaptive (policy/internal/ghost).
+//
 // Memory: per live node one table entry, 40 bytes of state and up to two
 // 36-byte heap entries (victim heap while an evictable leaf, protected heap
 // while protected); a fixed table of counters for 512 signatures and their
-// 32 output-blind parents (8.5 KiB); and the ghost,
-// ghost x peak cached pages remembered pages in a ring of 8-byte keys
-// (rounded up to a power of two) and an open-addressed multiset of twice
-// the ring's length in 12-byte slots: at most 64 bytes per remembered page.
+// 32 output-blind parents (8.5 KiB); and the ghost, ghost x peak cached
+// pages remembered pages in a ring of 8-byte keys (rounded up to a power of
+// two) and an open-addressed table of twice the ring's length in 13-byte
+// slots: at most 68 bytes per remembered page.
 package hindsight
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math/bits"
 
 	"github.com/kvtier/kvtier/policy"
-	"github.com/kvtier/kvtier/policy/internal/leafheap"
+	"github.com/kvtier/kvtier/policy/internal/ghost"
+	"github.com/kvtier/kvtier/policy/internal/segmented"
 )
 
 // Name is the registered name of the policy.
@@ -129,16 +133,26 @@ func Register(r *policy.Registry) error {
 	})
 }
 
+// node is hindsight's own state of a node; pages, last access and
+// protection are the core's.
 type node struct {
-	lastAccess uint64
-	pages      int64
-	depth      int
-	tail       uint64
-	sig        uint16
-	untouched  bool
-	protected  bool
-	everHit    bool
-	low        bool
+	depth     int
+	tail      uint64
+	sig       uint16
+	untouched bool
+	everHit   bool
+	low       bool
+}
+
+// class is the victim class of an unprotected node.
+func class(v *node) uint64 {
+	switch {
+	case v.untouched:
+		return classUntouched
+	case v.low:
+		return classLow
+	}
+	return classProbation
 }
 
 // Hindsight is the hindsight Evictor. Use New.
@@ -146,10 +160,8 @@ type Hindsight struct {
 	ghostX   float64
 	lowRatio uint64 // low_ratio x lowRatioScale
 
-	nodes   *leafheap.Table[node]
-	victims leafheap.Heap // evictable leaves by (class, last access)
-	prot    leafheap.Protection
-	peak    int64
+	core *segmented.LRU[node]
+	peak int64 // the most pages cached at once
 
 	// Reuse counts per signature, per output-blind signature, and
 	// overall.
@@ -166,7 +178,7 @@ type Hindsight struct {
 	splitID   policy.NodeID
 	splitSlot int32
 
-	ghost ghost
+	ghost ghost.Table // evicted tails, all with tag 0
 
 	// deadAtHit, set only by this package's oracle experiments (nil in
 	// every policy New returns), tells Hit that the matched node will not
@@ -183,14 +195,14 @@ func New(opts policy.Options) (*Hindsight, error) {
 	if err := policy.CheckParams(Name, opts.Params, "protected_share", "ghost", "low_ratio"); err != nil {
 		return nil, fmt.Errorf("new hindsight: %w", err)
 	}
-	h := &Hindsight{ghostX: DefaultGhost, nodes: leafheap.NewTable[node](), prot: leafheap.Protection{Share: DefaultProtectedShare}}
-	lowRatio := DefaultLowRatio
+	h := &Hindsight{ghostX: DefaultGhost}
+	share, lowRatio := DefaultProtectedShare, DefaultLowRatio
 	for _, p := range []struct {
 		name string
 		max  float64
 		dst  *float64
 	}{
-		{"protected_share", 1, &h.prot.Share},
+		{"protected_share", 1, &share},
 		{"ghost", MaxGhost, &h.ghostX},
 		{"low_ratio", 1, &lowRatio},
 	} {
@@ -201,6 +213,7 @@ func New(opts policy.Options) (*Hindsight, error) {
 		*p.dst = v
 	}
 	h.lowRatio = uint64(lowRatio*lowRatioScale + 0.5)
+	h.core = segmented.New(share, classProtected, class)
 	return h, nil
 }
 
@@ -211,12 +224,6 @@ func (h *Hindsight) Name() string { return Name }
 // a time (radix.TailRanker): a trim moves an untouched leaf to probation,
 // and every freed page's hash reaches the ghost as a reported tail.
 func (h *Hindsight) TailRanked() bool { return true }
-
-// pageKey is the ghost's key of a page hash: its first 8 bytes, never 0
-// (0 marks an empty ghost slot).
-func pageKey(n *policy.NodeInfo) uint64 {
-	return max(binary.LittleEndian.Uint64(n.Tail[0:8]), 1)
-}
 
 // signature classes a new leaf before its request is reported: inserted at
 // the root or not, and the log2 bucket of its page count; output bucket 0.
@@ -294,16 +301,16 @@ func (h *Hindsight) learnReuse(s uint16) {
 // the ghost; a node split off a matched one carries its hit count and
 // starts protected.
 func (h *Hindsight) Insert(n policy.NodeInfo) {
-	slot, fresh := h.nodes.Add(n.ID)
+	slot, fresh := h.core.Add(n.ID)
 	if !fresh {
 		h.Update(n)
 		return
 	}
-	v := h.nodes.At(slot)
+	v := h.core.At(slot)
 	v.untouched = n.Hits == 0
 	v.everHit = n.Hits > 0
 	v.depth = n.Depth
-	v.tail = pageKey(&n)
+	v.tail = ghost.Key(&n.Tail)
 	protect := n.Hits >= 1
 	if n.Children > 0 {
 		// A split: the suffix's Update follows and hands over its
@@ -313,7 +320,7 @@ func (h *Hindsight) Insert(n policy.NodeInfo) {
 		v.sig = signature(&n)
 		v.low = h.predictLow(v.sig)
 		h.learnInsert(v.sig)
-		protect = h.ghost.has(v.tail)
+		protect = h.ghost.Has(v.tail)
 	}
 	h.apply(slot, n, n.LastAccess, protect)
 }
@@ -321,8 +328,8 @@ func (h *Hindsight) Insert(n policy.NodeInfo) {
 // Hit refreshes n and protects it. The first hit of a node counts as a
 // reuse of its signature.
 func (h *Hindsight) Hit(n policy.NodeInfo) {
-	slot, _ := h.nodes.Add(n.ID)
-	v := h.nodes.At(slot)
+	slot, _ := h.core.Add(n.ID)
+	v := h.core.At(slot)
 	if !v.everHit {
 		v.everHit = true
 		h.learnReuse(v.sig)
@@ -339,12 +346,8 @@ func (h *Hindsight) Hit(n policy.NodeInfo) {
 
 // hitDead is Hit for a node an oracle experiment knows is dead.
 func (h *Hindsight) hitDead(slot int32, n policy.NodeInfo) {
-	v := h.nodes.At(slot)
-	if v.protected {
-		h.prot.Demote(slot, v.pages)
-		v.protected = false
-	}
-	v.low = h.deadToLow
+	h.core.Unprotect(slot)
+	h.core.At(slot).low = h.deadToLow
 	h.apply(slot, n, max(n.LastAccess, n.Time), false)
 }
 
@@ -353,28 +356,28 @@ func (h *Hindsight) hitDead(slot int32, n policy.NodeInfo) {
 // and a never-matched node whose new tail is a ghost is protected. The
 // suffix of a split hands its signature and history to the new prefix.
 func (h *Hindsight) Update(n policy.NodeInfo) {
-	slot, fresh := h.nodes.Add(n.ID)
-	v := h.nodes.At(slot)
+	slot, fresh := h.core.Add(n.ID)
+	v := h.core.At(slot)
 	protect := false
 	switch {
 	case fresh:
 		v.untouched = n.Hits == 0
 		v.everHit = n.Hits > 0
 		protect = n.Hits >= 1
-	case n.Depth == v.depth && int64(n.Pages) < v.pages:
+	case n.Depth == v.depth && int64(n.Pages) < h.core.Pages(slot):
 		v.untouched = false
-		h.ghost.add(v.tail, h.ghostLimit())
-		protect = !v.everHit && h.ghost.has(pageKey(&n))
+		h.ghost.Add(v.tail, 0, h.ghostLimit())
+		protect = !v.everHit && h.ghost.Has(ghost.Key(&n.Tail))
 	case n.Depth > v.depth && n.Parent == h.splitID && h.splitID != 0:
-		if p, ok := h.nodes.Lookup(h.splitID); ok && p == h.splitSlot {
+		if p, ok := h.core.Lookup(h.splitID); ok && p == h.splitSlot {
 			// NB: the prefix has a child, so it is no evictable leaf
 			// and its victim key is computed when it becomes one.
-			pv := h.nodes.At(p)
-			pv.sig, pv.everHit, pv.low = v.sig, v.everHit, v.low && !pv.protected
+			pv := h.core.At(p)
+			pv.sig, pv.everHit, pv.low = v.sig, v.everHit, v.low && !h.core.Protected(p)
 		}
 		h.splitID = 0
 	}
-	v.tail = pageKey(&n)
+	v.tail = ghost.Key(&n.Tail)
 	v.depth = n.Depth
 	h.apply(slot, n, n.LastAccess, protect)
 }
@@ -384,49 +387,17 @@ func (h *Hindsight) ghostLimit() int {
 	return int(h.ghostX * float64(h.peak))
 }
 
+// apply hands n's pages and last access at to the core, protecting it
+// when protect is set, and follows the peak of cached pages. A node that
+// becomes protected leaves the low-reuse class.
 func (h *Hindsight) apply(slot int32, n policy.NodeInfo, at uint64, protect bool) {
-	v := h.nodes.At(slot)
-	h.prot.Resize(int64(n.Pages)-v.pages, v.protected)
-	h.peak = max(h.peak, h.prot.Pages())
-	v.pages = int64(n.Pages)
-	v.lastAccess = at
-	if protect && !v.protected {
-		v.protected = true
-		v.low = false
-		h.prot.Protect(v.pages)
+	if protect && !h.core.Protected(slot) {
+		h.core.At(slot).low = false
 	}
-	if v.protected {
-		h.prot.Touch(slot, n.ID, at)
-	}
-	if h.victims.Contains(slot) {
-		h.victims.Set(slot, n.ID, key(v))
-	}
-	h.demote()
-}
-
-func key(v *node) leafheap.Key {
-	k := leafheap.Key{A: classProbation, B: v.lastAccess}
-	switch {
-	case v.protected:
-		k.A = classProtected
-	case v.untouched:
-		k.A = classUntouched
-	case v.low:
-		k.A = classLow
-	}
-	return k
-}
-
-// demote moves the oldest protected nodes to probation while protected
-// nodes hold more than their share of the cached pages.
-func (h *Hindsight) demote() {
-	leafheap.DemoteOverfull(&h.prot, h.nodes, &h.victims, demoted)
-}
-
-// demoted takes v out of the protected segment: its pages and new key.
-func demoted(v *node) (int64, leafheap.Key) {
-	v.protected = false
-	return v.pages, key(v)
+	h.core.Apply(slot, n.ID, n.Pages, at, protect)
+	// NB: the core's demotions do not change the cached pages, so the
+	// peak after them is the peak after the resize.
+	h.peak = max(h.peak, h.core.CachedPages())
 }
 
 // Finished moves the leaf a finished request created (still never matched,
@@ -435,12 +406,12 @@ func demoted(v *node) (int64, leafheap.Key) {
 // Other reports are ignored: a request that created nothing, or whose leaf
 // was already matched, split or trimmed, teaches nothing new.
 func (h *Hindsight) Finished(r policy.RequestInfo) {
-	slot, ok := h.nodes.Lookup(r.Leaf)
+	slot, ok := h.core.Lookup(r.Leaf)
 	if !ok {
 		return
 	}
-	v := h.nodes.At(slot)
-	if v.everHit || !v.untouched || v.sig >= baseSigs || v.lastAccess != r.Time {
+	v := h.core.At(slot)
+	if v.everHit || !v.untouched || v.sig >= baseSigs || h.core.LastAccess(slot) != r.Time {
 		return
 	}
 	old := v.sig
@@ -452,67 +423,41 @@ func (h *Hindsight) Finished(r policy.RequestInfo) {
 		h.inserted[old]--
 	}
 	h.inserted[v.sig]++
-	v.low = !v.protected && h.predictLow(v.sig)
-	if h.victims.Contains(slot) {
-		h.victims.Set(slot, r.Leaf, key(v))
-	}
+	v.low = !h.core.Protected(slot) && h.predictLow(v.sig)
+	h.core.Rekey(slot, r.Leaf)
 }
 
 // Remove forgets id; its last tail goes to the ghost.
 func (h *Hindsight) Remove(id policy.NodeID) {
-	slot, ok := h.nodes.Lookup(id)
+	slot, ok := h.core.Lookup(id)
 	if !ok {
 		return
 	}
-	v := h.nodes.At(slot)
-	h.ghost.add(v.tail, h.ghostLimit())
-	h.prot.Forget(slot, v.pages, v.protected)
-	h.victims.Remove(slot)
-	h.nodes.Delete(id)
+	h.ghost.Add(h.core.At(slot).tail, 0, h.ghostLimit())
+	h.core.Remove(id)
 	if id == h.splitID {
 		h.splitID = 0
 	}
-	h.demote()
 }
 
 // SetEvictable adds id to or removes it from the candidates. Unknown ids
 // are ignored.
 func (h *Hindsight) SetEvictable(id policy.NodeID, evictable bool) {
-	slot, ok := h.nodes.Lookup(id)
-	if !ok {
-		return
-	}
-	if evictable {
-		h.victims.Set(slot, id, key(h.nodes.At(slot)))
-	} else {
-		h.victims.Remove(slot)
-	}
+	h.core.SetEvictable(id, evictable)
 }
 
 // Victim returns the least evictable leaf in (class, last access, id).
-func (h *Hindsight) Victim() (policy.NodeID, bool) {
-	_, id, _, ok := h.victims.Min()
-	return id, ok
-}
+func (h *Hindsight) Victim() (policy.NodeID, bool) { return h.core.Victim() }
 
 // Class returns id's current class (0 untouched, 1 low-reuse probation,
 // 2 probation, 3 protected) and whether id is known; for tests and
 // inspection.
-func (h *Hindsight) Class(id policy.NodeID) (int, bool) {
-	slot, ok := h.nodes.Lookup(id)
-	if !ok {
-		return 0, false
-	}
-	return int(key(h.nodes.At(slot)).A), true
-}
+func (h *Hindsight) Class(id policy.NodeID) (int, bool) { return h.core.Class(id) }
 
 // Check verifies the internal invariants; "" when they hold.
 func (h *Hindsight) Check() string {
-	if msg := h.victims.Check(); msg != "" {
-		return "victim heap: " + msg
-	}
-	if msg := h.prot.Check(); msg != "" {
+	if msg := h.core.Check(); msg != "" {
 		return msg
 	}
-	return h.ghost.check()
+	return h.ghost.Check()
 }

@@ -21,9 +21,11 @@
 // so class 0 costs exactly one page per leaf. Every input is a replicated
 // event (node id, logical time, hit count, pages, depth); the package must
 // never read a wall clock, a random source or rank-local state, and it
-// keeps no history of evicted nodes.
+// keeps no history of evicted nodes. The order, the protected segment and
+// its demotions are the segmented-LRU core shared with slru and hindsight
+// (policy/internal/segmented); this package decides the classes.
 //
-// Memory: per live node one map entry (id to slot), 40 bytes of state, a
+// Memory: per live node one map entry (id to slot), 32 bytes of state, a
 // 32-byte heap entry and a 4-byte position while it is an evictable leaf,
 // and another 36 bytes while protected. Nothing outlives a node.
 package proven
@@ -32,7 +34,7 @@ import (
 	"fmt"
 
 	"github.com/kvtier/kvtier/policy"
-	"github.com/kvtier/kvtier/policy/internal/leafheap"
+	"github.com/kvtier/kvtier/policy/internal/segmented"
 )
 
 // Name is the registered name of the policy.
@@ -59,19 +61,24 @@ func Register(r *policy.Registry) error {
 	})
 }
 
+// node is proven's own state of a node; pages, last access and protection
+// are the core's.
 type node struct {
-	lastAccess uint64
-	pages      int64
-	depth      int
-	untouched  bool
-	protected  bool
+	depth     int
+	untouched bool
+}
+
+// class is the victim class of an unprotected node.
+func class(v *node) uint64 {
+	if v.untouched {
+		return classUntouched
+	}
+	return classProbation
 }
 
 // Proven is the proven Evictor. Use New.
 type Proven struct {
-	nodes   *leafheap.Table[node]
-	victims leafheap.Heap // evictable leaves by (class, last access)
-	prot    leafheap.Protection
+	core *segmented.LRU[node]
 }
 
 // New returns an empty Proven. It accepts Params["protected_share"] in
@@ -84,7 +91,7 @@ func New(opts policy.Options) (*Proven, error) {
 	if err != nil {
 		return nil, fmt.Errorf("new proven: %w", err)
 	}
-	return &Proven{nodes: leafheap.NewTable[node](), prot: leafheap.Protection{Share: share}}, nil
+	return &Proven{core: segmented.New(share, classProtected, class)}, nil
 }
 
 // Name returns "proven".
@@ -98,129 +105,54 @@ func (p *Proven) TailRanked() bool { return true }
 // Insert records a new node. A node split off a matched one carries its
 // hit count and starts protected; a node with no hits starts untouched.
 func (p *Proven) Insert(n policy.NodeInfo) {
-	slot, fresh := p.nodes.Add(n.ID)
+	slot, fresh := p.core.Add(n.ID)
 	if !fresh {
 		p.Update(n)
 		return
 	}
-	v := p.nodes.At(slot)
+	v := p.core.At(slot)
 	v.untouched = n.Hits == 0
 	v.depth = n.Depth
-	p.apply(slot, n, n.LastAccess, n.Hits >= 1)
+	p.core.Apply(slot, n.ID, n.Pages, n.LastAccess, n.Hits >= 1)
 }
 
 // Hit refreshes n and protects it: it has proven reuse.
 func (p *Proven) Hit(n policy.NodeInfo) {
-	slot, _ := p.nodes.Add(n.ID)
-	v := p.nodes.At(slot)
+	slot, _ := p.core.Add(n.ID)
+	v := p.core.At(slot)
 	v.untouched = false
 	v.depth = n.Depth
-	p.apply(slot, n, max(n.LastAccess, n.Time), true)
+	p.core.Apply(slot, n.ID, n.Pages, max(n.LastAccess, n.Time), true)
 }
 
 // Update takes n's new pages, depth and last access. A node that lost
 // pages at an unchanged depth was trimmed from its tail: it is no longer
 // untouched. (A split moves the suffix deeper and keeps its class.)
 func (p *Proven) Update(n policy.NodeInfo) {
-	slot, fresh := p.nodes.Add(n.ID)
-	v := p.nodes.At(slot)
+	slot, fresh := p.core.Add(n.ID)
+	v := p.core.At(slot)
 	if fresh {
 		v.untouched = n.Hits == 0
-	} else if n.Depth == v.depth && int64(n.Pages) < v.pages {
+	} else if n.Depth == v.depth && int64(n.Pages) < p.core.Pages(slot) {
 		v.untouched = false
 	}
 	v.depth = n.Depth
-	p.apply(slot, n, n.LastAccess, fresh && n.Hits >= 1)
-}
-
-func (p *Proven) apply(slot int32, n policy.NodeInfo, at uint64, protect bool) {
-	v := p.nodes.At(slot)
-	p.prot.Resize(int64(n.Pages)-v.pages, v.protected)
-	v.pages = int64(n.Pages)
-	v.lastAccess = at
-	if protect && !v.protected {
-		v.protected = true
-		p.prot.Protect(v.pages)
-	}
-	if v.protected {
-		p.prot.Touch(slot, n.ID, at)
-	}
-	if p.victims.Contains(slot) {
-		p.victims.Set(slot, n.ID, key(v))
-	}
-	p.demote()
-}
-
-func key(v *node) leafheap.Key {
-	k := leafheap.Key{A: classProbation, B: v.lastAccess}
-	switch {
-	case v.protected:
-		k.A = classProtected
-	case v.untouched:
-		k.A = classUntouched
-	}
-	return k
-}
-
-// demote moves the oldest protected nodes to probation while protected
-// nodes hold more than their share of the cached pages.
-func (p *Proven) demote() {
-	leafheap.DemoteOverfull(&p.prot, p.nodes, &p.victims, demoted)
-}
-
-// demoted takes v out of the protected segment: its pages and new key.
-func demoted(v *node) (int64, leafheap.Key) {
-	v.protected = false
-	return v.pages, key(v)
+	p.core.Apply(slot, n.ID, n.Pages, n.LastAccess, fresh && n.Hits >= 1)
 }
 
 // Remove forgets id.
-func (p *Proven) Remove(id policy.NodeID) {
-	slot, ok := p.nodes.Lookup(id)
-	if !ok {
-		return
-	}
-	v := p.nodes.At(slot)
-	p.prot.Forget(slot, v.pages, v.protected)
-	p.victims.Remove(slot)
-	p.nodes.Delete(id)
-	p.demote()
-}
+func (p *Proven) Remove(id policy.NodeID) { p.core.Remove(id) }
 
 // SetEvictable adds id to or removes it from the candidates. Unknown ids
 // are ignored.
-func (p *Proven) SetEvictable(id policy.NodeID, evictable bool) {
-	slot, ok := p.nodes.Lookup(id)
-	if !ok {
-		return
-	}
-	if evictable {
-		p.victims.Set(slot, id, key(p.nodes.At(slot)))
-	} else {
-		p.victims.Remove(slot)
-	}
-}
+func (p *Proven) SetEvictable(id policy.NodeID, evictable bool) { p.core.SetEvictable(id, evictable) }
 
 // Victim returns the least evictable leaf in (class, last access, id).
-func (p *Proven) Victim() (policy.NodeID, bool) {
-	_, id, _, ok := p.victims.Min()
-	return id, ok
-}
+func (p *Proven) Victim() (policy.NodeID, bool) { return p.core.Victim() }
 
 // Class returns id's current class (0 untouched, 1 probation, 2
 // protected) and whether id is known; for tests and inspection.
-func (p *Proven) Class(id policy.NodeID) (int, bool) {
-	slot, ok := p.nodes.Lookup(id)
-	if !ok {
-		return 0, false
-	}
-	return int(key(p.nodes.At(slot)).A), true
-}
+func (p *Proven) Class(id policy.NodeID) (int, bool) { return p.core.Class(id) }
 
 // Check verifies the internal invariants; "" when they hold.
-func (p *Proven) Check() string {
-	if msg := p.victims.Check(); msg != "" {
-		return "victim heap: " + msg
-	}
-	return p.prot.Check()
-}
+func (p *Proven) Check() string { return p.core.Check() }

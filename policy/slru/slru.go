@@ -10,7 +10,11 @@
 // replicated events; the package must never read a clock or rank-local
 // state.
 //
-// Memory: per live node one map entry, 32 bytes of state, a 32-byte entry
+// The order, the protected segment and its demotions are the segmented-LRU
+// core shared with proven and hindsight (policy/internal/segmented); this
+// package decides only what earns protection.
+//
+// Memory: per live node one map entry, 16 bytes of state, a 32-byte entry
 // plus a 4-byte position in the victim heap while evictable and another in
 // the protected heap while protected; no history.
 package slru
@@ -19,7 +23,7 @@ import (
 	"fmt"
 
 	"github.com/kvtier/kvtier/policy"
-	"github.com/kvtier/kvtier/policy/internal/leafheap"
+	"github.com/kvtier/kvtier/policy/internal/segmented"
 )
 
 // Name is the registered name of the policy.
@@ -39,17 +43,21 @@ func Register(r *policy.Registry) error {
 	})
 }
 
-type node struct {
-	lastAccess uint64
-	pages      int64
-	protected  bool
-}
+// node is slru's own state of a node: none, protection is the core's.
+type node struct{}
+
+// Classes of the victim order: unprotected nodes go first.
+const (
+	classProbation = 0
+	classProtected = 1
+)
+
+// class is the victim class of an unprotected node.
+func class(*node) uint64 { return classProbation }
 
 // SLRU is the slru Evictor. Use New.
 type SLRU struct {
-	nodes   *leafheap.Table[node]
-	victims leafheap.Heap // evictable leaves by (protected, last access)
-	prot    leafheap.Protection
+	core *segmented.LRU[node]
 }
 
 // New returns an empty SLRU. It accepts Params["protected_share"] in
@@ -62,7 +70,7 @@ func New(opts policy.Options) (*SLRU, error) {
 	if err != nil {
 		return nil, fmt.Errorf("new slru: %w", err)
 	}
-	return &SLRU{nodes: leafheap.NewTable[node](), prot: leafheap.Protection{Share: share}}, nil
+	return &SLRU{core: segmented.New(share, classProtected, class)}, nil
 }
 
 // Name returns "slru".
@@ -75,98 +83,33 @@ func (s *SLRU) Insert(n policy.NodeInfo) { s.apply(n, n.LastAccess, n.Hits >= 2)
 // Hit refreshes n and protects it from its second hit on.
 func (s *SLRU) Hit(n policy.NodeInfo) { s.apply(n, max(n.LastAccess, n.Time), n.Hits >= 2) }
 
-// Update takes n's new page count and last access.
+// Update takes n's new page count and last access; a node it creates starts
+// protected from its second hit on.
 func (s *SLRU) Update(n policy.NodeInfo) {
-	slot, fresh := s.nodes.Add(n.ID)
-	s.set(slot, n, n.LastAccess, !fresh && s.nodes.At(slot).protected || fresh && n.Hits >= 2)
+	slot, fresh := s.core.Add(n.ID)
+	s.core.Apply(slot, n.ID, n.Pages, n.LastAccess, fresh && n.Hits >= 2)
 }
 
 func (s *SLRU) apply(n policy.NodeInfo, at uint64, protect bool) {
-	slot, _ := s.nodes.Add(n.ID)
-	s.set(slot, n, at, protect || s.nodes.At(slot).protected)
-}
-
-func (s *SLRU) set(slot int32, n policy.NodeInfo, at uint64, protect bool) {
-	v := s.nodes.At(slot)
-	s.prot.Resize(int64(n.Pages)-v.pages, v.protected)
-	v.pages = int64(n.Pages)
-	v.lastAccess = at
-	if protect && !v.protected {
-		v.protected = true
-		s.prot.Protect(v.pages)
-	}
-	if v.protected {
-		s.prot.Touch(slot, n.ID, at)
-	}
-	if s.victims.Contains(slot) {
-		s.victims.Set(slot, n.ID, key(v))
-	}
-	s.demote()
-}
-
-func key(v *node) leafheap.Key {
-	k := leafheap.Key{B: v.lastAccess}
-	if v.protected {
-		k.A = 1
-	}
-	return k
-}
-
-// demote moves the oldest protected nodes to probation while protected
-// nodes hold more than their share of the cached pages.
-func (s *SLRU) demote() {
-	leafheap.DemoteOverfull(&s.prot, s.nodes, &s.victims, demoted)
-}
-
-// demoted takes v out of the protected segment: its pages and new key.
-func demoted(v *node) (int64, leafheap.Key) {
-	v.protected = false
-	return v.pages, key(v)
+	slot, _ := s.core.Add(n.ID)
+	s.core.Apply(slot, n.ID, n.Pages, at, protect)
 }
 
 // Remove forgets id.
-func (s *SLRU) Remove(id policy.NodeID) {
-	slot, ok := s.nodes.Lookup(id)
-	if !ok {
-		return
-	}
-	v := s.nodes.At(slot)
-	s.prot.Forget(slot, v.pages, v.protected)
-	s.victims.Remove(slot)
-	s.nodes.Delete(id)
-	s.demote()
-}
+func (s *SLRU) Remove(id policy.NodeID) { s.core.Remove(id) }
 
 // SetEvictable adds id to or removes it from the candidates. Unknown ids
 // are ignored.
-func (s *SLRU) SetEvictable(id policy.NodeID, evictable bool) {
-	slot, ok := s.nodes.Lookup(id)
-	if !ok {
-		return
-	}
-	if evictable {
-		s.victims.Set(slot, id, key(s.nodes.At(slot)))
-	} else {
-		s.victims.Remove(slot)
-	}
-}
+func (s *SLRU) SetEvictable(id policy.NodeID, evictable bool) { s.core.SetEvictable(id, evictable) }
 
 // Victim returns the least evictable leaf in (protected, last access, id).
-func (s *SLRU) Victim() (policy.NodeID, bool) {
-	_, id, _, ok := s.victims.Min()
-	return id, ok
-}
+func (s *SLRU) Victim() (policy.NodeID, bool) { return s.core.Victim() }
 
 // Protected reports whether id is currently protected.
 func (s *SLRU) Protected(id policy.NodeID) bool {
-	slot, ok := s.nodes.Lookup(id)
-	return ok && s.nodes.At(slot).protected
+	slot, ok := s.core.Lookup(id)
+	return ok && s.core.Protected(slot)
 }
 
 // Check verifies the internal invariants; "" when they hold.
-func (s *SLRU) Check() string {
-	if msg := s.victims.Check(); msg != "" {
-		return "victim heap: " + msg
-	}
-	return s.prot.Check()
-}
+func (s *SLRU) Check() string { return s.core.Check() }

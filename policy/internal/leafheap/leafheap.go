@@ -3,7 +3,7 @@
 // after removal, so memory follows the live node count, not the number of
 // nodes ever created), an indexed min-heap over slots keyed by a total order
 // (Key.A, Key.B, node id), and Protection, the capped protected segment of
-// slru, proven and hindsight.
+// the segmented-LRU core (policy/internal/segmented).
 //
 // Both are plain deterministic values: no goroutines, no clock, no map
 // iteration. In steady state (slots and heap capacity already grown) no

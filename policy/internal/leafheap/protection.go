@@ -10,8 +10,9 @@ import (
 // counts the pages of every cached node and of the protected ones, keeps
 // the protected nodes in a heap by last access, and names the least
 // recently used protected node while protected pages exceed Share of all
-// pages. The policy keeps each node's protected flag and its pages and
-// tells Protection of every change.
+// pages. Its user (policy/internal/segmented) keeps each node's pages,
+// tells Protection of every change, and takes a node's protection from
+// Holds.
 type Protection struct {
 	// Share is the largest fraction of cached pages protected nodes may hold.
 	Share     float64
@@ -30,6 +31,11 @@ func (p *Protection) Resize(delta int64, protected bool) {
 		p.protected += delta
 	}
 }
+
+// Holds reports whether the node at slot is in the segment: protected
+// nodes are exactly those touched since they were protected and not yet
+// demoted or forgotten.
+func (p *Protection) Holds(slot int32) bool { return p.heap.Contains(slot) }
 
 // Protect accounts a node of pages pages that has just become protected.
 func (p *Protection) Protect(pages int64) { p.protected += pages }
@@ -76,23 +82,4 @@ func (p *Protection) Check() string {
 		return fmt.Sprintf("protected pages %d exceed share %.2f of %d", p.protected, p.Share, p.pages)
 	}
 	return ""
-}
-
-// DemoteOverfull demotes the least recently used protected nodes while the
-// segment holds more than its share. For each, demote takes the node out
-// of the policy's protected state and returns its pages and its new victim
-// key; a node in victims (an evictable leaf) is re-keyed. demote should be
-// a plain function, not a closure, so the call does not allocate.
-func DemoteOverfull[T any](p *Protection, nodes *Table[T], victims *Heap, demote func(*T) (pages int64, key Key)) {
-	for {
-		slot, id, ok := p.Overfull()
-		if !ok {
-			return
-		}
-		pages, k := demote(nodes.At(slot))
-		p.Demote(slot, pages)
-		if victims.Contains(slot) {
-			victims.Set(slot, id, k)
-		}
-	}
 }
