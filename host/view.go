@@ -1,6 +1,9 @@
 package host
 
-import "github.com/kvtier/kvtier/host/control"
+import (
+	"github.com/kvtier/kvtier/host/consensus"
+	"github.com/kvtier/kvtier/host/control"
+)
 
 // This file is what a driver reads of the Node's Machine between calls:
 // the tick, the contribution and digest a reply carries, a request's
@@ -10,9 +13,20 @@ import "github.com/kvtier/kvtier/host/control"
 // Ticks returns the number of ticks the Machine applied.
 func (n *Node) Ticks() uint64 { return n.m.Ticks() }
 
-// Contribution returns what the Machine would offer the group at its
-// next tick.
-func (n *Node) Contribution() control.Contribution { return n.m.Contribution() }
+// AppendContribution appends to dst, in the wire encoding
+// (consensus.AppendContribution, sent as env), the contribution the
+// Machine would offer the group at its next tick, shaped as
+// ConsensusGroup shapes it: with the digests on a tick that is a
+// multiple of Options.DigestEvery.
+func (n *Node) AppendContribution(dst []byte, env consensus.Envelope) ([]byte, error) {
+	every := n.m.Options().DigestEvery
+	digest := every > 0 && n.m.Ticks()%uint64(every) == 0
+	c, err := EncodeContribution(n.m.Contribution(), n.m.PipelineOps(), digest, n.m)
+	if err != nil {
+		return dst, err
+	}
+	return consensus.AppendContribution(dst, env, c)
+}
 
 // DueDigest returns the Machine's digest when its tick is one at which
 // the group compares digests (a multiple of Options.DigestEvery), else

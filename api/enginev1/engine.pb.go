@@ -1667,8 +1667,12 @@ type StepReply struct {
 	Placements []*Placement    `protobuf:"bytes,4,rep,name=placements,proto3" json:"placements,omitempty"`
 	Plans      []*CopyPlan     `protobuf:"bytes,5,rep,name=plans,proto3" json:"plans,omitempty"`
 	Errors     []*ItemError    `protobuf:"bytes,6,rep,name=errors,proto3" json:"errors,omitempty"`
-	// contribution is this rank's encoded contribution to the next
-	// frontier (for the engine transport).
+	// contribution is this rank's contribution to its next tick, in the
+	// group wire encoding (docs/consensus.md, "Wire encoding"), with every
+	// group transport. With the engine transport the engine all-reduces
+	// its ranks' contributions and sends the frontier in their next steps;
+	// with the others serve exchanges it itself (the envelope's group and
+	// stack ids are 0) and the bytes are for logs and tools.
 	Contribution []byte `protobuf:"bytes,7,opt,name=contribution,proto3" json:"contribution,omitempty"`
 	// digest is set every few ticks: the digest of the replicated state.
 	Digest        []byte `protobuf:"bytes,8,opt,name=digest,proto3" json:"digest,omitempty"`

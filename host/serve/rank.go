@@ -9,6 +9,7 @@ import (
 
 	pb "github.com/kvtier/kvtier/api/enginev1"
 	"github.com/kvtier/kvtier/host"
+	"github.com/kvtier/kvtier/host/consensus"
 	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/host/stack"
 	"github.com/kvtier/kvtier/pagehash"
@@ -84,7 +85,7 @@ type rankNode interface {
 
 	// What a reply and the metrics read.
 	Ticks() uint64
-	Contribution() control.Contribution
+	AppendContribution(dst []byte, env consensus.Envelope) ([]byte, error)
 	DueDigest() ([32]byte, bool)
 	Loading(req control.ReqID) bool
 	MatchedL1(req control.ReqID, dst []control.PageRef) []control.PageRef

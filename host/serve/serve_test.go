@@ -215,6 +215,33 @@ func TestServeHitsAndVerifiedBytes(t *testing.T) {
 	}
 }
 
+// TestServeContributionWireEncoding: with serve's own group transport a
+// Step reply carries the rank's contribution to its next tick in the wire
+// encoding the engine transport uses (zero group and stack ids), never a
+// second format.
+func TestServeContributionWireEncoding(t *testing.T) {
+	ctx := context.Background()
+	_, sock, _ := startServer(t, t.TempDir(), 1)
+	e := dialEngine(t, sock, 0, 1)
+	if err := e.register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		drive(t, ctx, e, reqName(i), chain("prefix", 2, 2, reqName(i)))
+		out, err := e.run(ctx, &pb.StepRequest{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env, c, err := consensus.DecodeContribution(out.Contribution, consensus.Expect{Size: 1})
+		if err != nil {
+			t.Fatalf("step reply's contribution %x: %v", out.Contribution, err)
+		}
+		if env.Rank != 0 || c.Tick != out.Tick {
+			t.Fatalf("contribution of rank %d for tick %d, want rank 0, tick %d", env.Rank, c.Tick, out.Tick)
+		}
+	}
+}
+
 // TestServeRestartFindsL3 stops serve, opens it again on the same data dir
 // and finds the pages of the first run in L3, verified byte for byte.
 func TestServeRestartFindsL3(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 
 	pb "github.com/kvtier/kvtier/api/enginev1"
 	"github.com/kvtier/kvtier/host"
+	"github.com/kvtier/kvtier/host/consensus"
 	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/internal/nsdigest"
 	"github.com/kvtier/kvtier/pagehash"
@@ -192,8 +193,23 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 	}
 
 	r.finishStep(s, out)
-	out.Contribution = []byte(control.Frontier(r.node.Contribution()).String())
+	r.contribution(out)
 	return out
+}
+
+// contribution puts the rank's contribution to its next tick in the
+// reply, in the wire encoding the engine transport's replies carry
+// (stepEngine), so every reply has one format. Serve exchanges this one
+// itself: the envelope's group and stack ids are 0, and the bytes are
+// for the engine's logs and tools (kvtier.group.reduce_contributions
+// reads them), never a frontier to send back.
+func (r *rank) contribution(out *pb.StepReply) {
+	enc, err := r.node.AppendContribution(nil, consensus.Envelope{Rank: r.srv.groupRank(r.idx), Size: r.srv.world()})
+	if err != nil {
+		r.log.Error("kvtier serve: encode the contribution", "tick", r.node.Ticks(), "err", err)
+		return
+	}
+	out.Contribution = enc
 }
 
 // groupStopped ends the session after its tick failed. When another

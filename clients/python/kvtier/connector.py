@@ -69,7 +69,8 @@ class KvtierConnector:
               "page_bytes": [b for _, b in self.kinds], "shard": rank, "salt": salt}
         self.client = Client(socket_path, engine_id, rank, world_size, ns)
         # Only the engine transport takes a frontier (other transports'
-        # replies carry the contribution as text, for logs).
+        # replies carry the contribution too, in the same wire encoding,
+        # for logs: serve exchanged it itself).
         engine = self.client.info.group_transport == "engine"
         if engine and all_reduce is None:
             if world_size > 1:
