@@ -8,7 +8,7 @@ LDFLAGS       := -X main.version=$(VERSION) -X main.revision=$(REVISION)
 # Packages with goroutines: also tested under the race detector. Not
 # host/datareplay: one goroutine drives it, its tiers' concurrency is raced
 # in their own packages, and with invariants on it takes 7+ minutes here.
-RACE_PKGS     ?= ./registry/... ./tiers/... ./indexes/... $(shell $(GO) list ./host/... | grep -v /host/datareplay) ./plugins/... ./bench/... ./loadgen/... ./internal/slabfile/...
+RACE_PKGS     ?= ./registry/... ./tiers/... ./indexes/... $(shell $(GO) list ./host/... | grep -v /host/datareplay) ./plugins/... ./bench/... ./internal/slabfile/...
 # Extra flags for `go test` (e.g. TESTFLAGS=-short).
 TESTFLAGS     ?=
 # Protobuf code generators, pinned (protoc itself is Debian's protobuf-compiler).
