@@ -7,7 +7,8 @@ import (
 )
 
 // Profile is a named generator config: the default workload or one of the
-// harder mixes that separate eviction policies (issue 15). A profile fixes
+// harder mixes that separate eviction policies (the adaptive policy's
+// evidence in docs/policies.md). A profile fixes
 // everything but the seed.
 type Profile struct {
 	// Name is what `kvtier generate --profile` and tests call it.

@@ -9,9 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"os"
 	"runtime"
-	"strings"
 	"sync"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 	"github.com/kvtier/kvtier/host/consensus/tcpgroup"
 	"github.com/kvtier/kvtier/internal/benchreport"
 	"github.com/kvtier/kvtier/internal/measure"
+	"github.com/prometheus/procfs"
 	"github.com/spf13/cobra"
 )
 
@@ -130,15 +129,15 @@ func groupWireLen() int {
 // loadNote says how loaded the machine was: the 1-minute load average and
 // the number of CPUs.
 func loadNote() string {
-	b, err := os.ReadFile("/proc/loadavg")
+	fs, err := procfs.NewDefaultFS()
 	if err != nil {
 		return fmt.Sprintf("load unknown, %d CPUs", runtime.NumCPU())
 	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
+	la, err := fs.LoadAvg()
+	if err != nil {
 		return fmt.Sprintf("load unknown, %d CPUs", runtime.NumCPU())
 	}
-	return fmt.Sprintf("load average %s on %d CPUs", f[0], runtime.NumCPU())
+	return fmt.Sprintf("load average %.2f on %d CPUs", la.Load1, runtime.NumCPU())
 }
 
 // runRanks runs body for every rank in its own goroutine, body timing its

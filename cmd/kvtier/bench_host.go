@@ -23,7 +23,8 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// Targets of issue 11.
+// Targets of kvtier bench host: the decision rate against the bare replay,
+// the copies against memcpy and fio.
 const (
 	hostDecisionsTarget = 0.5 // of the bare replay, and at least 5M page events per CPU-second
 	hostCopyTarget      = 0.8 // of memcpy, fio write, fio read

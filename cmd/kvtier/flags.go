@@ -13,16 +13,14 @@ package main
 // that a run just below it fits.
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"strconv"
 	"strings"
 
+	"github.com/prometheus/procfs"
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 )
@@ -130,9 +128,9 @@ func machineOf(ctx context.Context) machine {
 // memory, else no limit it can state (math.MaxInt64, said so).
 func hostMachine() machine {
 	m := machine{FreeDisk: statfsFree}
-	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		if n, err := parseMemAvailable(b); err == nil {
-			m.MemAvailable, m.MemSource = n, "MemAvailable in /proc/meminfo"
+	if fs, err := procfs.NewDefaultFS(); err == nil {
+		if mi, err := fs.Meminfo(); err == nil && mi.MemAvailableBytes != nil && *mi.MemAvailableBytes <= math.MaxInt64 {
+			m.MemAvailable, m.MemSource = int64(*mi.MemAvailableBytes), "MemAvailable in /proc/meminfo"
 			return m
 		}
 	}
@@ -145,35 +143,6 @@ func hostMachine() machine {
 	}
 	m.MemAvailable, m.MemSource = math.MaxInt64, "an unknown source (neither /proc/meminfo nor sysinfo could be read)"
 	return m
-}
-
-// errNoMemAvailable is returned by parseMemAvailable when the text has no
-// MemAvailable line (kernels before 3.14).
-var errNoMemAvailable = errors.New("no MemAvailable line")
-
-// parseMemAvailable returns the MemAvailable line of /proc/meminfo text in
-// bytes. The line is "MemAvailable:   12345678 kB".
-func parseMemAvailable(b []byte) (int64, error) {
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for line := 1; sc.Scan(); line++ {
-		rest, ok := strings.CutPrefix(sc.Text(), "MemAvailable:")
-		if !ok {
-			continue
-		}
-		fields := strings.Fields(rest)
-		if len(fields) != 2 || fields[1] != "kB" {
-			return 0, fmt.Errorf("meminfo line %d: want \"MemAvailable: N kB\", got %q", line, sc.Text())
-		}
-		kb, err := strconv.ParseInt(fields[0], 10, 64)
-		if err != nil || kb < 0 || kb > math.MaxInt64>>10 {
-			return 0, fmt.Errorf("meminfo line %d: MemAvailable %q is not a size in kB", line, fields[0])
-		}
-		return kb << 10, nil
-	}
-	if err := sc.Err(); err != nil {
-		return 0, fmt.Errorf("meminfo: %w", err)
-	}
-	return 0, errNoMemAvailable
 }
 
 // statfsFree returns the bytes available to an unprivileged writer on the

@@ -260,49 +260,13 @@ func FuzzParseCount(f *testing.F) {
 	})
 }
 
-func TestParseMemAvailable(t *testing.T) {
-	const meminfo = "MemTotal:       32768000 kB\nMemFree:         1000000 kB\nMemAvailable:   20000000 kB\nBuffers:          100 kB\n"
-	for _, c := range []struct {
-		name, in string
-		want     int64
-		err      string
-	}{
-		{"a kernel's meminfo", meminfo, 20_000_000 << 10, ""},
-		{"zero", "MemAvailable: 0 kB\n", 0, ""},
-		{"no line (kernel before 3.14)", "MemTotal: 1 kB\nMemFree: 1 kB\n", 0, "no MemAvailable line"},
-		{"empty", "", 0, "no MemAvailable line"},
-		{"other unit", "MemTotal: 1 kB\nMemAvailable: 5 MB\n", 0, "line 2"},
-		{"not a number", "MemAvailable: lots kB\n", 0, "not a size in kB"},
-		{"negative", "MemAvailable: -5 kB\n", 0, "not a size in kB"},
-		{"overflows bytes", "MemAvailable: 9223372036854775807 kB\n", 0, "not a size in kB"},
-		{"missing unit", "MemAvailable: 5\n", 0, "want \"MemAvailable: N kB\""},
-	} {
-		got, err := parseMemAvailable([]byte(c.in))
-		switch {
-		case c.err == "" && (err != nil || got != c.want):
-			t.Errorf("%s: %d, %v; want %d", c.name, got, err, c.want)
-		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
-			t.Errorf("%s: %d, %v; want an error containing %q", c.name, got, err, c.err)
-		}
+// TestHostMachine: this host's available memory comes from procfs's
+// MemAvailable (or sysinfo), and is positive.
+func TestHostMachine(t *testing.T) {
+	m := hostMachine()
+	if m.MemAvailable <= 0 || m.MemSource == "" {
+		t.Fatalf("host machine: %d bytes from %q", m.MemAvailable, m.MemSource)
 	}
-	// This host's figure, if it has one, is positive.
-	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		if n, err := parseMemAvailable(b); err == nil && n <= 0 {
-			t.Errorf("this host's MemAvailable is %d", n)
-		}
-	}
-}
-
-func FuzzParseMemAvailable(f *testing.F) {
-	f.Add([]byte("MemTotal: 1 kB\nMemAvailable: 20000000 kB\n"))
-	f.Add([]byte("MemAvailable: 9223372036854775807 kB\n"))
-	f.Add([]byte(""))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		n, err := parseMemAvailable(b)
-		if err == nil && (n < 0 || n%1024 != 0) {
-			t.Fatalf("parseMemAvailable(%q) = %d: want a non-negative multiple of 1 KiB", b, n)
-		}
-	})
 }
 
 // TestFlagsAnywhere: flags before, between and after the positional
