@@ -201,14 +201,7 @@ func TestSlabFull(t *testing.T) {
 func TestReloadAfterEviction(t *testing.T) {
 	h := newHarness(t, 8, false, nil, Limits{})
 	ses := h.register(t)
-	var keys []string
-	for i := range 32 {
-		keys = append(keys, fmt.Sprintf("p%02d", i))
-	}
-	for i := 0; i < len(keys); i += 4 {
-		h.set(t, ses, keys[i:i+4]...)
-		waitEvictable(t, h.d)
-	}
+	keys := h.setPast(t, ses, "p", 32)
 	ex, err := h.d.BatchExists(context.Background(), &pb.ExistsRequest{Session: ses, Keys: keys})
 	if err != nil {
 		t.Fatal(err)

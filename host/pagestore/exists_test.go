@@ -18,14 +18,7 @@ func TestExistsPrefetch(t *testing.T) {
 			// 16 slots: a prefetch may load 4 at once (a quarter).
 			h := newHarness(t, 16, false, nil, Limits{})
 			ses := h.register(t)
-			var keys []string
-			for i := range 24 {
-				keys = append(keys, fmt.Sprintf("p%02d", i))
-			}
-			for i := 0; i < len(keys); i += 4 {
-				h.set(t, ses, keys[i:i+4]...)
-				waitEvictable(t, h.d)
-			}
+			keys := h.setPast(t, ses, "p", 24)
 			// The slab holds the last 16; the first 8 are only in the store.
 			first := keys[:4]
 			ex, err := h.d.BatchExists(context.Background(), &pb.ExistsRequest{Session: ses, Keys: first, Prefetch: prefetch})
@@ -73,14 +66,7 @@ func TestExistsPrefetch(t *testing.T) {
 func TestExistsPrefetchBudget(t *testing.T) {
 	h := newHarness(t, 8, false, nil, Limits{})
 	ses := h.register(t)
-	var keys []string
-	for i := range 16 {
-		keys = append(keys, fmt.Sprintf("q%02d", i))
-	}
-	for i := 0; i < len(keys); i += 4 {
-		h.set(t, ses, keys[i:i+4]...)
-		waitEvictable(t, h.d)
-	}
+	keys := h.setPast(t, ses, "q", 16)
 	if _, err := h.d.BatchExists(context.Background(), &pb.ExistsRequest{Session: ses, Keys: keys[:4], Prefetch: true}); err != nil {
 		t.Fatal(err)
 	}

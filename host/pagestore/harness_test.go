@@ -180,3 +180,19 @@ func waitEvictable(t testing.TB, d *Door) {
 }
 
 func nopLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// setPast sets n keys named prefix00, prefix01, ... four at a time, each
+// batch written through to the store before the next, so that with a slab
+// smaller than n the first ones end up in the store alone.
+func (h *harness) setPast(t testing.TB, ses, prefix string, n int) []string {
+	t.Helper()
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%s%02d", prefix, i)
+	}
+	for i := 0; i < n; i += 4 {
+		h.set(t, ses, keys[i:min(n, i+4)]...)
+		waitEvictable(t, h.d)
+	}
+	return keys
+}

@@ -246,6 +246,23 @@ func TestServeContributionWireEncoding(t *testing.T) {
 // and finds the pages of the first run in L3, verified byte for byte.
 func TestServeRestartFindsL3(t *testing.T) {
 	ctx := context.Background()
+	_, e, keys := restartWithL3(t, ctx)
+	var l3 uint32
+	for i := range keys {
+		res := drive(t, ctx, e, "again"+reqName(i), keys[i])
+		l3 += res.L3Hit
+	}
+	if l3 == 0 || e.wrong != 0 {
+		t.Fatalf("after the restart: %d L3 hit pages, %d wrong pages (verified %d)", l3, e.wrong, e.verified)
+	}
+}
+
+// restartWithL3 stores 8 keys of 12 pages through a serve, lets the spills
+// land, stops it and starts a new serve on the same data dir: the pages
+// are then only in L3. It returns the new serve, a registered engine on
+// it and the keys.
+func restartWithL3(t *testing.T, ctx context.Context) (*Server, *testEngine, [][]pagehash.Hash) {
+	t.Helper()
 	dir := t.TempDir()
 	_, sock, stop := startServer(t, dir, 1)
 	e := dialEngine(t, sock, 0, 1)
@@ -264,19 +281,12 @@ func TestServeRestartFindsL3(t *testing.T) {
 	}
 	stop()
 	e.close()
-	_, sock, _ = startServer(t, dir, 1)
+	srv, sock, _ := startServer(t, dir, 1)
 	e = dialEngine(t, sock, 0, 1)
 	if err := e.register(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var l3 uint32
-	for i := range keys {
-		res := drive(t, ctx, e, "again"+reqName(i), keys[i])
-		l3 += res.L3Hit
-	}
-	if l3 == 0 || e.wrong != 0 {
-		t.Fatalf("after the restart: %d L3 hit pages, %d wrong pages (verified %d)", l3, e.wrong, e.verified)
-	}
+	return srv, e, keys
 }
 
 // TestServeBadInput: every malformed item is refused on its own, named,

@@ -8,7 +8,6 @@ import (
 
 	pb "github.com/kvtier/kvtier/api/enginev1"
 	"github.com/kvtier/kvtier/host/control"
-	"github.com/kvtier/kvtier/pagehash"
 )
 
 // TestUpcomingPrefetchesFromL3: after a restart the pages are only in L3;
@@ -16,29 +15,7 @@ import (
 // into L2, so their lookups later hit in L2 while the others come from L3.
 func TestUpcomingPrefetchesFromL3(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	_, sock, stop := startServer(t, dir, 1)
-	e := dialEngine(t, sock, 0, 1)
-	if err := e.register(ctx); err != nil {
-		t.Fatal(err)
-	}
-	keys := make([][]pagehash.Hash, 8)
-	for i := range keys {
-		keys[i] = chain(reqName(i), 12, 12, "")
-		drive(t, ctx, e, reqName(i), keys[i])
-	}
-	for range 20 { // let the spills land
-		if _, err := e.run(ctx, &pb.StepRequest{}, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	stop()
-	e.close()
-	srv, sock, _ := startServer(t, dir, 1)
-	e = dialEngine(t, sock, 0, 1)
-	if err := e.register(ctx); err != nil {
-		t.Fatal(err)
-	}
+	srv, e, keys := restartWithL3(t, ctx)
 	var ups []*pb.Upcoming
 	for _, k := range keys[:4] {
 		ups = append(ups, &pb.Upcoming{Pages: uint32(len(k)), Hashes: packHashes(k)})
