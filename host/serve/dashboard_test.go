@@ -66,7 +66,7 @@ func TestGrafanaDashboard(t *testing.T) {
 	// A live serve, with a session that stepped, so every family shows.
 	ctx := context.Background()
 	maddr := freePort(t)
-	_, sock, _ := startWith(t, Config{DataDir: t.TempDir(), Metrics: maddr, Shadow: []string{"lru"}})
+	_, sock, _ := startWith(t, Config{DataDir: t.TempDir(), Metrics: maddr, Shadow: []string{"lru"}, Doors: []string{DoorEngine, DoorStore}})
 	e := dialEngine(t, sock, 0, 1)
 	if err := e.register(ctx); err != nil {
 		t.Fatal(err)
