@@ -237,13 +237,17 @@ type quarantined struct {
 // storev1.StoreServer; they are safe for concurrent use.
 type Door struct {
 	pb.UnimplementedStoreServer
-	opt       Options
-	log       *slog.Logger
-	kinds     []tiers.PayloadSpec
-	pageBytes int64
-	nslots    int
-	spans     []tiers.Span // slot*len(kinds)+kind
-	views     [][]byte     // the same, as bytes of the slab
+	// afterStartCheck, set by tests only, runs in a check_at_release
+	// BatchGet right after its check started (to order the check against
+	// the rest of the call).
+	afterStartCheck func(*pendingCheck)
+	opt             Options
+	log             *slog.Logger
+	kinds           []tiers.PayloadSpec
+	pageBytes       int64
+	nslots          int
+	spans           []tiers.Span // slot*len(kinds)+kind
+	views           [][]byte     // the same, as bytes of the slab
 
 	mu         sync.Mutex
 	free       []int32

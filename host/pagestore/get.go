@@ -176,7 +176,10 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 		d.startLoad(ld)
 	}
 	if !d.opt.SkipVerify && len(check) > 0 && q.GetCheckAtRelease() {
-		d.startCheck(ses, l, keys, check, checkE, checkSlot, checkCRC)
+		pc := d.startCheck(ses, l, keys, check, checkE, checkSlot, checkCRC)
+		if d.afterStartCheck != nil {
+			d.afterStartCheck(pc)
+		}
 	} else if !d.opt.SkipVerify && len(check) > 0 {
 		bad := make([]bool, len(check))
 		d.forPages(len(check), func(j int) { bad[j] = !d.verify(checkSlot[j], checkCRC[j]) })
@@ -223,7 +226,10 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 		d.mu.Unlock()
 	}
 	d.mu.Lock()
-	held := len(l.detached) > 0
+	// NB: a check at release counts as held even when it already dropped
+	// every page it checked (a fast check, a slow reply): those pages went
+	// out as hits, and only the lease's Release can report them corrupt.
+	held := len(l.detached) > 0 || l.chk != nil
 	for _, e := range l.pinned {
 		held = held || e != nil
 	}
@@ -311,7 +317,7 @@ func (d *Door) applyCheck(ses *session, l *lease, keys []string, check []int, es
 // the client copies them; Release waits for it and reports the failures.
 // The lease's pins keep the slots from reuse until then; a lease that ends
 // first (expiry, Close) voids the check, and nothing is dropped on it.
-func (d *Door) startCheck(ses *session, l *lease, keys []string, check []int, es []*entry, slots []int32, crcs [][]uint32) {
+func (d *Door) startCheck(ses *session, l *lease, keys []string, check []int, es []*entry, slots []int32, crcs [][]uint32) *pendingCheck {
 	pc := &pendingCheck{done: make(chan struct{})}
 	d.mu.Lock()
 	l.chk = pc
@@ -332,6 +338,7 @@ func (d *Door) startCheck(ses *session, l *lease, keys []string, check []int, es
 			pc.corrupt = append(pc.corrupt, uint32(i))
 		}
 	}()
+	return pc
 }
 
 // install makes a reloaded page readable (under d.mu) and, with a live
