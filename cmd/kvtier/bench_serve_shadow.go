@@ -30,7 +30,9 @@ import (
 // until the shadows have replayed every lookup before reading the CPU, so
 // their whole cost is counted.
 func benchServeShadow(ctx context.Context, o serveRound, l3 string, shadow []string, rounds int, stdout io.Writer, asJSON bool) error {
-	exe, err := kvtierExecutable()
+	// NB: serve runs from this binary; a test binary runs as kvtier with
+	// asMainEnv set (TestMain).
+	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("bench serve: %w", err)
 	}
@@ -85,12 +87,6 @@ func benchServeShadow(ctx context.Context, o serveRound, l3 string, shadow []str
 // asMainEnv makes a `go test` binary of this package run as kvtier (see
 // TestMain), so the bench can start serve from it.
 const asMainEnv = "KVTIER_TEST_AS_MAIN"
-
-// kvtierExecutable is the kvtier binary to run serve from: this one (a
-// test binary runs as kvtier with asMainEnv set).
-func kvtierExecutable() (string, error) {
-	return os.Executable()
-}
 
 // runChild runs one round against a serve subprocess and returns its CPU
 // time over the loadgen run.

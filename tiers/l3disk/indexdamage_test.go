@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/kvtier/kvtier/indexes/indextest"
@@ -40,6 +41,11 @@ func TestIndexDamageLoad(t *testing.T) {
 	cases := 8
 	if soak() {
 		cases = 200
+	}
+	// KVTIER_SOAK_CASES sets the count (the 2x1300-case soaks of the LMDB
+	// damage checks: KVTIER_SOAK_CASES=1300).
+	if n, err := strconv.Atoi(os.Getenv("KVTIER_SOAK_CASES")); err == nil && n > 0 {
+		cases = n
 	}
 	for _, ixo := range testIndexes() {
 		t.Run(ixo.name, func(t *testing.T) {

@@ -11,30 +11,17 @@ import (
 // Touch refreshes the server's recency of keys (TOUCH) and, with a TTL,
 // their expiry. Keys that are absent or unreachable are skipped.
 func (s *Store) Touch(ctx context.Context, keys []tiers.Key) error {
-	s.closeMu.RLock()
-	defer s.closeMu.RUnlock()
-	if s.closed {
-		return tiers.ErrClosed
-	}
-	if len(keys) == 0 {
-		return nil
-	}
-	rctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
-	defer cancel()
-	pipe := s.client.Pipeline()
 	cmds := make([]goredis.Cmder, 0, len(keys))
-	for _, k := range keys {
-		key := s.redisKey(k)
+	return s.pipelined(ctx, keys, func(rctx context.Context, pipe goredis.Pipeliner, _ int, key string) {
 		cmds = append(cmds, pipe.Touch(rctx, key))
 		if s.ttl > 0 {
 			cmds = append(cmds, pipe.PExpire(rctx, key, s.ttl))
 		}
-	}
-	_, _ = pipe.Exec(rctx)
-	if err := firstCmdErr(cmds); err != nil {
-		s.logRate(logProbe, "redis touch failed for some keys: skipped", "error", err)
-	}
-	return nil
+	}, func() {
+		if err := firstCmdErr(cmds); err != nil {
+			s.logRate(logProbe, "redis touch failed for some keys: skipped", "error", err)
+		}
+	})
 }
 
 func firstCmdErr(cmds []goredis.Cmder) error {
