@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/kvtier/kvtier/host/control"
@@ -127,6 +128,10 @@ func (n *Node) work() {
 		n.jobMu.Unlock()
 		select {
 		case n.jobReady <- struct{}{}:
+			// The rank goroutine just woken sits in this P's run-next
+			// slot; the next job (a reload's copies, milliseconds) would
+			// keep it, and a step behind it, waiting. Yield to it.
+			runtime.Gosched()
 		default:
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/trace"
 	"slices"
 	"strings"
 	"sync"
@@ -463,7 +464,9 @@ func (r *rank) run(ctx context.Context) {
 			}
 		}
 		t0 := time.Now()
+		reg := trace.StartRegion(ctx, "loadgen.step")
 		out, err := r.c.Step(ctx, q)
+		reg.End()
 		r.lat = append(r.lat, time.Since(t0))
 		r.steps++
 		if err != nil {

@@ -1,6 +1,9 @@
 package tiers
 
-import "sync"
+import (
+	"runtime"
+	"sync"
+)
 
 // AckQueue holds a tier's acks (of Store Put items and Pool copy items)
 // from the moment the tier queues them until the host drains them at a
@@ -33,6 +36,11 @@ func (q *AckQueue) Push(ready chan<- struct{}, acks ...Ack) {
 	// always finds them.
 	select {
 	case ready <- struct{}{}:
+		// The woken host goroutine sits in this P's run-next slot: a
+		// tier goroutine that goes on copying or checksumming a page
+		// (milliseconds at 2.75 MiB) would keep it there, and an engine
+		// step behind it, while the other P is busy. Hand it the P now.
+		runtime.Gosched()
 	default:
 	}
 }

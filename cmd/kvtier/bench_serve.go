@@ -46,6 +46,7 @@ the same socket, the limit.`,
 	pageBytes := fs.String("page-bytes", "", "page `size` per payload kind (e.g. 2816KiB, the seed's geometry); the stack is sized in pages: an L1 of 2x --max-pages, an L2 of 6x, an L3 of 16x per rank (empty: the embedded demo stack)")
 	maxPages := fs.Int("max-pages", 64, "pages per request at most (longer prompts are cut)")
 	shadow := fs.String("shadow", "", "comma-separated `policies`: alternate rounds of a serve subprocess with --shadow and without, and report serve's CPU per step of each and their ratio (default 3 rounds)")
+	process := fs.Bool("process", false, "with --rounds: run each round's serve as its own process (as under a real engine), not in the bench process")
 	rounds := fs.Int("rounds", 0, "alternate N rounds with the --l3 tier and N without L3, each a fresh serve, and report the step p99 of each and their ratio (0: one run)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
@@ -112,6 +113,7 @@ the same socket, the limit.`,
 			return benchServeShadow(ctx, o, *l3, splitList(*shadow), n, stdout, *asJSON)
 		}
 		if *rounds > 0 {
+			o.process = *process
 			return benchServeRounds(ctx, o, *l3, *rounds, stdout, *asJSON)
 		}
 		res, err := o.run(ctx, *l3)
@@ -155,6 +157,7 @@ type serveRound struct {
 	dir                                   string
 	copies                                bool
 	pageBytes                             int64 // 0: the embedded demo stack
+	process                               bool  // rounds: serve in a child process
 }
 
 // yaml is the embedded demo stack, or with pageBytes set that stack with
@@ -301,7 +304,16 @@ func benchServeRounds(ctx context.Context, o serveRound, l3 string, rounds int, 
 		if i%2 == 1 {
 			tier = "none"
 		}
-		res, err := o.run(ctx, tier)
+		var res loadgen.Result
+		var err error
+		if o.process {
+			var exe string
+			if exe, err = os.Executable(); err == nil {
+				_, _, res, err = o.runChild(ctx, exe, tier, nil)
+			}
+		} else {
+			res, err = o.run(ctx, tier)
+		}
 		if err != nil {
 			return fmt.Errorf("round %d (--l3 %s): %w", i/2+1, tier, err)
 		}
@@ -317,8 +329,12 @@ func benchServeRounds(ctx context.Context, o serveRound, l3 string, rounds int, 
 	if !o.copies {
 		what = copiesNotRun
 	}
-	note := fmt.Sprintf("%d alternating rounds each, a fresh serve a round; %s; %s; %d sessions, %d new requests a step, %d requests; median of the rounds' p99; L3 hit tokens over the L3 rounds %d; %s",
-		rounds, what, o.geometry(), o.sessions, o.perStep, o.requests, l3Hits, loadNote())
+	where := "in the bench process"
+	if o.process {
+		where = "its own process"
+	}
+	note := fmt.Sprintf("%d alternating rounds each, a fresh serve (%s) a round; %s; %s; %d sessions, %d new requests a step, %d requests; median of the rounds' p99; L3 hit tokens over the L3 rounds %d; %s",
+		rounds, where, what, o.geometry(), o.sessions, o.perStep, o.requests, l3Hits, loadNote())
 	rows := []benchreport.Result{
 		{Bench: "serve/step_p99_l3", Value: a, Unit: "us", Note: fmt.Sprintf("L3 %s, rounds %v", l3, roundUs(withL3))},
 		{Bench: "serve/step_p99_nol3", Value: b, Unit: "us", Note: fmt.Sprintf("no L3, rounds %v", roundUs(without))},

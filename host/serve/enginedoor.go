@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/trace"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -160,6 +161,7 @@ func (s *Server) Step(ctx context.Context, q *pb.StepRequest) (*pb.StepReply, er
 		s.metrics.unknownSession.Add(1)
 		return out, nil
 	}
+	defer trace.StartRegion(ctx, "serve.rpc.step").End()
 	out, err := s.call(ctx, r, call{kind: callStep, step: q})
 	if err != nil {
 		return nil, err

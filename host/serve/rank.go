@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"runtime/trace"
 	"sync/atomic"
 	"time"
 
@@ -207,7 +208,9 @@ func (r *rank) loop(ctx context.Context) {
 				out.reg, out.err = r.register(ctx, c.reg)
 			case callStep:
 				t0 := time.Now()
+				reg := trace.StartRegion(ctx, "serve.step")
 				out.step = r.step(ctx, c.step)
+				reg.End()
 				r.srv.metrics.observeStep(r.idx, time.Since(t0))
 			case callClose:
 				out.err = r.closeSession(ctx, c.close)
@@ -229,13 +232,13 @@ func (r *rank) loop(ctx context.Context) {
 			}
 		case <-r.node.PoolReady():
 			if r.tickDone == nil {
-				r.node.Drain()
+				trace.WithRegion(ctx, "serve.drain.pool", r.node.Drain)
 			}
 		case <-r.node.StoreReady():
 			// The Node's store worker answered a lookup or a get: its
 			// result is a local fact, replicated at the next tick.
 			if r.tickDone == nil {
-				r.node.Drain()
+				trace.WithRegion(ctx, "serve.drain.store", r.node.Drain)
 			}
 		case now := <-expire.C:
 			if s := r.sess; s != nil && now.Sub(s.seen) > r.srv.cfg.SessionTTL {

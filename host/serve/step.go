@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"time"
@@ -115,7 +116,7 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 		}
 	}
 	r.failOverdue(errs, time.Now())
-	r.node.Drain()
+	trace.WithRegion(ctx, "serve.step.drain", r.node.Drain)
 
 	// 2. Lookups.
 	names := map[string]bool{}
@@ -183,7 +184,10 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 	// waits for a tier: lookups and reloads run on the Node's store
 	// worker, and a request held for one stays PENDING until a later
 	// step's tick finds its answers in the frontier.
-	if err := r.tick(ctx); err != nil {
+	reg := trace.StartRegion(ctx, "serve.step.tick")
+	err := r.tick(ctx)
+	reg.End()
+	if err != nil {
 		// The group stopped (a rank's engine did not step in time, or
 		// the ranks diverged, or a peer's session ended): every session
 		// ends, a new epoch starts; the engine registers again and
