@@ -1,0 +1,1 @@
+"""Stand-in vllm.v1.kv_offload.tiering (tests only)."""
