@@ -1,9 +1,10 @@
 package pagestore
 
 import (
-	"hash/crc32"
 	"runtime"
 	"sync"
+
+	"github.com/kvtier/kvtier/internal/crc32c"
 )
 
 // parallelCRCBytes: a batch of at least this many bytes is checksummed by
@@ -46,7 +47,7 @@ func (d *Door) forPages(n int, f func(i int)) {
 func (d *Door) checksum(slot int32) []uint32 {
 	out := make([]uint32, len(d.kinds))
 	for k := range d.kinds {
-		out[k] = crc32.Checksum(d.view(slot, k), castagnoli)
+		out[k] = crc32c.Checksum(d.view(slot, k))
 	}
 	return out
 }
@@ -54,7 +55,7 @@ func (d *Door) checksum(slot int32) []uint32 {
 // verify says whether slot's bytes still match crc.
 func (d *Door) verify(slot int32, crc []uint32) bool {
 	for k := range d.kinds {
-		if crc32.Checksum(d.view(slot, k), castagnoli) != crc[k] {
+		if crc32c.Checksum(d.view(slot, k)) != crc[k] {
 			return false
 		}
 	}

@@ -31,7 +31,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"log/slog"
 	"sync"
 	"time"
@@ -45,9 +44,6 @@ import (
 	"github.com/kvtier/kvtier/policy"
 	"github.com/kvtier/kvtier/tiers"
 )
-
-// castagnoli is CRC32C's table (hardware-accelerated on amd64 and arm64).
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Limits bound what clients may ask; zero fields take the defaults.
 type Limits struct {

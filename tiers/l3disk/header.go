@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/kvtier/kvtier/internal/crc32c"
 	"hash/crc32"
 
 	"github.com/kvtier/kvtier/pagehash"
@@ -109,7 +110,7 @@ func DecodeSlotHeader(b []byte) (SlotHeader, error) {
 }
 
 // PayloadCRC returns the CRC-32C of a payload.
-func PayloadCRC(p []byte) uint32 { return crc32.Checksum(p, castagnoli) }
+func PayloadCRC(p []byte) uint32 { return crc32c.Checksum(p) }
 
 // SlotBytes returns the size of a slot holding a payload of pageBytes:
 // header plus payload rounded up to the O_DIRECT block.

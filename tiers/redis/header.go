@@ -8,7 +8,7 @@ import (
 
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
-	"github.com/kvtier/kvtier/tiers/redis/internal/crc32c"
+	"github.com/kvtier/kvtier/internal/crc32c"
 )
 
 // TrailerSize is the length of the trailer at the end of every value; the

@@ -28,7 +28,7 @@ import (
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/redis"
-	"github.com/kvtier/kvtier/tiers/redis/internal/crc32c"
+	"github.com/kvtier/kvtier/internal/crc32c"
 	"github.com/kvtier/kvtier/tiers/tiertest"
 )
 
