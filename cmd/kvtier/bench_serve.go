@@ -46,7 +46,7 @@ the same socket, the limit.`,
 	pageBytes := fs.String("page-bytes", "", "page `size` per payload kind (e.g. 2816KiB, the seed's geometry); the stack is sized in pages: an L1 of 2x --max-pages, an L2 of 6x, an L3 of 16x per rank (empty: the embedded demo stack)")
 	maxPages := fs.Int("max-pages", 64, "pages per request at most (longer prompts are cut)")
 	shadow := fs.String("shadow", "", "comma-separated `policies`: alternate rounds of a serve subprocess with --shadow and without, and report serve's CPU per step of each and their ratio (default 3 rounds)")
-	process := fs.Bool("process", false, "with --rounds: run each round's serve as its own process (as under a real engine), not in the bench process")
+	process := fs.Bool("process", false, "run serve as its own process (as under a real engine), not in the bench process")
 	rounds := fs.Int("rounds", 0, "alternate N rounds with the --l3 tier and N without L3, each a fresh serve, and report the step p99 of each and their ratio (0: one run)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
@@ -112,11 +112,11 @@ the same socket, the limit.`,
 			}
 			return benchServeShadow(ctx, o, *l3, splitList(*shadow), n, stdout, *asJSON)
 		}
+		o.process = *process
 		if *rounds > 0 {
-			o.process = *process
 			return benchServeRounds(ctx, o, *l3, *rounds, stdout, *asJSON)
 		}
-		res, err := o.run(ctx, *l3)
+		res, err := o.runOnce(ctx, *l3)
 		if err != nil {
 			return err
 		}
@@ -292,6 +292,20 @@ func (o serveRound) run(ctx context.Context, l3 string) (loadgen.Result, error) 
 	return checked(res)
 }
 
+// runOnce runs one round, its serve in the bench process or (o.process)
+// in a child process.
+func (o serveRound) runOnce(ctx context.Context, l3 string) (loadgen.Result, error) {
+	if !o.process {
+		return o.run(ctx, l3)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return loadgen.Result{}, fmt.Errorf("bench serve: %w", err)
+	}
+	_, _, res, err := o.runChild(ctx, exe, l3, nil)
+	return res, err
+}
+
 // benchServeRounds alternates rounds with L3 l3 and without L3, each a
 // fresh serve over the same workload, and reports the median over the
 // rounds of each one's step p99 and the ratio nol3/l3 (1: L3 costs a step
@@ -304,16 +318,7 @@ func benchServeRounds(ctx context.Context, o serveRound, l3 string, rounds int, 
 		if i%2 == 1 {
 			tier = "none"
 		}
-		var res loadgen.Result
-		var err error
-		if o.process {
-			var exe string
-			if exe, err = os.Executable(); err == nil {
-				_, _, res, err = o.runChild(ctx, exe, tier, nil)
-			}
-		} else {
-			res, err = o.run(ctx, tier)
-		}
+		res, err := o.runOnce(ctx, tier)
 		if err != nil {
 			return fmt.Errorf("round %d (--l3 %s): %w", i/2+1, tier, err)
 		}
