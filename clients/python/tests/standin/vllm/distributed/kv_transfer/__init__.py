@@ -1,0 +1,1 @@
+"""Stand-in vllm.distributed.kv_transfer (tests only)."""

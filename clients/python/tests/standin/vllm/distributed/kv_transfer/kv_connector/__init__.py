@@ -1,0 +1,1 @@
+"""Stand-in vllm.distributed.kv_transfer.kv_connector (tests only)."""

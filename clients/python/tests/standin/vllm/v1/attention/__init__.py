@@ -1,0 +1,1 @@
+"""Stand-in vllm.v1.attention (tests only)."""

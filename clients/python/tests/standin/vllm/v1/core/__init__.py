@@ -1,0 +1,1 @@
+"""Stand-in vllm.v1.core (tests only)."""
