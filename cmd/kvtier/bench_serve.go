@@ -46,6 +46,7 @@ the same socket, the limit.`,
 	pageBytes := fs.String("page-bytes", "", "page `size` per payload kind (e.g. 2816KiB, the seed's geometry); the stack is sized in pages: an L1 of 2x --max-pages, an L2 of 6x, an L3 of 16x per rank (empty: the embedded demo stack)")
 	maxPages := fs.Int("max-pages", 64, "pages per request at most (longer prompts are cut)")
 	shadow := fs.String("shadow", "", "comma-separated `policies`: alternate rounds of a serve subprocess with --shadow and without, and report serve's CPU per step of each and their ratio (default 3 rounds)")
+	cpuSessions := fs.String("cpu-sessions", "", "comma-separated session `counts` (e.g. 1,8): run a serve subprocess with each, --rounds times in turn (default 3), and report serve's CPU per engine step of each and its ratio to the first's")
 	process := fs.Bool("process", false, "run serve as its own process (as under a real engine), not in the bench process")
 	rounds := fs.Int("rounds", 0, "alternate N rounds with the --l3 tier and N without L3, each a fresh serve, and report the step p99 of each and their ratio (0: one run)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
@@ -64,7 +65,7 @@ the same socket, the limit.`,
 			return fmt.Errorf("bench serve: --max-pages %d: want 1..4096: %w", *maxPages, errUsage)
 		case *rounds < 0 || *rounds > 100:
 			return fmt.Errorf("bench serve: --rounds %d: want 0..100: %w", *rounds, errUsage)
-		case *rounds > 0 && *l3 == "none" && *shadow == "":
+		case *rounds > 0 && *l3 == "none" && *shadow == "" && *cpuSessions == "":
 			return fmt.Errorf("bench serve: --rounds compares --l3 %s with no L3: name an L3 (l3disk or memstore): %w", *l3, errUsage)
 		}
 		var pb quantity.Size
@@ -104,6 +105,17 @@ the same socket, the limit.`,
 				return fmt.Errorf("bench serve: %w", err)
 			}
 			defer trace.Stop()
+		}
+		if *cpuSessions != "" {
+			counts, err := parseSessionCounts(splitList(*cpuSessions))
+			if err != nil {
+				return fmt.Errorf("bench serve: %w", err)
+			}
+			n := *rounds
+			if n == 0 {
+				n = 3
+			}
+			return benchServeSessions(ctx, o, *l3, counts, n, stdout, *asJSON)
 		}
 		if *shadow != "" {
 			n := *rounds

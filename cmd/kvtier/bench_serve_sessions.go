@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+
+	"github.com/kvtier/kvtier/internal/benchreport"
+)
+
+// parseSessionCounts parses --cpu-sessions: at least two rank counts in
+// 1..64, the first the base the others are compared with.
+func parseSessionCounts(v []string) ([]int, error) {
+	if len(v) < 2 {
+		return nil, fmt.Errorf("--cpu-sessions %v: want at least two session counts (e.g. 1,8): %w", v, errUsage)
+	}
+	out := make([]int, len(v))
+	for i, s := range v {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 64 {
+			return nil, fmt.Errorf("--cpu-sessions: %q: want a session count in 1..64: %w", s, errUsage)
+		}
+		out[i] = n
+	}
+	return out, nil
+}
+
+// benchServeSessions runs serve subprocesses with each session count in
+// counts (the ranks of one engine, stepping in lockstep), rounds times in
+// turn, and reports serve's CPU per engine step (user+system over the
+// run, over the steps every rank made) for each, and each count's ratio
+// to the first: what one more local rank costs the control plane.
+func benchServeSessions(ctx context.Context, o serveRound, l3 string, counts []int, rounds int, stdout io.Writer, asJSON bool) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("bench serve: %w", err)
+	}
+	per := make([][]float64, len(counts))
+	steps := make([]int64, len(counts))
+	for r := range rounds {
+		for i, n := range counts {
+			oo := o
+			oo.sessions = n
+			cpu, _, res, err := oo.runChild(ctx, exe, l3, nil)
+			if err != nil {
+				return fmt.Errorf("round %d (--sessions %d): %w", r+1, n, err)
+			}
+			per[i] = append(per[i], cpu.Seconds()*1e6/float64(res.Steps))
+			steps[i] = res.Steps
+		}
+	}
+	what := copiesRun
+	if !o.copies {
+		what = copiesNotRun
+	}
+	base := median(per[0])
+	var rows []benchreport.Result
+	for i, n := range counts {
+		v := median(per[i])
+		note := fmt.Sprintf("serve subprocess, its CPU (user+system, /proc) over the run / engine steps (%d a round; each a Step of every session); rounds %v; L3 %s; %s; %s; %d new requests a step, %d requests; %s",
+			steps[i], roundUs(per[i]), l3, what, o.geometry(), o.perStep, o.requests, loadNote())
+		row := benchreport.Result{Bench: fmt.Sprintf("serve/cpu_per_step_s%d", n), Value: v, Unit: "us", Note: note}
+		if i > 0 {
+			row.Limit, row.LimitName, row.Target = base, fmt.Sprintf("serve CPU per step with %d sessions, same run", counts[0]), 1/1.5
+			if v > 0 {
+				row.Ratio = base / v
+			}
+		}
+		rows = append(rows, row)
+	}
+	return benchreport.Write(stdout, rows, asJSON)
+}
