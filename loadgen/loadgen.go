@@ -84,12 +84,20 @@ type Result struct {
 	LoadRatio       float64          `json:"load_ratio"`
 	StoreRatio      float64          `json:"store_ratio"`
 	LoadedBytes     int64            `json:"loaded_bytes"`
-	StoredBytes     int64            `json:"stored_bytes"`
-	Seconds         float64          `json:"seconds"`
-	PageTokens      int              `json:"page_tokens"`
-	PageBytes       int64            `json:"page_bytes"`
-	L1Pages         int              `json:"l1_pages"`
-	FirstError      string           `json:"first_error,omitempty"`
+	// CopyShare is the engine copies' share of the run's wall time
+	// (loads and stores, every rank's summed over the ranks); the
+	// GB/s figures are over the copies' own time.
+	CopyShare float64 `json:"copy_share"`
+	// CopyItems and CopyRuns count plan items and the copies they were
+	// run as (items contiguous in L1 and the slab are one run).
+	CopyItems   int64   `json:"copy_items"`
+	CopyRuns    int64   `json:"copy_runs"`
+	StoredBytes int64   `json:"stored_bytes"`
+	Seconds     float64 `json:"seconds"`
+	PageTokens  int     `json:"page_tokens"`
+	PageBytes   int64   `json:"page_bytes"`
+	L1Pages     int     `json:"l1_pages"`
+	FirstError  string  `json:"first_error,omitempty"`
 }
 
 // Check is a run's verdict: an error, saying why, when a byte loaded was
@@ -226,6 +234,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		res.StoredBytes += r.stored
 		loadNs += r.loadNs
 		storeNs += r.storeNs
+		res.CopyItems += r.copyItems
+		res.CopyRuns += r.copyRuns
 		lat = append(lat, r.lat...)
 		pings = append(pings, r.pings...)
 		if res.FirstError == "" && r.firstErr != "" {
@@ -252,6 +262,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	if storeNs > 0 {
 		res.StoreGBps = float64(res.StoredBytes) / float64(storeNs)
+	}
+	if res.Seconds > 0 && res.Ranks > 0 {
+		res.CopyShare = float64(loadNs+storeNs) / 1e9 / (res.Seconds * float64(res.Ranks))
 	}
 	res.MemcpyGBps = Memcpy(int(res.PageBytes))
 	if res.MemcpyGBps > 0 {
@@ -305,6 +318,7 @@ type rank struct {
 	requests, input, verified, wrong, errors, restarts int64
 	hits                                               [4]int64
 	steps, loaded, stored, loadNs, storeNs             int64
+	copyItems, copyRuns                                int64
 	lat, pings                                         []time.Duration
 	firstErr                                           string
 	// idle is shared by the ranks: a rank stops when every rank is idle.
@@ -551,38 +565,59 @@ func (r *rank) run(ctx context.Context) {
 }
 
 // runPlan runs one copy plan through the slab; false when an item could
-// not be run.
+// not be run. Items that continue the previous one on both sides (the
+// next L1 page of the same kind, the next span of the same slab file) are
+// copied as one run: a plan of many small pages costs one copy per run,
+// not per page.
 func (r *rank) runPlan(pl *pb.CopyPlan) bool {
 	t0 := time.Now()
 	var n int64
 	ok := true
+	toSlab := pl.GetDirection() == pb.Direction_DIRECTION_TO_SLAB
+	var run copyRun
+	flush := func() {
+		if run.items == 0 {
+			return
+		}
+		sp, err := r.slab.Bytes(run.slab, run.offset, run.length)
+		if err != nil {
+			r.fail("plan %d: %v", pl.GetPlan(), err)
+			ok = false
+		} else {
+			l1 := r.l1[run.kind][int64(run.page)*r.kb[run.kind] : int64(run.page)*r.kb[run.kind]+int64(run.length)]
+			if toSlab {
+				copy(sp, l1)
+			} else {
+				copy(l1, sp)
+			}
+			n += int64(len(sp))
+		}
+		r.copyRuns++
+		run = copyRun{}
+	}
 	for _, it := range pl.GetItems() {
-		if int(it.GetKind()) >= len(r.kb) || int64(it.GetLength()) != r.kb[it.GetKind()] {
+		kind := int(it.GetKind())
+		if kind >= len(r.kb) || int64(it.GetLength()) != r.kb[kind] {
 			r.fail("plan %d: item of kind %d, %d bytes", pl.GetPlan(), it.GetKind(), it.GetLength())
 			ok = false
 			continue
 		}
-		sp, err := r.slab.Bytes(it.GetSlab(), it.GetOffset(), it.GetLength())
-		if err != nil {
+		if _, err := r.page(kind, it.GetL1Page()); err != nil {
 			r.fail("plan %d: %v", pl.GetPlan(), err)
 			ok = false
 			continue
 		}
-		pg, err := r.page(int(it.GetKind()), it.GetL1Page())
-		if err != nil {
-			r.fail("plan %d: %v", pl.GetPlan(), err)
-			ok = false
-			continue
+		r.copyItems++
+		if !run.extends(it) {
+			flush()
+			run = copyRun{kind: kind, page: it.GetL1Page(), slab: it.GetSlab(), offset: it.GetOffset()}
 		}
-		if pl.GetDirection() == pb.Direction_DIRECTION_TO_SLAB {
-			copy(sp, pg)
-		} else {
-			copy(pg, sp)
-		}
-		n += int64(len(sp))
+		run.length += it.GetLength()
+		run.items++
 	}
+	flush()
 	d := time.Since(t0).Nanoseconds()
-	if pl.GetDirection() == pb.Direction_DIRECTION_TO_SLAB {
+	if toSlab {
 		r.stored += n
 		r.storeNs += d
 	} else {
@@ -590,6 +625,21 @@ func (r *rank) runPlan(pl *pb.CopyPlan) bool {
 		r.loadNs += d
 	}
 	return ok
+}
+
+// copyRun is a run of plan items contiguous in L1 and in one slab file.
+type copyRun struct {
+	kind           int
+	page, slab     uint32
+	offset, length uint64
+	items          int
+}
+
+// extends says whether it continues the run: the same kind, the next L1
+// page, and the bytes right after the run's in the same slab file.
+func (c copyRun) extends(it *pb.CopyItem) bool {
+	return c.items > 0 && int(it.GetKind()) == c.kind && it.GetL1Page() == c.page+uint32(c.items) &&
+		it.GetSlab() == c.slab && it.GetOffset() == c.offset+c.length
 }
 
 // owns reports whether the page at position i of a key is this rank's:

@@ -149,8 +149,9 @@ the same socket, the limit.`,
 			lower("serve/step_p50", res.StepUsP50, res.PingUsP50, 0),
 			lower("serve/step_p99", res.StepUsP99, res.PingUsP99, 2000),
 			{Bench: "serve/step_max", Value: res.StepUsMax, Unit: "us", Note: note},
-			benchreport.Result{Bench: "serve/load_gbps", Value: res.LoadGBps, Unit: "GB/s", Note: "engine copies slab -> L1 (mapped shm or hugetlbfs)"}.WithLimit("memcpy of the same pages, out of cache", res.MemcpyGBps),
-			benchreport.Result{Bench: "serve/store_gbps", Value: res.StoreGBps, Unit: "GB/s", Note: "engine copies L1 -> slab"}.WithLimit("memcpy of the same pages, out of cache", res.MemcpyGBps),
+			benchreport.Result{Bench: "serve/load_gbps", Value: res.LoadGBps, Unit: "GB/s", Note: "engine copies slab -> L1 (mapped shm or hugetlbfs), over the time spent copying"}.WithLimit("memcpy of the same pages, out of cache", res.MemcpyGBps),
+			benchreport.Result{Bench: "serve/store_gbps", Value: res.StoreGBps, Unit: "GB/s", Note: "engine copies L1 -> slab, over the time spent copying"}.WithLimit("memcpy of the same pages, out of cache", res.MemcpyGBps),
+			{Bench: "serve/copy_share", Value: res.CopyShare, Unit: "fraction", Note: fmt.Sprintf("the engine copies' share of the run's wall time; %d plan items copied as %d runs (contiguous items are one copy)", res.CopyItems, res.CopyRuns)},
 			{Bench: "serve/hit_rate", Value: res.HitRate, Unit: "fraction", Note: "hit pages by serve's answers (bytes not generated here)"},
 		}
 		return benchreport.Write(stdout, rows, *asJSON)
