@@ -89,6 +89,7 @@ SETTINGS = {
     "timeout_s": "deadline of each worker call to serve in seconds (default 5)",
     "lookup_timeout_ms": "deadline of a lookup's BatchExists (default 1000)",
     "prefetch_wait_ms": "how long a request whose pages are in L3 waits for serve to bring them into L2 (default 2000)",
+    "lookup_threads": "threads that run the scheduler side's lookups (default 2)",
     "prefetch_poll_ms": "how often such a request's pages are looked up again meanwhile (default 5)",
     "get_deadline_ms": "bound of a load's reloads from below L2 (default 0: serve's default, 2 s)",
     "register_retry_s": "while serve is away, try to register at most this often (default 0.5)",
@@ -513,6 +514,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self.prefetch_poll = _setting(e, "prefetch_poll_ms", 5, minimum=0.1) / 1000.0
         self.get_deadline_ms = _setting(e, "get_deadline_ms", 0, kind=int, minimum=0)
         self.register_retry = _setting(e, "register_retry_s", 0.5, minimum=0.001)
+        self.lookup_threads = _setting(e, "lookup_threads", 2, kind=int, minimum=1)
         role_name = getattr(tc, "kv_role", None) or "kv_both"
         self.saving = role_name in ("kv_both", "kv_producer")
         self.loading = role_name in ("kv_both", "kv_consumer")
@@ -650,7 +652,13 @@ class KvtierConnector(KVConnectorBase_V1):
         self._scheduler.on_new(request)
 
     def update_connector_output(self, connector_output):
-        return
+        """Failed loads cap what is offered again for their requests."""
+        bad = getattr(connector_output, "invalid_block_ids", None)
+        if bad:
+            self._scheduler.failed_loads(bad)
+        done = getattr(connector_output, "finished_recving", None)
+        if done:
+            self._scheduler.loaded(done)
 
     def request_finished(self, request, block_ids):
         return self._scheduler.finished(request)
@@ -749,12 +757,16 @@ class _SchedulerSide:
         self._state = {}
         self._saving = set()
         self._loads = []
+        self._planned = {}  # rid -> (first block index, block ids) of its last load, until it ends
+        self._cap = {}      # rid -> blocks it may be offered at most (after a failed load)
         self._step = 0
         self._mu = threading.Condition()
         self._queue = deque()
         self._stop = False
-        self._thread = threading.Thread(target=self._loop, name="kvtier-lookup", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._loop, name="kvtier-lookup-%d" % i, daemon=True)
+                         for i in range(self.c.lookup_threads)]
+        for th in self._threads:
+            th.start()
 
     def take_registrations(self):
         n = self.door.registrations - self._reg_seen
@@ -796,7 +808,7 @@ class _SchedulerSide:
             if self.door.away or time.monotonic() - lk.started > self.c.lookup_timeout + self.c.prefetch_wait + 1:
                 return 0, False
             return None, False
-        tokens = lk.loadable * self.bs
+        tokens = min(lk.loadable, self._cap.get(rid, lk.loadable)) * self.bs
         if tokens >= request.num_tokens:
             tokens = request.num_tokens - 1  # vLLM computes at least the last token
         ext = tokens - num_computed_tokens
@@ -822,7 +834,26 @@ class _SchedulerSide:
             return
         self._loads.append((rid, list(request.block_hashes[first:last]), list(ids[first:last]),
                             self.c.load_mode == "async"))
+        self._planned[rid] = (first, list(ids[first:last]))
         self.c._count(load_planned_blocks=last - first)
+
+    def failed_loads(self, invalid):
+        """Blocks of planned loads failed (a page missed, failed serve's
+        check or was refused): vLLM recomputes them, and the request is
+        never again offered that block or any after it (a lookup from
+        before the failure would offer it again, and a request whose async
+        load failed from its first block is asked again)."""
+        for rid, (first, ids) in list(self._planned.items()):
+            for i, b in enumerate(ids):
+                if b in invalid:
+                    self._cap[rid] = min(self._cap.get(rid, first + i), first + i)
+                    self._lookups.pop(rid, None)
+                    self._planned.pop(rid, None)
+                    break
+
+    def loaded(self, rids):
+        for rid in rids:
+            self._planned.pop(rid, None)
 
     def build(self, so):
         self._step += 1
@@ -834,6 +865,7 @@ class _SchedulerSide:
             # handle_preemptions); it is looked up afresh when it comes back.
             self._saving.discard(rid)
             self._lookups.pop(rid, None)
+            self._planned.pop(rid, None)
             st = self._state.get(rid)
             if st is not None:
                 st.block_ids, st.saved = [], 0
@@ -889,6 +921,8 @@ class _SchedulerSide:
         rid = request.request_id
         self._reqs.pop(rid, None)
         self._state.pop(rid, None)
+        self._planned.pop(rid, None)
+        self._cap.pop(rid, None)
         lk = self._lookups.pop(rid, None)
         if lk is not None:
             lk.cancelled = True
@@ -908,36 +942,40 @@ class _SchedulerSide:
     def shutdown(self):
         with self._mu:
             self._stop = True
-            self._mu.notify()
-        self._thread.join(5)
+            self._mu.notify_all()
+        for th in self._threads:
+            th.join(5)
         self.door.close()
 
-    # ---- the lookup thread -----------------------------------------------
+    # ---- the lookup threads ----------------------------------------------
 
     def _loop(self):
+        """Takes due lookups one at a time; one BatchExists each (blocking
+        calls: grpcio's futures deadlocked here, starting their channel's
+        spin thread, under Python 3.11)."""
         while True:
             with self._mu:
-                while not self._stop and not self._queue:
-                    self._mu.wait()
-                if self._stop:
-                    return
-                now = time.monotonic()
-                due = [lk for lk in self._queue if lk.next_at <= now]
-                if not due:
-                    self._mu.wait(min(lk.next_at for lk in self._queue) - now)
-                    continue
-                for lk in due:
-                    self._queue.remove(lk)
+                while True:
+                    if self._stop:
+                        return
+                    now = time.monotonic()
+                    lk = next((x for x in self._queue if x.next_at <= now), None)
+                    if lk is not None:
+                        self._queue.remove(lk)
+                        break
+                    if self._queue:
+                        self._mu.wait(max(0.0, min(x.next_at for x in self._queue) - now))
+                    else:
+                        self._mu.wait()
             try:
-                self._round(due)
+                self._ask(lk)
             except Exception:  # a bug must not end lookups: they become misses
-                logger.exception("kvtier: lookup round failed")
-                for lk in due:
-                    self._finish(lk, 0)
-            again = [lk for lk in due if not lk.done and not lk.cancelled]
-            if again:
+                logger.exception("kvtier: lookup of %s failed", lk.rid)
+                self._finish(lk, 0)
+            if not lk.done and not lk.cancelled:
                 with self._mu:
-                    self._queue.extend(again)
+                    self._queue.append(lk)
+                    self._mu.notify()
 
     def _finish(self, lk, loadable):
         lk.loadable = loadable
@@ -947,54 +985,34 @@ class _SchedulerSide:
         else:
             self.c._count(lookups_miss=1)
 
-    def _round(self, due):
-        """One BatchExists per due lookup, all in flight at once."""
+    def _ask(self, lk):
+        """One BatchExists of the lookup's next keys."""
+        if lk.cancelled:
+            lk.done = True
+            return
+        if not isinstance(lk.hexes[0], str):
+            lk.hexes = [_hex(h) for h in lk.hexes]
+        limits = self.door.limits
+        per_call = max(1, (limits.max_batch_pages if limits is not None and limits.max_batch_pages else 1024)
+                       // len(self.suffixes))
+        if not lk.counted:
+            lo, hi, prefetch = lk.present, min(lk.n, lk.present + per_call), True
+        else:
+            lo, hi, prefetch = lk.l2, min(lk.present, lk.l2 + per_call), False
+        keys = [h + s for h in lk.hexes[lo:hi] for s in self.suffixes]
         try:
-            ctx = self.door.ensure()
-        except _Lost:
-            for lk in due:
-                self.c._count(lookups_unavailable=1)
-                lk.loadable, lk.done = 0, True
+            rep, _ = self.door.call("BatchExists", lambda s, b: pb.ExistsRequest(
+                session=s, boot_id=b, keys=keys, prefetch=prefetch), timeout=self.c.lookup_timeout)
+        except _Lost as e:
+            logger.debug("kvtier: lookup of %s: %s", lk.rid, e)
+            self.c._count(lookups_unavailable=1)
+            lk.loadable, lk.done = 0, True
             return
         except KvtierError as e:
             logger.error("%s", e)
-            for lk in due:
-                self._finish(lk, 0)
+            self._finish(lk, 0)
             return
-        limits = ctx.limits
-        per_call = max(1, (limits.max_batch_pages if limits is not None and limits.max_batch_pages else 1024)
-                       // len(self.suffixes))
-        calls = []
-        for lk in due:
-            if lk.cancelled:
-                lk.done = True
-                continue
-            if not isinstance(lk.hexes[0], str):
-                lk.hexes = [_hex(h) for h in lk.hexes]
-            if not lk.counted:
-                lo, hi, prefetch = lk.present, min(lk.n, lk.present + per_call), True
-            else:
-                lo, hi, prefetch = lk.l2, min(lk.present, lk.l2 + per_call), False
-            keys = [h + s for h in lk.hexes[lo:hi] for s in self.suffixes]
-            req = pb.ExistsRequest(session=ctx.session, boot_id=ctx.boot, keys=keys, prefetch=prefetch)
-            calls.append((lk, lo, hi, self.door.stub.BatchExists.future(req, timeout=self.c.lookup_timeout)))
-        lost = False
-        for lk, lo, hi, fut in calls:
-            try:
-                rep = fut.result()
-            except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.NOT_FOUND:
-                    lost = True  # asked again in the next round, under a new session
-                    continue
-                self.door.failed(e.code())
-                self.c._count(lookups_unavailable=1)
-                lk.loadable, lk.done = 0, True
-                continue
-            if not self.door.check(ctx, rep):
-                continue  # a new boot: asked again in the next round
-            self._update(lk, lo, hi, rep)
-        if lost:
-            self.door.lost(ctx, "NotFound")
+        self._update(lk, lo, hi, rep)
 
     def _update(self, lk, lo, hi, rep):
         owners = len(self.suffixes)
