@@ -93,6 +93,7 @@ _memmove = ctypes.memmove  # a foreign call: it releases the GIL while it copies
 _PENDING = object()  # a BatchExists for it is queued or in flight
 _L3 = object()  # serve has it below the slab and is reloading it (prefetch)
 _FORGET = object()  # (a result) the answer is unknown: drop the entry, ask again
+_GONE = object()  # (a result) a load found it missing or corrupt: a miss, whatever the table said
 
 
 class KvtierError(Exception):
@@ -187,10 +188,11 @@ class _Slab:
 class _Session:
     """One registration: its ids, slab and limits."""
 
-    __slots__ = ("session", "boot_id", "slab", "limits", "epoch")
+    __slots__ = ("session", "boot_id", "slab", "limits", "epoch", "slab_backing")
 
-    def __init__(self, session, boot_id, slab, limits, epoch):
+    def __init__(self, session, boot_id, slab, limits, epoch, slab_backing=""):
         self.session, self.boot_id, self.slab, self.limits, self.epoch = session, boot_id, slab, limits, epoch
+        self.slab_backing = slab_backing
 
 
 def _path(obj, dotted):
@@ -333,6 +335,7 @@ class KvtierTier(SecondaryTierManager):
         kb = self.page_bytes // len(kinds)
         self.kind_bytes = (kb,) * len(kinds)
         self.kind_offsets = tuple(i * kb for i in range(len(kinds)))
+        self._kinds = tuple(zip(self.kind_offsets, self.kind_bytes))
         self._base = _address(view) if self.num_blocks else 0
 
     def _namespace(self, spec, config):
@@ -414,10 +417,13 @@ class KvtierTier(SecondaryTierManager):
             if kinds != want:
                 raise KvtierError("kvtier: serve's kinds %s, this tier's rows %s (%d-byte rows)" % (
                     kinds, want, self.page_bytes))
-            slab = _Slab(rep.slab)
+            try:
+                slab = _Slab(rep.slab)
+            except OSError as e:
+                raise KvtierError("kvtier: map serve's slab: %s (serve must run on this host)" % e) from None
             old = self._sess
             self._epoch += 1
-            self._sess = _Session(rep.session, rep.boot_id, slab, rep.limits, self._epoch)
+            self._sess = _Session(rep.session, rep.boot_id, slab, rep.limits, self._epoch, rep.slab.backing)
             # The scheduler empties its table on this marker, before it can
             # see _up: answers about the old boot never reach the new one.
             self._results.append(("epoch", self._epoch, None))
@@ -536,33 +542,33 @@ class KvtierTier(SecondaryTierManager):
             return False
         if self._results:
             self._apply()
-        v = self._verdict.get(key)
+        verdict = self._verdict
+        v = verdict.get(key)
         if v is True:
             return True
         if v is None or v is _L3:
-            self._ask(key, req_context, True)
+            verdict[key] = _PENDING
+            self._asks.append((req_context.req_id, key))
+            if not self._kicked:
+                self._kicked = True
+                self._kick.put(1)
             return None
         if v is _PENDING:
             return None
         now = time.monotonic()  # a miss, answered at v
         if now - v > self.miss_ttl:
-            self._verdict[key] = now  # one refresh per miss_ttl_s; False until it answers
-            self._ask(key, req_context, False)
+            verdict[key] = now  # one refresh per miss_ttl_s; False until it answers
+            self._asks.append((req_context.req_id, key))
+            if not self._kicked:
+                self._kicked = True
+                self._kick.put(1)
         return False
-
-    def _ask(self, key, req_context, pending):
-        if pending:
-            if len(self._verdict) >= self.max_cached:
-                self._verdict.clear()
-            self._verdict[key] = _PENDING
-        self._asks.append((getattr(req_context, "req_id", ""), key))
-        if not self._kicked:
-            self._kicked = True
-            self._kick.put(1)
 
     def _apply(self):
         """Takes the background threads' answers into the table (scheduler thread)."""
         results, verdict = self._results, self._verdict
+        if len(verdict) >= self.max_cached:
+            verdict.clear()  # everything is asked again: bounded memory, rarely
         now = time.monotonic()
         while results:
             epoch, key, answer = results.popleft()
@@ -577,6 +583,12 @@ class KvtierTier(SecondaryTierManager):
                 if verdict.get(key) is _PENDING:
                     del verdict[key]
             elif answer is False:
+                # An exists answer may have been asked before this tier's
+                # own store of the key committed: it does not undo a True
+                # (a True that is wrong fails its load, which says _GONE).
+                if verdict.get(key) is not True:
+                    verdict[key] = now
+            elif answer is _GONE:
                 verdict[key] = now
             else:
                 verdict[key] = answer
@@ -589,9 +601,24 @@ class KvtierTier(SecondaryTierManager):
                 pass
             if self._stopping:
                 return
+            # A kick comes with the first key vLLM's scan asks for; let the
+            # scan finish first (while the queue grows, at most 20 ms):
+            # one BatchExists for the step, and this thread does not take
+            # the GIL from the scheduler in the middle of its step.
+            n, waited = len(self._asks), 0.0
+            while n and waited < 0.02:
+                time.sleep(0.0005)
+                waited += 0.0005
+                m = len(self._asks)
+                if m == n:
+                    break
+                n = m
             self._kicked = False
             if not self._up:
-                self._recover()
+                try:
+                    self._recover()
+                except Exception:  # a bug must not end the lookups
+                    logger.exception("kvtier: registering again failed")
             asks = []
             while self._asks:
                 asks.append(self._asks.popleft())
@@ -720,7 +747,7 @@ class KvtierTier(SecondaryTierManager):
         keys, blocks = self._rows(job)
         sess = self._current()
         step, stored = self._batch(sess), 0
-        copy_s = copied = 0
+        copy_s = copied = nruns = 0
         for lo in range(0, len(keys), step):
             ks, bs = keys[lo:lo + step], blocks[lo:lo + step]
             rep = self._call(sess, "BatchSet", pb.SetRequest(session=sess.session, boot_id=sess.boot_id,
@@ -732,16 +759,17 @@ class KvtierTier(SecondaryTierManager):
                 raise _Lost("slab retired")
             try:
                 t0 = time.perf_counter()
+                runs = []
                 for j, page in enumerate(rep.pages):
-                    if page.status == pb.SET_STATUS_RESERVED and not self._stopping:
-                        dsts = self._spans(sess, page)
-                        if dsts is None:
-                            continue
-                        row = self._base + bs[j] * self.page_bytes
-                        for dst, off, n in zip(dsts, self.kind_offsets, self.kind_bytes):
-                            _memmove(dst, row + off, n)
-                        written[j] = True
-                        copied += self.page_bytes
+                    if page.status == pb.SET_STATUS_RESERVED:
+                        written[j] = self._plan(runs, sess.slab, page, bs[j], True)
+                if self._stopping:
+                    written = [False] * len(ks)  # the primary may be going away: copy nothing
+                else:
+                    for dst, src, n in runs:
+                        _memmove(dst, src, n)
+                    copied += self.page_bytes * sum(written)
+                    nruns += len(runs)
                 copy_s += time.perf_counter() - t0
             finally:
                 sess.slab.release()
@@ -754,26 +782,46 @@ class KvtierTier(SecondaryTierManager):
                 if good:
                     self._results.append((sess.epoch, ks[j], True))
             stored += sum(ok)
-        self._count(store_jobs=1, store_pages=len(keys), stored_pages=stored, store_bytes=copied)
+        self._count(store_jobs=1, store_pages=len(keys), stored_pages=stored, store_bytes=copied, store_memmoves=nruns)
         with self._stats_mu:
             self.counters["store_copy_s"] += copy_s
         return stored == len(keys)
 
-    def _spans(self, sess, page):
-        if len(page.spans) != len(self.kind_bytes):
-            logger.error("kvtier: %d spans for %d kinds", len(page.spans), len(self.kind_bytes))
-            return None
-        try:
-            return [sess.slab.span(s, n) for s, n in zip(page.spans, self.kind_bytes)]
-        except ValueError as e:
-            logger.error("kvtier: %s", e)
-            return None
+    def _plan(self, runs, slab, page, block, to_slab):
+        """Adds a page's copies, one per kind between primary row `block`
+        and the page's slab spans, to runs ([dst, src, bytes]); a copy
+        that continues the last one on both sides extends it (a page's
+        kinds side by side in the slab, consecutive rows in consecutive
+        slots): fewer, longer memmoves. False, with nothing added, when
+        serve's spans do not fit the slab or the kinds."""
+        spans = page.spans
+        if len(spans) != len(self._kinds):
+            logger.error("kvtier: %d spans for %d kinds", len(spans), len(self._kinds))
+            return False
+        addrs, sizes = slab.addrs, slab.sizes
+        at = []
+        for sp, (off, n) in zip(spans, self._kinds):
+            f, o = sp.slab, sp.offset
+            if f >= len(addrs) or sp.length != n or o + n > sizes[f]:
+                logger.error("kvtier: span [%d, +%d) of slab file %d does not fit a %d-byte kind", o, sp.length, f, n)
+                return False
+            at.append((addrs[f] + o, off, n))
+        row = self._base + block * self.page_bytes
+        for a, off, n in at:
+            dst, src = (a, row + off) if to_slab else (row + off, a)
+            if runs:
+                last = runs[-1]
+                if last[0] + last[2] == dst and last[1] + last[2] == src:
+                    last[2] += n
+                    continue
+            runs.append([dst, src, n])
+        return True
 
     def _run_load(self, job):
         keys, blocks = self._rows(job)
         sess = self._current()
         step, loaded = self._batch(sess), 0
-        copy_s = copied = 0
+        copy_s = copied = nruns = 0
         all_ok = True
         for lo in range(0, len(keys), step):
             ks, bs = keys[lo:lo + step], blocks[lo:lo + step]
@@ -788,17 +836,17 @@ class KvtierTier(SecondaryTierManager):
                     raise _Lost("slab retired")
                 try:
                     t0 = time.perf_counter()
+                    runs = []
                     for j, page in enumerate(rep.pages):
-                        if page.status != pb.GET_STATUS_HIT or self._stopping:
-                            continue
-                        srcs = self._spans(sess, page)
-                        if srcs is None:
-                            continue
-                        row = self._base + bs[j] * self.page_bytes
-                        for src, off, n in zip(srcs, self.kind_offsets, self.kind_bytes):
-                            _memmove(row + off, src, n)
-                        hits.append(j)
-                        copied += self.page_bytes
+                        if page.status == pb.GET_STATUS_HIT and self._plan(runs, sess.slab, page, bs[j], False):
+                            hits.append(j)
+                    if self._stopping:
+                        hits = []  # the primary may be going away: copy nothing
+                    else:
+                        for dst, src, n in runs:
+                            _memmove(dst, src, n)
+                        copied += self.page_bytes * len(hits)
+                        nruns += len(runs)
                     copy_s += time.perf_counter() - t0
                 finally:
                     sess.slab.release()
@@ -823,7 +871,7 @@ class KvtierTier(SecondaryTierManager):
                         corrupt is not None and j in corrupt):
                     # Gone or failed its check: a miss from now on, so vLLM
                     # does not promote it again and again.
-                    self._results.append((sess.epoch, ks[j], False))
+                    self._results.append((sess.epoch, ks[j], _GONE))
                 else:
                     self._results.append((sess.epoch, ks[j], _FORGET))
             if corrupt:
@@ -832,7 +880,7 @@ class KvtierTier(SecondaryTierManager):
             if len(good) < len(ks):
                 all_ok = False
                 break  # the job fails: vLLM drops every block of it
-        self._count(load_jobs=1, load_pages=len(keys), loaded_pages=loaded, load_bytes=copied)
+        self._count(load_jobs=1, load_pages=len(keys), loaded_pages=loaded, load_bytes=copied, load_memmoves=nruns)
         with self._stats_mu:
             self.counters["load_copy_s"] += copy_s
         return all_ok and loaded == len(keys)

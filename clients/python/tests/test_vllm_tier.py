@@ -323,6 +323,34 @@ def test_config_errors(tmp_path):
     tier.shutdown()
 
 
+def test_lookup_table(tmp_path):
+    """The scheduler's table (white box, no serve): an exists miss asked
+    before the tier's own store committed does not undo the store's True;
+    a load that found the page gone does; a new session's marker empties
+    the table; an unknown key is asked once and is None until answered."""
+    t = Tiering(4)
+    tier = KvtierTier(offloading_spec=spec(), primary_kv_view=t.view, tier_type="kvtier",
+                      socket=str(tmp_path / "none.sock"), kinds=KINDS)
+    try:
+        tier._up = True  # as if registered; the lookup thread finds no serve and forgets
+        ctx = ReqContext(req_id="r")
+        a, b = keys_of("table", 2)
+        e = tier._seen_epoch
+        tier._results.extend([(e, a, True), (e, a, False)])
+        assert tier.lookup(a, ctx) is True
+        tier._results.append((e, a, vllm_tier._GONE))
+        assert tier.lookup(a, ctx) is False
+        tier._verdict[b] = vllm_tier._PENDING
+        assert tier.lookup(b, ctx) is None and not tier._asks  # asked already: not again
+        tier._results.append(("epoch", e + 1, None))
+        tier._up = True
+        assert tier.get_finished() == [] and tier._verdict == {}
+        tier._results.append((e, a, True))  # an answer about the old session
+        assert tier.get_finished() == [] and a not in tier._verdict
+    finally:
+        tier.shutdown()
+
+
 # ---- against serve ------------------------------------------------------------
 
 
