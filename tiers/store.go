@@ -21,6 +21,38 @@ type PutRequest struct {
 	// Src holds exactly the payload's page_bytes. The store reads it until
 	// the item's AckGathered (or AckFailed); after that the host may reuse it.
 	Src Span
+	// Sum is the producer's CRC-32C (Castagnoli) of exactly Src's bytes as
+	// the producer wrote them, taken where it read them anyway (the store
+	// door's Commit). It is meaningful only when HasSum is set.
+	//
+	// A store that keeps a per-page checksum stores Sum as given instead
+	// of computing its own over what it gathered, and says so by
+	// implementing SumKeeper. Bytes that changed in the slab after the
+	// producer's sum then read back as a miss, never as a valid-looking
+	// copy: the checksum travels with the page and is never recomputed
+	// over bytes nobody vouched for. With HasSum false a store computes
+	// its own checksum, as before. Every read verifies either way.
+	//
+	// Sum and HasSum are a backward-compatible minor addition to
+	// kvtier.tier.store.v1: a store that predates them ignores them and
+	// keeps computing its own (the host then cannot rely on the sum
+	// travelling; it checks the slab again at AckGathered instead).
+	Sum uint32
+	// HasSum says Sum is set.
+	HasSum bool
+}
+
+// SumKeeper is the optional ability of a Store that honours
+// PutRequest.Sum: it stores the producer's checksum as given and verifies
+// every read against it, so a page whose slab bytes changed after the sum
+// was taken reads back as a miss. A host that puts with sums may then skip
+// its own check of the slab at AckGathered. A store that cannot carry the
+// sum (a plugin whose protocol drops the field) must not implement it, or
+// must return false.
+type SumKeeper interface {
+	// KeepsPutSums reports whether Put stores PutRequest.Sum as given
+	// when HasSum is set.
+	KeepsPutSums() bool
 }
 
 // GetRequest reads one payload of one page into a slab span.
