@@ -926,12 +926,39 @@ class KvtierTier(SecondaryTierManager):
 
 def register(tier_type="kvtier"):
     """Registers KvtierTier with vLLM's SecondaryTierFactory under
-    tier_type (run it in the scheduler process before the engine builds
-    its offloading spec, e.g. from a vLLM general plugin). Registering
-    twice is a no-op."""
+    tier_type. Importing this module does it for "kvtier" (so naming the
+    module as the offloading spec's spec_module_path is enough); call it
+    for another name. Registering twice is a no-op."""
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 
     try:
         SecondaryTierFactory.register_tier(tier_type, __name__, "KvtierTier")
     except ValueError:
         pass  # already registered
+
+
+def __getattr__(name):
+    """KvtierTieringSpec: vLLM's TieringOffloadingSpec, unchanged, under a
+    name vLLM's OffloadingSpecFactory loads from this module
+    ("spec_name": "KvtierTieringSpec", "spec_module_path":
+    "kvtier.vllm_tier"): importing the module registers the "kvtier"
+    tier in the process that builds the tiers, with no plugin and no
+    patch. Built on first use, so importing this module does not import
+    the tiering spec's module."""
+    if name == "KvtierTieringSpec":
+        from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+        cls = type(name, (TieringOffloadingSpec,), {
+            "__module__": __name__,
+            "__doc__": "vLLM's TieringOffloadingSpec, loaded from kvtier.vllm_tier so that the kvtier tier is "
+                       "registered (docs/vllm-offloading.md).",
+        })
+        globals()[name] = cls
+        return cls
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
+
+try:
+    register()
+except ImportError:  # a vLLM without the tiering factory: KvtierTier is still importable
+    logger.debug("kvtier: vLLM's SecondaryTierFactory is not importable; the kvtier tier is not registered")

@@ -291,6 +291,35 @@ def test_interface_table():
     assert vllm_tier.VLLM_SNAPSHOT.startswith("041410b9")
 
 
+def test_loading_from_config(tmp_path):
+    """What vLLM's config names is enough: OffloadingSpecFactory loads
+    spec_name KvtierTieringSpec from spec_module_path kvtier.vllm_tier (a
+    TieringOffloadingSpec; importing the module registered the "kvtier"
+    tier), and the spec's secondary_tiers entry {"type": "kvtier", ...}
+    builds a KvtierTier through SecondaryTierFactory."""
+    import importlib
+
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+    mod = importlib.import_module("kvtier.vllm_tier")
+    spec_cls = getattr(mod, "KvtierTieringSpec")
+    assert issubclass(spec_cls, TieringOffloadingSpec)
+    assert "kvtier" in SecondaryTierFactory._registry
+    t = Tiering(4)
+    sp = spec_cls(vllm_config=spec().vllm_config, extra_config={
+        "spec_name": "KvtierTieringSpec", "spec_module_path": "kvtier.vllm_tier", "cpu_bytes_to_use": 1 << 30,
+        "secondary_tiers": [{"type": "kvtier", "socket": str(tmp_path / "none.sock"), "kinds": KINDS,
+                             "page_tokens": 16}]})
+    (tier,) = sp.secondary_tiers(t.view)
+    try:
+        assert isinstance(tier, KvtierTier) and tier.tier_type == "kvtier"
+        assert tier.namespace.model == "test/model" and tier.namespace.page_tokens == 16
+    finally:
+        tier.shutdown()
+    with pytest.raises(AttributeError):
+        getattr(mod, "NoSuchSpec")
+
+
 def test_config_errors(tmp_path):
     """Configuration errors raise at construction and name the key; a
     vLLM whose factory passes vllm_config= is refused, naming the
