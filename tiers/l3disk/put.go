@@ -21,7 +21,7 @@ func (s *Store) Put(_ context.Context, batch []tiers.PutRequest) (tiers.BatchID,
 		if err != nil {
 			return 0, fmt.Errorf("l3disk put item %d: %w", i, err)
 		}
-		items[i] = putItem{index: i, key: r.Key, src: src}
+		items[i] = putItem{index: i, key: r.Key, src: src, sum: r.Sum, hasSum: r.HasSum}
 	}
 	id := tiers.BatchID(s.nextBatch.Add(1))
 	for i := range items {
@@ -51,6 +51,10 @@ func (s *Store) failItems(items []putItem, err error) {
 	s.st.putFailures.Add(int64(len(items)))
 	s.ack(acks...)
 }
+
+// KeepsPutSums implements tiers.SumKeeper: a put with a sum writes it into
+// the slot header as given.
+func (s *Store) KeepsPutSums() bool { return true }
 
 // DrainAcks implements tiers.Store.
 func (s *Store) DrainAcks(dst []tiers.Ack) []tiers.Ack {
@@ -104,9 +108,17 @@ func (s *Store) gatherLoop() {
 		copy(b[HeaderSize:HeaderSize+pb], it.src)
 		end := f.sb.SlotBytes
 		clear(b[HeaderSize+pb : end])
+		crc := it.sum
+		if !it.hasSum {
+			crc = PayloadCRC(b[HeaderSize : HeaderSize+pb])
+		}
+		// NB: the producer's sum is written as given, never recomputed over
+		// what was copied: bytes that changed in the slab after it was
+		// taken fail every read's verification (a miss), instead of being
+		// stored under a valid checksum of our own.
 		SlotHeader{
 			Kind: uint8(it.key.Kind), Epoch: f.epoch(), Hash: it.key.Hash,
-			PayloadLen: uint32(pb), PayloadCRC: PayloadCRC(b[HeaderSize : HeaderSize+pb]),
+			PayloadLen: uint32(pb), PayloadCRC: crc,
 		}.Encode(b)
 		s.ack(tiers.Ack{Batch: it.batch, Index: it.index, Stage: tiers.AckGathered})
 		// NB: a page is up to MiBs of copy and CRC; a gatherer with more

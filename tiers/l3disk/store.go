@@ -123,6 +123,10 @@ type putItem struct {
 	index int
 	key   tiers.Key
 	src   []byte
+	// sum is the producer's CRC-32C of src, when hasSum: the slot header
+	// takes it as given (tiers.PutRequest.Sum).
+	sum    uint32
+	hasSum bool
 }
 
 // writeJob is one page on its way to disk, with any duplicate puts of the

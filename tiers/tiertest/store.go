@@ -10,8 +10,10 @@
 // misses that wrap tiers.ErrMiss, the ack protocol (at most one gathered,
 // exactly one terminal ack per item), reuse of source spans after the
 // gathered ack, malformed requests refused whole with tiers.ErrInvalid,
-// closed stores answering tiers.ErrClosed, concurrency, and, where the
-// harness can reopen the store, durability across a restart.
+// closed stores answering tiers.ErrClosed, concurrency, puts that carry the
+// producer's checksum (PutRequest.Sum; a tiers.SumKeeper must turn a source
+// changed after its sum into a miss), and, where the harness can reopen the
+// store, durability across a restart.
 package tiertest
 
 import (
@@ -20,6 +22,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -74,6 +77,7 @@ func RunStore(t *testing.T, h StoreHarness) {
 		{"PutGetExact", testPutGetExact},
 		{"AckProtocol", testAckProtocol},
 		{"SourceReusableAfterGathered", testSourceReuse},
+		{"ProducerSums", testProducerSums},
 		{"KindsAreDistinct", testKindsDistinct},
 		{"IdempotentPut", testIdempotentPut},
 		{"LongestPrefix", testLongestPrefix},
@@ -444,6 +448,81 @@ func testSourceReuse(t *testing.T, h StoreHarness) {
 		time.Sleep(time.Millisecond)
 	}
 	allHit(t, "get after source reuse", f.get(t, SlabPages, pages))
+}
+
+// castagnoli is the oracle for PutRequest.Sum: the standard library's
+// CRC-32C, independent of the stores' own.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// testProducerSums puts pages with and without the producer's checksum.
+// Every store must read back a put with a correct sum exactly (a store
+// that predates the field ignores it). A tiers.SumKeeper must also store
+// the sum as given: a source changed after its sum was taken (the "no
+// laundering" property) reads back as a miss, never as the changed bytes
+// nor the original ones.
+func testProducerSums(t *testing.T, h StoreHarness) {
+	cases := []struct {
+		name string
+		// sum says whether the put carries a sum; changed flips a byte of
+		// the source after the sum was taken.
+		sum, changed bool
+		keeperOnly   bool
+		wantHit      bool
+	}{
+		{name: "no sum", wantHit: true},
+		{name: "correct sum", sum: true, wantHit: true},
+		{name: "source changed after the sum", sum: true, changed: true, keeperOnly: true},
+	}
+	for ci, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, h)
+			if sk, ok := f.store.(tiers.SumKeeper); c.keeperOnly && (!ok || !sk.KeepsPutSums()) {
+				t.Skip("the store does not keep producer sums (tiers.SumKeeper): the host checks the slab at AckGathered instead")
+			}
+			var pages []page
+			for k := range h.Payload.Kinds {
+				pages = append(pages, f.makePages(uint64(900+10*ci+k), 4, tiers.PayloadKind(k))...)
+			}
+			reqs := make([]tiers.PutRequest, len(pages))
+			for i, p := range pages {
+				sp := f.span(i, p.key.Kind)
+				b := f.bytes(t, sp)
+				copy(b, p.data)
+				reqs[i] = tiers.PutRequest{Key: p.key, Src: sp}
+				if c.sum {
+					reqs[i].Sum, reqs[i].HasSum = crc32.Checksum(p.data, castagnoli), true
+				}
+				if c.changed {
+					b[(i*131)%len(b)] ^= 0x40 // a client writing after the producer's sum
+				}
+			}
+			id, err := f.store.Put(context.Background(), reqs)
+			if err != nil {
+				t.Fatalf("put: %v", err)
+			}
+			acks := waitAcks(t, f.store, map[tiers.BatchID]int{id: len(pages)}, h.AckTimeout)
+			failed := make([]bool, len(pages))
+			for _, a := range acks[id] {
+				if a.Stage == tiers.AckFailed {
+					if !c.changed {
+						t.Fatalf("put item %d (%s): %v", a.Index, pages[a.Index].key, a.Err)
+					}
+					failed[a.Index] = true // refusing it is as good as a miss
+				}
+			}
+			// f.get fails the test on a hit whose bytes are not the
+			// original page's (the flipped ones included).
+			res := f.get(t, SlabPages, pages)
+			for i, err := range res {
+				switch {
+				case c.wantHit && err != nil:
+					t.Fatalf("get item %d (%s): %v, want a hit", i, pages[i].key, err)
+				case !c.wantHit && err == nil:
+					t.Fatalf("get item %d (%s): a hit, want a miss (failed put %t)", i, pages[i].key, failed[i])
+				}
+			}
+		})
+	}
 }
 
 func testKindsDistinct(t *testing.T, h StoreHarness) {
