@@ -462,7 +462,7 @@ def test_non_blocking_while_serve_stalls(kvtier_bin, tmp_path):
     goes on."""
     s = start_serve(kvtier_bin, tmp_path, 128)
     t = Tiering(64)
-    tier = make_tier(s.sock, t, lookup_timeout_s=0.5)
+    tier = make_tier(s.sock, t, lookup_timeout_s=0.5, timeout_s=10)
     try:
         ctx = ReqContext(req_id="r")
         stored = keys_of("stall-stored", 8)
