@@ -751,6 +751,9 @@ class _SchedulerSide:
             self.door.register()
         except _Lost:
             logger.warning("kvtier: serve at %s is not answering; lookups are misses until it does", conn.socket)
+        except KvtierError:
+            self.door.close()
+            raise
         self._reg_seen = 0
         self._lookups = {}
         self._reqs = {}
@@ -1227,7 +1230,7 @@ class _WorkerSide:
         if nb <= 0:
             first = next(iter(kv_caches.values()))
             nb = int(first.shape[0] if self.c.mla or first.shape[0] != 2 else first.shape[1])
-        self.blocks = _Blocks(self.c, kv_caches, nb)
+        blocks = _Blocks(self.c, kv_caches, nb)
         self.door = self.c._new_door("vllm-worker-tp%d-pp%d-%d" % (self.tp_rank, self.pp_rank, os.getpid()),
                                      map_slab=True)
         try:
@@ -1235,6 +1238,11 @@ class _WorkerSide:
         except _Lost:
             logger.warning("kvtier: serve at %s is not answering; loads fail and saves are skipped until it does",
                            self.c.socket)
+        except KvtierError:
+            self.door.close()
+            self.door = None
+            raise
+        self.blocks = blocks
         for name, fn in (("kvtier-save", self._save_loop), ("kvtier-load", self._load_loop)):
             th = threading.Thread(target=fn, name=name, daemon=True)
             th.start()

@@ -28,6 +28,7 @@ KvtierConnector exactly as vLLM's scheduler and workers do, on CPU.
 
 import multiprocessing as mp
 import os
+import time
 import traceback
 from collections import deque
 
@@ -630,14 +631,29 @@ class Engine:
             self.outputs[r.request_id] = list(r.output_token_ids)
         return so
 
-    def run(self, max_steps=2000, on_step=None):
+    def run(self, timeout=60, on_step=None):
+        """Steps until every request is done and every block free. A step
+        that scheduled nothing (requests waiting on lookups or loads) is
+        followed by a short sleep, where vLLM's loop would spin."""
         n = 0
+        deadline = time.monotonic() + timeout
         while not self.sched.idle():
-            self.step()
+            so = self.step()
             n += 1
             if on_step is not None:
                 on_step(n)
-            assert n < max_steps, "the engine loop did not finish in %d steps" % max_steps
+            if not so.total_num_scheduled_tokens:
+                time.sleep(0.0005)
+            assert time.monotonic() < deadline, "the engine loop did not finish in %d s (%d steps): %s" % (
+                timeout, n, self.describe())
+
+    def describe(self):
+        sc = self.sched
+        lk = getattr(self.conn, "_scheduler", None)
+        return "waiting %s, running %s, held %s, pending %s, lookups %s" % (
+            [(r.request_id, r.status.name, r.num_computed_tokens) for r in sc.waiting],
+            [(r.request_id, r.num_computed_tokens, r.num_tokens) for r in sc.running], sorted(sc.delayed),
+            self.pending, {k: (v.done, v.loadable, v.present, v.l2) for k, v in lk._lookups.items()} if lk else None)
 
     def rebuild(self, extra):
         """A new vLLM on the same node: new scheduler side and workers'
