@@ -163,15 +163,15 @@ def test_reduce_rules():
             reduce_contributions(msgs)
 
 
-def test_connector_engine_transport_single_rank(kvtier_bin, tmp_path):
-    """The vLLM-shaped connector against ``--ranks 1 --group engine``: it
-    reduces its own contribution each step; hits verified byte for byte."""
-    from kvtier.connector import KvtierConnector
-    from test_connector import Engine
+def test_rank_engine_transport_single_rank(kvtier_bin, tmp_path):
+    """A CPU engine's rank (tests/enginestep.py) against ``--ranks 1
+    --group engine``: it reduces its own contribution each step; hits
+    verified byte for byte."""
+    from enginestep import Engine, EngineRank
 
     sock, stop = start_serve(kvtier_bin, str(tmp_path / "data"), "--group", "engine")
     try:
-        conn = KvtierConnector(sock, "test-model")
+        conn = EngineRank(sock, "test-model")
         assert conn.client.info.group_transport == "engine"
         eng = Engine(conn, seed=3)
         eng.run(60)
@@ -182,11 +182,11 @@ def test_connector_engine_transport_single_rank(kvtier_bin, tmp_path):
         stop()
 
 
-def test_connector_needs_all_reduce_for_ranks(group_serve):
-    from kvtier.connector import KvtierConnector
+def test_rank_needs_all_reduce_for_ranks(group_serve):
+    from enginestep import EngineRank
 
     with pytest.raises(ValueError, match="pass all_reduce"):
-        KvtierConnector(group_serve, "test-model", rank=0, world_size=2)
+        EngineRank(group_serve, "test-model", rank=0, world_size=2)
 
 
 @pytest.fixture
@@ -196,28 +196,27 @@ def lanes_serve(kvtier_bin, tmp_path):
     stop()
 
 
-def test_connectors_of_two_ranks(group_serve):
+def test_two_ranks(group_serve):
     """Two ranks of one context-parallel engine, each with its own
-    connector in its own thread, their all_reduce an all-gather over a
+    EngineRank in its own thread, their all_reduce an all-gather over a
     barrier (what torch.distributed.all_gather_object does across
     processes) and reduce_contributions: both ranks get the same answers,
     every loaded byte verified."""
-    run_two_connectors(group_serve, lanes=1)
+    run_two_ranks(group_serve, lanes=1)
 
 
-def test_connectors_of_two_ranks_owner_lanes(lanes_serve):
+def test_two_ranks_owner_lanes(lanes_serve):
     """The same with serve --owner-lanes (one slab and one index for both
     ranks): each rank computes and keeps only its own pages (page i is
     rank i mod 2's) and verifies them; a page copied by the wrong rank
     would reach its owner as zeros."""
-    run_two_connectors(lanes_serve, lanes=2)
+    run_two_ranks(lanes_serve, lanes=2)
 
 
-def run_two_connectors(sock, lanes):
+def run_two_ranks(sock, lanes):
     import threading
 
-    from kvtier.connector import KvtierConnector
-    from test_connector import Engine
+    from enginestep import Engine, EngineRank
 
     gathered = [None, None]
     barrier = threading.Barrier(2, timeout=30)
@@ -232,10 +231,10 @@ def run_two_connectors(sock, lanes):
         return all_reduce
 
     conns, engines, errors = [], [], []
-    # NB: a connector's registration must not end the other's session, so
+    # NB: a rank's registration must not end the other's session, so
     # both register before either steps.
     for r in range(2):
-        conns.append(KvtierConnector(sock, "cp-model", rank=r, world_size=2, all_reduce=all_reduce_for(r)))
+        conns.append(EngineRank(sock, "cp-model", rank=r, world_size=2, all_reduce=all_reduce_for(r)))
         assert conns[r].owner_lanes == lanes
     for r in range(2):
         engines.append(Engine(conns[r], seed=5))

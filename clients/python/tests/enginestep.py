@@ -1,32 +1,21 @@
-"""A connector shaped like vLLM's ``KVConnectorBase_V1``, over kvtier serve.
+"""A CPU engine over kvtier serve's engine API (docs/engine-api.md), for
+the tests: :class:`EngineRank` is one rank (kvtier's L1 is its numpy
+arrays; one ``Step`` call per scheduler step, batching every lookup,
+store, finish and copy completion of that step) and :class:`Engine` a
+scheduler loop over it, verifying every hit byte for byte against
+kvtier.payload. test_group.py runs ranks against ``serve --group
+engine``; test_engine_client.py against a serve killed and restarted.
 
-It needs no vLLM: small stand-ins (:class:`Request`, :class:`SchedulerOutput`)
-carry what the methods read. One :class:`KvtierConnector` serves one engine
-rank and makes exactly one ``Step`` call per scheduler step, in
-:meth:`KvtierConnector.build_connector_meta`, batching every lookup, store,
-finish and copy completion of that step.
-
-Scheduler side: :meth:`get_num_new_matched_tokens` (a lookup, answered in a
-later step while pages come back: ``(0, True)`` means "ask again"),
-:meth:`update_state_after_alloc`, :meth:`build_connector_meta`,
-:meth:`request_finished`. Worker side: :meth:`start_load_kv`,
-:meth:`wait_for_layer_load`, :meth:`save_kv_layer`, :meth:`wait_for_save`,
-:meth:`get_finished`.
-
-kvtier's L1 here is the engine's KV pool for a CPU engine: ``l1_pages``
-pages per payload kind in numpy arrays (:attr:`KvtierConnector.l1`);
-copies between it and the slab are numpy copies. While serve is away (a
-restart, a crash) every lookup is a miss and the engine recomputes; the
-connector registers again on the new ``boot_id`` by itself.
-
-With ``kvtier serve --group engine`` the engine carries the ranks' group
-exchange: pass ``all_reduce``, a function from this rank's contribution
-(bytes) to the frontier (bytes) that every rank of the engine calls once
-per step, e.g. an ``all_gather_object`` over the engine's process group
-followed by :func:`kvtier.group.reduce_contributions`. A single rank needs
-none (its own contribution reduces to the frontier).
+While serve is away every lookup is a miss; a rank registers again on the
+new ``boot_id`` by itself. With ``kvtier serve --group engine`` the engine
+carries the ranks' group exchange: pass ``all_reduce``, a function from
+this rank's contribution (bytes) to the frontier (bytes) that every rank
+calls once per step (an all-gather over the engine's process group
+followed by :func:`kvtier.group.reduce_contributions`). A single rank
+needs none.
 """
 
+import random
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,32 +24,30 @@ from kvtier import pagehash
 from kvtier.client import Client, health
 from kvtier.engine.v1 import engine_pb2 as pb
 from kvtier.group import reduce_contributions
+from kvtier.payload import payload
 from kvtier.slab import Slab
 
 
 @dataclass
 class Request:
-    """What the connector reads of an engine request."""
+    """What the rank reads of an engine request."""
     request_id: str
     prompt_token_ids: list
 
 
 @dataclass
-class SchedulerOutput:
-    """What the connector reads of a scheduler step: the requests whose
-    prefill was computed in the step just run (their KV is stored)."""
-    computed: list = field(default_factory=list)
-
-
-@dataclass
-class ConnectorMeta:
-    """What the worker side does in this step."""
+class StepPlan:
+    """What the rank copies in this step."""
     loads: list = field(default_factory=list)       # FROM_SLAB plans
     saves: list = field(default_factory=list)       # TO_SLAB plans
     placements: list = field(default_factory=list)  # (req_id, key index, L1 page)
 
 
-class KvtierConnector:
+class EngineRank:
+    """One rank of a CPU engine over the engine API: kvtier's L1 is
+    ``l1``, numpy arrays of ``l1_pages`` pages per payload kind; one
+    ``Step`` call per scheduler step (:meth:`step`)."""
+
     def __init__(self, socket_path, model, rank=0, world_size=1, engine_id="python-engine", salt="", all_reduce=None):
         h = health(socket_path)
         self.page_tokens = h.page_tokens
@@ -110,7 +97,7 @@ class KvtierConnector:
         self._to_abort = []
         self._sent = set()     # req_ids the current session knows
         self._owed = []        # (plan, ok)
-        self._meta = ConnectorMeta()
+        self._meta = StepPlan()
 
     def _reset(self, restarted):
         """serve went away: everything pending is a miss."""
@@ -133,7 +120,7 @@ class KvtierConnector:
 
     # Scheduler side.
 
-    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+    def lookup(self, request, num_computed_tokens=0):
         """(tokens kvtier can load beyond num_computed_tokens, async). While
         the lookup is pending it returns (0, True): ask again next step."""
         rid = request.request_id
@@ -150,10 +137,6 @@ class KvtierConnector:
             self._to_lookup[rid] = hs
         return 0, True
 
-    def update_state_after_alloc(self, request, blocks, num_external_tokens):
-        """kvtier names the L1 pages itself (the engine's pool here is
-        kvtier's L1); nothing to record."""
-
     def hit_pages(self, request):
         """The L1 pages (in key order) holding the request's hit prefix."""
         r = self._results.get(request.request_id)
@@ -161,16 +144,16 @@ class KvtierConnector:
             return []
         return [p for rg in r.l1_pages for p in range(rg.start, rg.start + rg.count)]
 
-    def build_connector_meta(self, scheduler_output):
+    def step(self, computed=()):
         """The step's one Step call; returns the worker's metadata."""
-        for req in scheduler_output.computed:
+        for req in computed:
             hs = self._keys.get(req.request_id)
             if hs and self._results.get(req.request_id) is not None:
                 self._to_store[req.request_id] = hs
         res = self.client.step(completions=self._owed, lookups=list(self._to_lookup.items()),
                                stores=list(self._to_store.items()), finished=self._to_finish, aborted=self._to_abort,
                                frontier=self._frontier)
-        self._meta = ConnectorMeta()
+        self._meta = StepPlan()
         if not res.ok:
             if res.unavailable:
                 self.unavailable_steps += 1
@@ -201,9 +184,8 @@ class KvtierConnector:
             (self._meta.saves if pl.direction == pb.DIRECTION_TO_SLAB else self._meta.loads).append(pl)
         return self._meta
 
-    def request_finished(self, request, block_ids=()):
-        """The request is done: its pages stay cached, its lock goes.
-        Returns (delay_free, params) as vLLM's does: nothing is delayed."""
+    def finish(self, request):
+        """The request is done: its pages stay cached, its lock goes."""
         rid = request.request_id
         if rid in self._sent:
             self._sent.discard(rid)
@@ -215,8 +197,7 @@ class KvtierConnector:
         self._to_store.pop(rid, None)
         self._keys.pop(rid, None)
         self._results.pop(rid, None)
-        return False, None
-
+        
     # Worker side.
 
     def _run(self, plan):
@@ -236,15 +217,12 @@ class KvtierConnector:
                 ok = False
         self._owed.append((plan.plan, ok))
 
-    def start_load_kv(self, forward_context=None):
+    def run_loads(self):
         """Runs the step's loads (slab to L1), synchronously."""
         for pl in self._meta.loads:
             self._run(pl)
 
-    def wait_for_layer_load(self, layer_name=None):
-        """Loads are synchronous here."""
-
-    def save_kv_layer(self, layer_name, kv_of, attn_metadata=None):
+    def write_placed(self, kv_of):
         """Writes the computed KV of every placed page into L1:
         kv_of(req_id, key_index, kind) returns the page's bytes. With owner
         lanes only this rank's pages: the others' KV is not on this rank."""
@@ -255,16 +233,82 @@ class KvtierConnector:
             for k in range(len(self.kinds)):
                 self.l1[k][page][:] = np.frombuffer(kv_of(rid, i, k, hs[i] if hs else None), dtype=np.uint8)
 
-    def wait_for_save(self):
+    def run_saves(self):
         """Runs the step's backups (L1 to slab) after the placed pages were
         written; their completions go in the next step."""
         for pl in self._meta.saves:
             self._run(pl)
 
-    def get_finished(self, finished_req_ids=()):
-        """(sending done, receiving done): copies are synchronous here."""
-        return set(), set()
-
     def close(self):
         self.slab.close()
         self.client.close()
+
+
+class Engine:
+    """A CPU engine's scheduler loop over one EngineRank, a few requests
+    a step; every hit page verified against kvtier.payload."""
+
+    def __init__(self, rank, seed):
+        self.rank = rank
+        self.rng = random.Random(seed)
+        self.verified = self.wrong = self.hit_tokens = self.input_tokens = 0
+        self.done = 0
+
+    def request(self, i):
+        pt = self.rank.page_tokens
+        system = self.rng.randrange(4)
+        pages = 3 + self.rng.randrange(4)
+        toks = [system * 1000003 + j for j in range(4 * pt)]  # a shared 4-page system prompt
+        toks += [i * 7919 + j for j in range(pages * pt)]
+        if self.rng.random() < 0.3 and i > 0:
+            toks = [system * 1000003 + j for j in range(4 * pt)] + [(i - 1) * 7919 + j for j in range(pages * pt)]
+        return Request("r%d" % i, toks)
+
+    def kv_of(self, rid, i, kind, h):
+        return payload(h, kind, self.rank.kinds[kind][1])
+
+    def verify(self, req):
+        hs = self.rank._keys[req.request_id]
+        for i, page in enumerate(self.rank.hit_pages(req)):
+            if not self.rank.owns(i):
+                continue  # another rank's page (owner lanes)
+            for k, (_, size) in enumerate(self.rank.kinds):
+                if bytes(self.rank.l1[k][page]) == payload(hs[i], k, size):
+                    self.verified += 1
+                else:
+                    self.wrong += 1
+
+    def run(self, n, start=0, per_step=4, on_step=None):
+        waiting, queue = [], [self.request(i) for i in range(start, start + n)]
+        computed = []
+        steps = 0
+        while queue or waiting or computed:
+            steps += 1
+            assert steps < 20 * n + 100, "the engine loop does not finish"
+            while queue and len(waiting) < per_step:
+                waiting.append(queue.pop(0))
+            ready = []
+            for req in waiting:
+                tokens, pending = self.rank.lookup(req)
+                if not pending:
+                    ready.append((req, tokens))
+            for req, tokens in ready:
+                waiting.remove(req)
+                self.verify(req)
+                self.hit_tokens += tokens
+                self.input_tokens += len(req.prompt_token_ids)
+            stored = computed
+            computed = [req for req, _ in ready]
+            self.rank.step(computed)
+            self.rank.run_loads()
+            self.rank.write_placed(self.kv_of)
+            self.rank.run_saves()
+            for req in stored:
+                self.rank.finish(req)
+                self.done += 1
+            if on_step:
+                on_step(steps)
+        # one more step sends the last finishes and completions
+        self.rank.step()
+        self.rank.run_loads()
+        self.rank.run_saves()

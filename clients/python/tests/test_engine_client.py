@@ -1,10 +1,11 @@
-"""The connector against a real ``kvtier serve`` process, driven by a
-simulated engine loop (no vLLM): hits verified byte for byte, a SIGKILL of
-serve in the middle (misses while it is away), a restart on the same data
-dir (re-registered on the new boot_id, L3 hits again)."""
+"""The engine API's Python client (kvtier.client, kvtier.slab,
+kvtier.payload) against a real ``kvtier serve --doors engine`` process,
+driven by a CPU engine's scheduler loop (tests/enginestep.py): hits
+verified byte for byte, a SIGKILL of serve in the middle (misses while it
+is away), a restart on the same data dir (registered again on the new
+boot_id, L3 hits again)."""
 
 import os
-import random
 import shutil
 import signal
 import socket
@@ -12,13 +13,13 @@ import subprocess
 import tempfile
 import time
 
-import numpy as np
 import pytest
 
-from kvtier.client import Client, make_namespace, pack_hashes, unpack_hashes
-from kvtier.connector import KvtierConnector, Request, SchedulerOutput
+from enginestep import Engine, EngineRank
+from kvtier.client import make_namespace, pack_hashes, unpack_hashes
 from kvtier.payload import payload
 from kvtier.slab import Slab
+
 
 class Serve:
     def __init__(self, binary, data):
@@ -64,77 +65,8 @@ def serve(kvtier_bin, tmp_path):
     s.stop()
 
 
-class Engine:
-    """A CPU engine's scheduler loop, one rank, a few requests a step."""
-
-    def __init__(self, conn, seed):
-        self.conn = conn
-        self.rng = random.Random(seed)
-        self.verified = self.wrong = self.hit_tokens = self.input_tokens = 0
-        self.done = 0
-
-    def request(self, i):
-        pt = self.conn.page_tokens
-        system = self.rng.randrange(4)
-        pages = 3 + self.rng.randrange(4)
-        toks = [system * 1000003 + j for j in range(4 * pt)]  # a shared 4-page system prompt
-        toks += [i * 7919 + j for j in range(pages * pt)]
-        if self.rng.random() < 0.3 and i > 0:
-            toks = [system * 1000003 + j for j in range(4 * pt)] + [(i - 1) * 7919 + j for j in range(pages * pt)]
-        return Request("r%d" % i, toks)
-
-    def kv_of(self, rid, i, kind, h):
-        return payload(h, kind, self.conn.kinds[kind][1])
-
-    def verify(self, req):
-        hs = self.conn._keys[req.request_id]
-        for i, page in enumerate(self.conn.hit_pages(req)):
-            if not self.conn.owns(i):
-                continue  # another rank's page (owner lanes)
-            for k, (_, size) in enumerate(self.conn.kinds):
-                if bytes(self.conn.l1[k][page]) == payload(hs[i], k, size):
-                    self.verified += 1
-                else:
-                    self.wrong += 1
-
-    def run(self, n, start=0, per_step=4, on_step=None):
-        waiting, queue = [], [self.request(i) for i in range(start, start + n)]
-        computed = []
-        steps = 0
-        while queue or waiting or computed:
-            steps += 1
-            assert steps < 20 * n + 100, "the engine loop does not finish"
-            while queue and len(waiting) < per_step:
-                waiting.append(queue.pop(0))
-            ready = []
-            for req in waiting:
-                tokens, pending = self.conn.get_num_new_matched_tokens(req, 0)
-                if not pending:
-                    ready.append((req, tokens))
-            for req, tokens in ready:
-                waiting.remove(req)
-                self.verify(req)
-                self.hit_tokens += tokens
-                self.input_tokens += len(req.prompt_token_ids)
-            stored = computed
-            computed = [req for req, _ in ready]
-            self.conn.build_connector_meta(SchedulerOutput(computed=computed))
-            self.conn.start_load_kv()
-            self.conn.save_kv_layer("all", self.kv_of)
-            self.conn.wait_for_save()
-            for req in stored:
-                self.conn.request_finished(req)
-                self.done += 1
-            if on_step:
-                on_step(steps)
-        # one more step sends the last finishes and completions
-        self.conn.build_connector_meta(SchedulerOutput())
-        self.conn.start_load_kv()
-        self.conn.wait_for_save()
-
-
-def test_connector_hits_verified(serve):
-    conn = KvtierConnector(serve.sock, "test-model")
+def test_engine_hits_verified(serve):
+    conn = EngineRank(serve.sock, "test-model")
     eng = Engine(conn, seed=1)
     eng.run(120)
     conn.close()
@@ -144,16 +76,16 @@ def test_connector_hits_verified(serve):
     assert eng.hit_tokens > 0.2 * eng.input_tokens, (eng.hit_tokens, eng.input_tokens)
 
 
-def test_connector_survives_serve_kill(serve):
-    conn = KvtierConnector(serve.sock, "test-model")
+def test_engine_survives_serve_kill(serve):
+    conn = EngineRank(serve.sock, "test-model")
     eng = Engine(conn, seed=2)
     eng.run(60)
     assert eng.wrong == 0 and eng.verified > 0
     # Let the spills land, then kill serve mid-run.
     for _ in range(20):
-        conn.build_connector_meta(SchedulerOutput())
-        conn.start_load_kv()
-        conn.wait_for_save()
+        conn.step()
+        conn.run_loads()
+        conn.run_saves()
     serve.kill()
     before = eng.verified
 
@@ -163,10 +95,10 @@ def test_connector_survives_serve_kill(serve):
 
     eng.run(60, start=60, on_step=restart_at)
     assert conn.unavailable_steps > 0
-    # The engine steps on; the connector re-registers once gRPC reconnects.
+    # The engine steps on; the rank registers again once gRPC reconnects.
     deadline = time.time() + 15
     while conn.restarts == 0 and time.time() < deadline:
-        conn.build_connector_meta(SchedulerOutput())
+        conn.step()
         time.sleep(0.02)
     assert conn.restarts == 1
     # After the restart the cache is found again (L3) and every byte is right.
