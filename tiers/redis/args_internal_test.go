@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/kvtier/kvtier/internal/crc32c"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
 )
@@ -37,5 +38,45 @@ func TestPutArgs(t *testing.T) {
 	trailer, _ := trailerArg{alone}.MarshalBinary()
 	if _, err := VerifyValue(append(append([]byte(nil), src...), trailer...), key, int64(len(src))); err != nil {
 		t.Fatalf("trailer marshaled before its payload: %v", err)
+	}
+}
+
+// TestGivenSumArgs: with the producer's sum the trailer carries it as
+// given: a value whose payload matches verifies; one whose payload changed
+// after the sum was taken fails verification (a GET of it is a miss),
+// where a checksum of our own would have made it look valid.
+func TestGivenSumArgs(t *testing.T) {
+	orig := bytes.Repeat([]byte("fedcba9876543210"), 4096+5)
+	key := tiers.Key{Hash: pagehash.Next(pagehash.Root, []uint32{9}), Kind: 0}
+	sum := crc32c.Checksum(orig)
+	cases := []struct {
+		name   string
+		flip   int // byte of the source flipped after the sum; -1 none
+		wantOK bool
+	}{
+		{"unchanged", -1, true},
+		{"first byte changed", 0, false},
+		{"last byte changed", len(orig) - 1, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			src := bytes.Clone(orig)
+			if c.flip >= 0 {
+				src[c.flip] ^= 0x10
+			}
+			p := givenPageCRC(key, src, sum)
+			payload, _ := payloadArg{p}.MarshalBinary()
+			trailer, err := trailerArg{p}.MarshalBinary()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := VerifyValue(append(bytes.Clone(payload), trailer...), key, int64(len(src)))
+			switch {
+			case c.wantOK && (err != nil || !bytes.Equal(got, orig)):
+				t.Fatalf("value does not verify: %v", err)
+			case !c.wantOK && err == nil:
+				t.Fatal("a payload changed after the producer's sum verified: laundered")
+			}
+		})
 	}
 }

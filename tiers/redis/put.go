@@ -68,6 +68,10 @@ func (s *Store) Put(_ context.Context, batch []tiers.PutRequest) (tiers.BatchID,
 	return job.id, nil
 }
 
+// KeepsPutSums implements tiers.SumKeeper: a put with a sum sends it in
+// the value's trailer as given.
+func (s *Store) KeepsPutSums() bool { return true }
+
 // gatherLoop cuts accepted batches into chunks of pipeline_depth items and
 // hands them to the senders; the payloads stay in the slab. On stop it
 // fails every item not yet handed over with ErrClosed.
@@ -104,11 +108,15 @@ func (s *Store) gatherLoop() {
 			end := min(start+depth, len(job.reqs))
 			c := &putChunk{id: job.id}
 			for i := start; i < end; i++ {
-				key := job.reqs[i].Key
+				r := job.reqs[i]
 				c.index = append(c.index, i)
-				c.keys = append(c.keys, key)
+				c.keys = append(c.keys, r.Key)
 				c.srcs = append(c.srcs, job.srcs[i])
-				c.crcs = append(c.crcs, newPageCRC(key, job.srcs[i]))
+				if r.HasSum {
+					c.crcs = append(c.crcs, givenPageCRC(r.Key, job.srcs[i], r.Sum))
+				} else {
+					c.crcs = append(c.crcs, newPageCRC(r.Key, job.srcs[i]))
+				}
 				job.srcs[i] = nil
 			}
 			s.chunks <- c
