@@ -262,8 +262,13 @@ class KvtierTier(SecondaryTierManager):
         self._results = collections.deque()
         # Background -> scheduler: finished JobResults.
         self._finished = collections.deque()
-        # Scheduler -> lookup thread: (req_id, key); a kick wakes it.
+        # Scheduler -> lookup thread: keys (bytes), each preceded by its
+        # request's id (a str) when the request changes; no tuple per key,
+        # so a scan of new keys allocates no objects for the collector.
+        # _ask_req is the scheduler's last id sent, _ask_cur the lookup
+        # thread's last id read; a kick wakes the lookup thread.
         self._asks = collections.deque()
+        self._ask_req = self._ask_cur = None
         self._kick = queue.SimpleQueue()
         self._kicked = False
         self._loads, self._stores = queue.SimpleQueue(), queue.SimpleQueue()
@@ -548,7 +553,11 @@ class KvtierTier(SecondaryTierManager):
             return True
         if v is None or v is _L3:
             verdict[key] = _PENDING
-            self._asks.append((req_context.req_id, key))
+            rid = req_context.req_id
+            if rid != self._ask_req:
+                self._ask_req = rid
+                self._asks.append(rid)
+            self._asks.append(key)
             if not self._kicked:
                 self._kicked = True
                 self._kick.put(1)
@@ -558,7 +567,11 @@ class KvtierTier(SecondaryTierManager):
         now = time.monotonic()  # a miss, answered at v
         if now - v > self.miss_ttl:
             verdict[key] = now  # one refresh per miss_ttl_s; False until it answers
-            self._asks.append((req_context.req_id, key))
+            rid = req_context.req_id
+            if rid != self._ask_req:
+                self._ask_req = rid
+                self._asks.append(rid)
+            self._asks.append(key)
             if not self._kicked:
                 self._kicked = True
                 self._kick.put(1)
@@ -619,29 +632,31 @@ class KvtierTier(SecondaryTierManager):
                     self._recover()
                 except Exception:  # a bug must not end the lookups
                     logger.exception("kvtier: registering again failed")
-            asks = []
-            while self._asks:
-                asks.append(self._asks.popleft())
-            if not asks:
+            groups = {}  # req_id -> {key: None}, in the order asked
+            cur, q = self._ask_cur, self._asks
+            while q:
+                item = q.popleft()
+                if isinstance(item, bytes):
+                    groups.setdefault(cur, {})[item] = None
+                else:
+                    cur = item
+            self._ask_cur = cur
+            if not groups:
                 continue
             try:
-                self._exists(asks)
+                self._exists(groups)
             except Exception:  # a bug must not end the lookups: forget them
                 logger.exception("kvtier: lookups failed")
-                self._answer(None, [k for _, k in asks], _FORGET)
+                self._answer(None, [k for g in groups.values() for k in g], _FORGET)
 
     def _answer(self, sess, keys, answer):
         epoch = sess.epoch if sess is not None else self._epoch
         for k in keys:
             self._results.append((epoch, k, answer))
 
-    def _exists(self, asks):
+    def _exists(self, groups):
         """BatchExists per request, in the order vLLM asked (a request's
         keys are a prefix chain: the door counts the leading ones)."""
-        groups = {}
-        for req_id, key in asks:
-            g = groups.setdefault(req_id, {})
-            g[key] = None
         sess = self._sess if self._up else None
         for keys in groups.values():
             keys = list(keys)
