@@ -437,10 +437,14 @@ class KvtierConnectorStats(KVConnectorStats):
         d = self.data
         out = {k: d[k] for k in sorted(d) if not k.endswith("_s") and not k.endswith("_bytes")}
         for op in ("load", "save"):
-            b, s = d.get(op + "_bytes", 0), d.get(op + "_s", 0)
+            b, s, cs = d.get(op + "_bytes", 0), d.get(op + "_s", 0), d.get(op + "_copy_s", 0)
             if b:
+                # GBps: the whole path (calls to serve and copies), per
+                # thread; copy_GBps: the copies alone.
                 out[op + "_GB"] = round(b / 1e9, 3)
                 out[op + "_GBps"] = round(b / max(s, 1e-9) / 1e9, 2)
+                if cs:
+                    out[op + "_copy_GBps"] = round(b / cs / 1e9, 2)
         return out
 
     def is_empty(self):
@@ -1428,7 +1432,9 @@ class _WorkerSide:
         batches, failed = self._get(self._keys(hashes), list(block_ids))
         hits = [h for b in batches for h in b[3]]
         try:
+            t1 = time.perf_counter()
             self.blocks.copy(True, hits, range(len(self.blocks.layers)))
+            self.c._count(load_copy_s=time.perf_counter() - t1)
         finally:
             self._release(batches, failed)
         self._count_load(hits, failed, time.perf_counter() - t0)
@@ -1468,9 +1474,11 @@ class _WorkerSide:
 
         def run():
             try:
+                t1 = time.perf_counter()
                 for li in range(len(self.blocks.layers)):
                     self.blocks.copy(True, hits, (li,))
                     s.events[li].set()
+                self.c._count(load_copy_s=time.perf_counter() - t1)
             except Exception:
                 logger.exception("kvtier: synchronous load failed")
                 s.failed.update(h[0] for h in hits)
@@ -1531,6 +1539,7 @@ class _WorkerSide:
         limits = self.door.limits
         step = max(1, limits.max_batch_pages if limits is not None and limits.max_batch_pages else 1024)
         stored = exists = failed = copied = 0
+        copy_s = 0.0
         for lo in range(0, len(keys), step):
             ks, bs = keys[lo:lo + step], ids[lo:lo + step]
             try:
@@ -1559,7 +1568,9 @@ class _WorkerSide:
                         written[j] = True
                     else:
                         failed += 1
+                t1 = time.perf_counter()
                 self.blocks.copy(False, pages, range(len(self.blocks.layers)))
+                copy_s += time.perf_counter() - t1
                 copied += len(pages)
             except Exception:
                 written = [False] * len(ks)
@@ -1579,4 +1590,4 @@ class _WorkerSide:
                         logger.info("kvtier: commit of lease %d: %s", rep.lease, e)
                         failed += sum(written)
         c._count(save_stored_blocks=stored, save_exists_blocks=exists, save_failed_blocks=failed,
-                 save_bytes=copied * sum(c.kind_bytes), save_s=time.perf_counter() - t0)
+                 save_bytes=copied * sum(c.kind_bytes), save_s=time.perf_counter() - t0, save_copy_s=copy_s)

@@ -380,7 +380,7 @@ def test_kv_layouts(kvtier_bin, tmp_path):
             w.register_kv_caches({n: flash[n] for n in names[:3]})
     finally:
         s.stop()
-    mkb = vh.LAYERS * vh.BLOCK * vh.MLA_DIM * 2
+    mkb = vh.GEOM.layers * vh.BLOCK * vh.MLA_DIM * 2
     s = start_serve(kvtier_bin, tmp_path, [("kv", mkb)], 64, name="mla")
     try:
         kcc = vh.kv_cache_config(8, mla=True)

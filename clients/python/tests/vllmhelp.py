@@ -31,6 +31,7 @@ import os
 import time
 import traceback
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 
@@ -52,9 +53,21 @@ MLA_DIM = 64
 DTYPE = torch.bfloat16
 
 
-def kind_bytes(tp=1, layers=LAYERS, heads=HEADS, head_dim=HEAD_DIM, block=BLOCK, esize=2):
+@dataclass(frozen=True)
+class Geometry:
+    """The model's KV geometry (the tests' default is small; the benchmark
+    uses a real model's)."""
+    layers: int = LAYERS
+    heads: int = HEADS
+    head_dim: int = HEAD_DIM
+
+
+GEOM = Geometry()
+
+
+def kind_bytes(tp=1, geom=GEOM, block=BLOCK, esize=2):
     """Bytes of one payload kind of a page (one block, every layer)."""
-    return layers * block * (heads // tp) * head_dim * esize
+    return geom.layers * block * (geom.heads // tp) * geom.head_dim * esize
 
 
 def store_yaml(kinds, slab_pages, l3_mib=64, block=BLOCK):
@@ -99,13 +112,14 @@ def layer_names(layers=LAYERS):
     return ["model.layers.%d.self_attn.attn" % i for i in range(layers)]
 
 
-def kv_cache_config(num_blocks, tp=1, layers=LAYERS, heads=HEADS, head_dim=HEAD_DIM, mla=False, block=BLOCK):
+def kv_cache_config(num_blocks, tp=1, geom=GEOM, mla=False, block=BLOCK):
     if mla:
         spec = MLAAttentionSpec(block_size=block, num_kv_heads=1, head_size=MLA_DIM, dtype=DTYPE)
     else:
-        spec = FullAttentionSpec(block_size=block, num_kv_heads=heads // tp, head_size=head_dim, dtype=DTYPE)
+        spec = FullAttentionSpec(block_size=block, num_kv_heads=geom.heads // tp, head_size=geom.head_dim,
+                                 dtype=DTYPE)
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                         kv_cache_groups=[KVCacheGroupSpec(layer_names(layers), spec)])
+                         kv_cache_groups=[KVCacheGroupSpec(layer_names(geom.layers), spec)])
 
 
 def next_token(tokens, wrong=False):
@@ -130,7 +144,7 @@ def seeds(tokens):
     return torch.cumsum(t * w, 0) % 1000000007
 
 
-def kv_values(sd, layer, kind, head0, heads, head_dim=HEAD_DIM):
+def kv_values(sd, layer, kind, head0, heads, head_dim):
     """The KV of positions with seeds sd at a layer, kind and the global
     heads [head0, head0 + heads): small integers, exact in bfloat16."""
     h = torch.arange(head0, head0 + heads, dtype=torch.int64)
@@ -143,28 +157,29 @@ class Worker:
     """One vLLM worker (a TP rank): paged KV tensors, the connector with
     role WORKER, a forward as described above."""
 
-    def __init__(self, sock, rank, tp, num_blocks, extra=None, layers=LAYERS, kv_shape="flash"):
+    def __init__(self, sock, rank, tp, num_blocks, extra=None, geom=GEOM, kv_shape="flash", compute_s=0.0):
         from vllm.distributed.parallel_state import set_ranks
 
         from kvtier.vllm import KvtierConnector
 
         set_ranks(rank, tp)
-        self.rank, self.tp, self.nb, self.layers = rank, tp, num_blocks, layers
-        self.hr = HEADS // tp
-        self.names = layer_names(layers)
+        self.rank, self.tp, self.nb, self.geom = rank, tp, num_blocks, geom
+        self.hr, self.hd = geom.heads // tp, geom.head_dim
+        self.compute_s = compute_s
+        self.names = layer_names(geom.layers)
         if kv_shape == "flash":
-            self.kv = {n: torch.zeros(2, num_blocks, BLOCK, self.hr, HEAD_DIM, dtype=DTYPE) for n in self.names}
+            self.kv = {n: torch.zeros(2, num_blocks, BLOCK, self.hr, self.hd, dtype=DTYPE) for n in self.names}
         else:  # flashinfer: (blocks, 2, ...)
-            self.kv = {n: torch.zeros(num_blocks, 2, BLOCK, self.hr, HEAD_DIM, dtype=DTYPE) for n in self.names}
+            self.kv = {n: torch.zeros(num_blocks, 2, BLOCK, self.hr, self.hd, dtype=DTYPE) for n in self.names}
         self.kv_shape = kv_shape
         cfg = vllm_config(sock, tp, extra)
-        self.conn = KvtierConnector(cfg, KVConnectorRole.WORKER, kv_cache_config(num_blocks, tp, layers))
+        self.conn = KvtierConnector(cfg, KVConnectorRole.WORKER, kv_cache_config(num_blocks, tp, geom))
         self.conn.register_kv_caches(self.kv)
         self.blocks = {}
 
     def kind_view(self, name, k):
         t = self.kv[name]
-        return (t[k] if self.kv_shape == "flash" else t[:, k]).reshape(self.nb * BLOCK, self.hr, HEAD_DIM)
+        return (t[k] if self.kv_shape == "flash" else t[:, k]).reshape(self.nb * BLOCK, self.hr, self.hd)
 
     def slots(self, rid, lo, hi):
         b = self.blocks[rid]
@@ -205,12 +220,15 @@ class Worker:
                 for k in range(2):
                     view = self.kind_view(name, k)
                     if ctx_slots is not None and c0:
-                        want = kv_values(sd[:c0], li, k, self.rank * self.hr, self.hr)
+                        want = kv_values(sd[:c0], li, k, self.rank * self.hr, self.hr, self.hd)
                         bad = int((view[ctx_slots] != want).sum())
                         wrong[rid] = wrong.get(rid, 0) + bad
                         checked[rid] = checked.get(rid, 0) + want.numel()
-                    view[new_slots] = kv_values(sd[c0:c0 + n], li, k, self.rank * self.hr, self.hr)
+                    view[new_slots] = kv_values(sd[c0:c0 + n], li, k, self.rank * self.hr, self.hr, self.hd)
             self.conn.save_kv_layer(name, self.kv[name], None)
+        if work and self.compute_s:
+            # The accelerator's share of a forward: the host waits, idle.
+            time.sleep(self.compute_s)
         self.conn.wait_for_save()
         sending, recving = self.conn.get_finished(set(so.finished_req_ids))
         out = KVConnectorOutput(finished_sending=sending, finished_recving=recving,
@@ -226,10 +244,10 @@ class Worker:
         self.conn.shutdown()
 
 
-def _worker_main(pipe, sock, rank, tp, num_blocks, extra):
+def _worker_main(pipe, sock, rank, tp, num_blocks, extra, geom):
     try:
         torch.set_num_threads(1)
-        w = Worker(sock, rank, tp, num_blocks, extra)
+        w = Worker(sock, rank, tp, num_blocks, extra, geom)
         pipe.send(("ok", None))
     except BaseException:
         pipe.send(("err", traceback.format_exc()))
@@ -241,7 +259,7 @@ def _worker_main(pipe, sock, rank, tp, num_blocks, extra):
                 out = w.execute(*arg)
             elif cmd == "rebuild":
                 w.shutdown()
-                w = Worker(sock, rank, tp, num_blocks, arg)
+                w = Worker(sock, rank, tp, num_blocks, arg, geom)
                 out = None
             elif cmd == "stats":
                 out = w.conn.get_kv_connector_stats()
@@ -259,10 +277,11 @@ def _worker_main(pipe, sock, rank, tp, num_blocks, extra):
 class RemoteWorker:
     """A Worker in its own process (spawn)."""
 
-    def __init__(self, sock, rank, tp, num_blocks, extra=None):
+    def __init__(self, sock, rank, tp, num_blocks, extra=None, geom=GEOM):
         ctx = mp.get_context("spawn")
         self.pipe, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, sock, rank, tp, num_blocks, extra), daemon=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child, sock, rank, tp, num_blocks, extra, geom),
+                                daemon=True)
         self.proc.start()
 
     def wait_ready(self):
@@ -550,21 +569,22 @@ class Engine:
     """The scheduler-side connector and MiniScheduler here, one Worker per
     TP rank (in processes, or in this process when inproc)."""
 
-    def __init__(self, sock, tp=2, num_blocks=48, extra=None, token_budget=256, max_running=8, inproc=False):
+    def __init__(self, sock, tp=2, num_blocks=48, extra=None, token_budget=256, max_running=8, inproc=False,
+                 geom=GEOM, compute_s=0.0):
         from kvtier.vllm import KvtierConnector
 
-        self.sock, self.tp, self.num_blocks = sock, tp, num_blocks
+        self.sock, self.tp, self.num_blocks, self.geom, self.compute_s = sock, tp, num_blocks, geom, compute_s
         self.workers = []
         if inproc:
             assert tp == 1
-            self.workers = [Worker(sock, 0, 1, num_blocks, extra)]
+            self.workers = [Worker(sock, 0, 1, num_blocks, extra, geom, compute_s=compute_s)]
         else:
-            self.workers = [RemoteWorker(sock, r, tp, num_blocks, extra) for r in range(tp)]
+            self.workers = [RemoteWorker(sock, r, tp, num_blocks, extra, geom) for r in range(tp)]
             for w in self.workers:
                 w.wait_ready()
         self.inproc = inproc
         self.conn = KvtierConnector(vllm_config(sock, tp, extra), KVConnectorRole.SCHEDULER,
-                                    kv_cache_config(num_blocks, tp))
+                                    kv_cache_config(num_blocks, tp, geom))
         self.sched = MiniScheduler(self.conn, num_blocks, token_budget, max_running)
         self.pending = {}  # rid -> (kind, count of workers that said so)
         self.outputs = {}
@@ -665,11 +685,11 @@ class Engine:
             else:
                 w.call("rebuild", extra)
         if self.inproc:
-            self.workers = [Worker(self.sock, 0, 1, self.num_blocks, extra)]
+            self.workers = [Worker(self.sock, 0, 1, self.num_blocks, extra, self.geom, compute_s=self.compute_s)]
         from kvtier.vllm import KvtierConnector
 
         self.conn = KvtierConnector(vllm_config(self.sock, self.tp, extra), KVConnectorRole.SCHEDULER,
-                                    kv_cache_config(self.num_blocks, self.tp))
+                                    kv_cache_config(self.num_blocks, self.tp, self.geom))
         self.sched = MiniScheduler(self.conn, self.num_blocks, self.sched.token_budget, self.sched.max_running)
         self.pending = {}
 
