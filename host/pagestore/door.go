@@ -244,6 +244,11 @@ type Door struct {
 	nslots          int
 	spans           []tiers.Span // slot*len(kinds)+kind
 	views           [][]byte     // the same, as bytes of the slab
+	// storeKeepsSums: the store stores the checksums Commit hands it with
+	// each put as given (tiers.SumKeeper), so a page changed in the slab
+	// before the store gathered it reads back from the store as a miss,
+	// and the door need not check the slab again at AckGathered.
+	storeKeepsSums bool
 
 	mu         sync.Mutex
 	free       []int32
@@ -308,6 +313,9 @@ func Open(opt Options) (*Door, error) {
 		early: map[tiers.BatchID][]tiers.Ack{}, stop: make(chan struct{})}
 	for _, k := range d.kinds {
 		d.pageBytes += k.PageBytes
+	}
+	if sk, ok := opt.Store.(tiers.SumKeeper); ok {
+		d.storeKeepsSums = sk.KeepsPutSums()
 	}
 	d.nslots = int(layout.Kinds[0].Pages())
 	for _, kl := range layout.Kinds[1:] {
@@ -657,7 +665,9 @@ func (d *Door) takeGathered() []*entry {
 	return c
 }
 
-// checkGathered verifies, once the store copied a page out of the slab,
+// checkGathered verifies, for a store that does not keep the put's sums
+// (a plugin, whose protocol does not carry them yet; a store that
+// predates them), once the store copied a page out of the slab,
 // that the slab still held the committed bytes: a client that wrote into
 // a committed span before the store gathered it would otherwise have
 // given the store wrong bytes under a valid checksum of the store's own.
@@ -709,12 +719,16 @@ func (d *Door) applyAck(id tiers.BatchID, b *putBatch, a tiers.Ack) {
 	case tiers.AckGathered, tiers.AckFailed, tiers.AckDurable:
 		if !it.done {
 			it.done = true
-			if it.e.putPending == 1 && a.Stage != tiers.AckFailed {
+			if it.e.putPending == 1 && a.Stage != tiers.AckFailed && !d.storeKeepsSums {
 				// The last kind is gathered: checkGathered takes the
 				// last count after verifying the slab's bytes. A dead
 				// entry too (a get's check dropped it meanwhile): its
 				// slot is kept until then, and if the store gathered
 				// changed bytes they must be deleted from it.
+				// NB: not for a store that keeps the put's sums: what it
+				// gathered is stored under Commit's checksum, so changed
+				// bytes are a miss at its every read; the slab's own copy
+				// is checked by the gets that hit it.
 				d.gathered = append(d.gathered, it.e)
 				break
 			}

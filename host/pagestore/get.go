@@ -402,6 +402,8 @@ func (d *Door) startLoad(ld *load) {
 		}
 		if err != nil {
 			d.log.Warn("kvtier store: reload failed", "store", d.opt.StoreName, "pages", len(ld.slots), "err", err)
+		} else if d.storeKeepsSums {
+			d.forgetMissed(ld, res)
 		}
 		d.forPages(len(ld.slots), func(j int) {
 			if ld.hit[j] {
@@ -424,6 +426,37 @@ func (d *Door) startLoad(ld *load) {
 		d.mu.Unlock()
 		close(ld.done)
 	}()
+}
+
+// forgetMissed deletes from the store every kind of the reloaded pages
+// that one of its kinds missed. The store listed them (LongestPrefix) but
+// could not serve them whole: most often a copy that fails its checksum,
+// such as one a client changed in the slab before a store that keeps the
+// put's sums gathered it (the door no longer checks at the gather for
+// those). Left there it would answer EXISTS to every set of the page and
+// a miss to every get, until the store evicted it; deleted, the client's
+// next set stores the page again. Absent keys are not an error.
+func (d *Door) forgetMissed(ld *load, res []error) {
+	nk := len(d.kinds)
+	var del []tiers.Key
+	for j := range ld.slots {
+		missed := false
+		for k := range nk {
+			missed = missed || res[j*nk+k] != nil
+		}
+		if !missed {
+			continue
+		}
+		for k := range nk {
+			del = append(del, tiers.Key{Hash: ld.hs[j], Kind: tiers.PayloadKind(k)})
+		}
+	}
+	if len(del) == 0 {
+		return
+	}
+	if err := d.opt.Store.Delete(context.Background(), del); err != nil {
+		d.log.Warn("kvtier store: deleting pages the store could not serve failed", "store", d.opt.StoreName, "pages", len(del)/nk, "err", err)
+	}
 }
 
 // Release ends a BatchGet's lease.

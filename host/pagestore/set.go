@@ -229,7 +229,7 @@ func (d *Door) waitCommits() bool {
 }
 
 // finishCommit takes committed pages' checksums, makes them readable and
-// evictable, and starts their write-through.
+// evictable, and starts their write-through with those checksums.
 func (d *Door) finishCommit(commit []*entry, done chan struct{}) {
 	defer d.busy.Done()
 	crcs := make([][]uint32, len(commit))
@@ -246,7 +246,11 @@ func (d *Door) finishCommit(commit []*entry, done chan struct{}) {
 		if d.opt.Store != nil {
 			e.putPending = int32(nk)
 			for k := range nk {
-				puts = append(puts, tiers.PutRequest{Key: tiers.Key{Hash: e.hash, Kind: tiers.PayloadKind(k)}, Src: d.span(e.slot, k)})
+				// The checksum travels with the page: a store that keeps
+				// it (tiers.SumKeeper) stores it as given, never one of its
+				// own over bytes that may have changed since.
+				puts = append(puts, tiers.PutRequest{Key: tiers.Key{Hash: e.hash, Kind: tiers.PayloadKind(k)}, Src: d.span(e.slot, k),
+					Sum: e.crc[k], HasSum: true})
 				items = append(items, putItem{e: e})
 			}
 		}
