@@ -308,7 +308,11 @@ class HugeMount:
 def store_yaml(kinds, slab_pages, l3_mib=64, mount=None):
     payloads = "\n".join("    - {name: %s, page_bytes: %dKiB}" % (k, KIND_BYTES >> 10) for k in kinds)
     slab = slab_pages * len(kinds) * KIND_BYTES
-    mnt = ", mount: %s" % mount if mount else ""
+    # NB: without a mount of the test's own, a directory that is never
+    # hugetlbfs: the shm fallback on every host. With the default
+    # /dev/hugepages mounted, the slab would round up to 2 MiB pages and
+    # hold more than the tests count on (test_slab_full).
+    mnt = ", mount: %s" % (mount if mount else '"{{DIR}}/not-hugetlbfs"')
     return """version: 1
 model:
   page_tokens: %d
