@@ -30,9 +30,27 @@ type Store struct {
 	nextBatch tiers.BatchID
 	ledger    ackLedger
 	carry     tiers.StoreStats // counters of past processes and of degraded items
+	// sums is what the first process answered to put_sums (protocol 1.1):
+	// 1 it keeps the producer's checksums, -1 it does not, 0 not yet
+	// asked. Every later process of the same (SHA-256-pinned) binary
+	// must answer the same: a caller decided at open whether to check
+	// the slab bytes itself (KeepsPutSums).
+	sums int8
 }
 
-var _ tiers.Store = (*Store)(nil)
+var (
+	_ tiers.Store     = (*Store)(nil)
+	_ tiers.SumKeeper = (*Store)(nil)
+)
+
+// KeepsPutSums implements tiers.SumKeeper: whether the plugin answered
+// keeps_put_sums at open (protocol 1.1). A plugin of protocol 1.0 does
+// not; the host then sends no sums and the plugin computes its own.
+func (s *Store) KeepsPutSums() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sums == 1
+}
 
 // storeRPC is what the store keeps per plugin process.
 type storeRPC struct {
@@ -45,6 +63,7 @@ type storeRPC struct {
 	// counts.
 	seen    tiers.StoreStats
 	carried bool // its counters are in Store.carry (it went down)
+	sums    bool // it answered keeps_put_sums: Put items carry the producer's sums
 }
 
 // storeGen is one plugin process serving the store.
@@ -122,6 +141,7 @@ func (s *Store) startGen(ctx context.Context, cold tiers.ColdStart) error {
 			Slab:       wire.Slab(s.env.Slab.Geometry()),
 			ColdStart:  wire.ColdStart(cold),
 			ConfigJson: s.config,
+			PutSums:    true,
 		})
 		if err != nil {
 			proc.kill()
@@ -136,6 +156,22 @@ func (s *Store) startGen(ctx context.Context, cold tiers.ColdStart) error {
 			return nil, fmt.Errorf("plugin %s (%s, %s): %w: kvtier moves page bytes only through the shared slab files, never over gRPC, so a store plugin must map them at open%s",
 				s.spec.Name, s.spec.Path, reply.GetImplementation(), ErrNoSlabMapping, saidSuffix(proc.notes))
 		}
+		keeps := reply.GetKeepsPutSums()
+		s.mu.Lock()
+		was := s.sums
+		if was == 0 {
+			s.sums = -1
+			if keeps {
+				s.sums = 1
+			}
+		}
+		s.mu.Unlock()
+		if was != 0 && (was == 1) != keeps {
+			_, _ = client.Close(octx, &storev1.CloseRequest{})
+			proc.kill()
+			return nil, fmt.Errorf("plugin %s (%s, %s): keeps_put_sums is %v, its first process answered %v: %w",
+				s.spec.Name, s.spec.Path, reply.GetImplementation(), keeps, was == 1, ErrHandshake)
+		}
 		sctx, scancel := context.WithCancel(context.Background())
 		stream, err = client.Acks(sctx, &storev1.AcksRequest{})
 		if err != nil {
@@ -145,7 +181,7 @@ func (s *Store) startGen(ctx context.Context, cold tiers.ColdStart) error {
 		}
 		return &storeGen{
 			impl: reply.GetImplementation(), onTeardown: scancel,
-			rpc: storeRPC{client: client, streamDone: make(chan struct{})},
+			rpc: storeRPC{client: client, streamDone: make(chan struct{}), sums: keeps},
 		}, nil
 	}, func(g *storeGen) {
 		go s.pumpAcks(g, stream)
@@ -369,6 +405,9 @@ func (s *Store) Put(ctx context.Context, batch []tiers.PutRequest) (tiers.BatchI
 	req := &storev1.PutRequest{Batch: uint64(id), Items: make([]*storev1.PutItem, len(batch))}
 	for i, r := range batch {
 		req.Items[i] = &storev1.PutItem{Key: wire.StoreKey(r.Key), Src: wire.Span(r.Src)}
+		if r.HasSum && g.rpc.sums {
+			req.Items[i].Sum, req.Items[i].HasSum = r.Sum, true
+		}
 	}
 	// Put is asynchronous and quick; it ignores the caller's cancellation,
 	// because a cancelled call leaves unknown whether the plugin accepted

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -99,6 +100,16 @@ func TestStoreServer(t *testing.T) {
 	}
 	if _, err := c.Open(ctx, openRequest(slab)); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("second open: %v", err)
+	}
+	// Protocol 1.1: memstore keeps no checksums, so the plugin does not
+	// claim keeps_put_sums, and a put item that carries a sum anyway is
+	// refused whole.
+	if reply.GetKeepsPutSums() {
+		t.Fatalf("open: keeps_put_sums from a store that keeps no checksums")
+	}
+	withSum := &storev1.PutRequest{Batch: 99, Items: []*storev1.PutItem{{Key: key(0), Src: &storev1.Span{Length: pageBytes}, Sum: 1, HasSum: true}}}
+	if _, err := c.Put(ctx, withSum); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "keeps_put_sums") {
+		t.Fatalf("put with a sum the plugin did not ask for: %v, want INVALID_ARGUMENT naming keeps_put_sums", err)
 	}
 	stream, err := c.Acks(ctx, &storev1.AcksRequest{})
 	if err != nil {

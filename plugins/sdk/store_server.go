@@ -32,6 +32,7 @@ type storeServer struct {
 	store    tiers.Store
 	slab     tiers.Slab
 	kinds    int
+	sums     bool // protocol 1.1: the host sends PutItem.sum and the store keeps it
 	closed   bool
 	closing  chan struct{} // closed by Close: the ack stream sends what is left and ends
 	streamed bool          // an Acks stream has been opened
@@ -112,8 +113,13 @@ func (s *storeServer) Open(ctx context.Context, req *storev1.OpenRequest) (*stor
 		return nil, status.Errorf(codes.Internal, "open store %s: %v", s.p.Name, err)
 	}
 	s.store, s.slab, s.kinds = store, slab, len(payload.Kinds)
-	logger.Info("store plugin open", "slabs", len(geom.Slabs), "backing", geom.Backing, "cold_start", string(cold))
-	return &storev1.OpenReply{SlabMapped: true, Implementation: s.impl()}, nil
+	// Protocol 1.1: the producer's checksums are taken only by a store
+	// that keeps them as given (tiers.SumKeeper).
+	if k, ok := store.(tiers.SumKeeper); ok && req.GetPutSums() && k.KeepsPutSums() {
+		s.sums = true
+	}
+	logger.Info("store plugin open", "slabs", len(geom.Slabs), "backing", geom.Backing, "cold_start", string(cold), "keeps_put_sums", s.sums)
+	return &storev1.OpenReply{SlabMapped: true, Implementation: s.impl(), KeepsPutSums: s.sums}, nil
 }
 
 func (s *storeServer) impl() string {
@@ -129,6 +135,9 @@ func (s *storeServer) Put(ctx context.Context, req *storev1.PutRequest) (*storev
 	if err != nil {
 		return nil, err
 	}
+	s.mu.Lock()
+	sums := s.sums
+	s.mu.Unlock()
 	batch := make([]tiers.PutRequest, len(req.GetItems()))
 	for i, it := range req.GetItems() {
 		k, err := wire.FromStoreKey(it.GetKey(), kinds)
@@ -140,6 +149,12 @@ func (s *storeServer) Put(ctx context.Context, req *storev1.PutRequest) (*storev
 			return nil, status.Errorf(codes.InvalidArgument, "put item %d: %v", i, err)
 		}
 		batch[i] = tiers.PutRequest{Key: k, Src: sp}
+		if it.GetHasSum() {
+			if !sums {
+				return nil, status.Errorf(codes.InvalidArgument, "put item %d: a sum, but this plugin did not answer keeps_put_sums", i)
+			}
+			batch[i].Sum, batch[i].HasSum = it.GetSum(), true
+		}
 	}
 	id, err := store.Put(ctx, batch)
 	if err != nil {

@@ -41,6 +41,13 @@ type storeWithIndex struct {
 	index indexes.Index
 }
 
+// KeepsPutSums passes l3disk's tiers.SumKeeper through the wrapper, so
+// the plugin answers keeps_put_sums (protocol 1.1).
+func (s storeWithIndex) KeepsPutSums() bool {
+	k, ok := s.Store.(tiers.SumKeeper)
+	return ok && k.KeepsPutSums()
+}
+
 // Close closes the store, then the index it writes.
 func (s storeWithIndex) Close() error {
 	return errors.Join(s.Store.Close(), s.index.Close())

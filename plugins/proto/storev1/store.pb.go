@@ -615,7 +615,10 @@ type OpenRequest struct {
 	ColdStart ColdStart `protobuf:"varint,7,opt,name=cold_start,json=coldStart,proto3,enum=kvtier.store.v1.ColdStart" json:"cold_start,omitempty"`
 	// config_json is the plugin's own config block from the stack YAML,
 	// re-encoded as JSON ("null" when there is none).
-	ConfigJson    []byte `protobuf:"bytes,8,opt,name=config_json,json=configJson,proto3" json:"config_json,omitempty"`
+	ConfigJson []byte `protobuf:"bytes,8,opt,name=config_json,json=configJson,proto3" json:"config_json,omitempty"`
+	// put_sums (protocol 1.1): the host may send PutItem.sum. A plugin of
+	// protocol 1.0 ignores it and computes its own checksums, as before.
+	PutSums       bool `protobuf:"varint,9,opt,name=put_sums,json=putSums,proto3" json:"put_sums,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -706,6 +709,13 @@ func (x *OpenRequest) GetConfigJson() []byte {
 	return nil
 }
 
+func (x *OpenRequest) GetPutSums() bool {
+	if x != nil {
+		return x.PutSums
+	}
+	return false
+}
+
 // OpenReply describes the opened store.
 type OpenReply struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -715,8 +725,15 @@ type OpenReply struct {
 	SlabMapped bool `protobuf:"varint,1,opt,name=slab_mapped,json=slabMapped,proto3" json:"slab_mapped,omitempty"`
 	// implementation names the plugin's implementation and version, for logs.
 	Implementation string `protobuf:"bytes,2,opt,name=implementation,proto3" json:"implementation,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// keeps_put_sums (protocol 1.1): the store keeps a checksum per page and
+	// stores PutItem.sum as given, never one of its own over the bytes it
+	// read, so bytes that changed in the slab after the host's sum read back
+	// as a miss. Only when OpenRequest.put_sums was set; a plugin of
+	// protocol 1.0 leaves it false, and the host then checks the slab bytes
+	// itself after the GATHERED ack.
+	KeepsPutSums  bool `protobuf:"varint,3,opt,name=keeps_put_sums,json=keepsPutSums,proto3" json:"keeps_put_sums,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *OpenReply) Reset() {
@@ -763,6 +780,13 @@ func (x *OpenReply) GetImplementation() string {
 	return ""
 }
 
+func (x *OpenReply) GetKeepsPutSums() bool {
+	if x != nil {
+		return x.KeepsPutSums
+	}
+	return false
+}
+
 // PutItem writes one payload page from a slab span.
 type PutItem struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -770,7 +794,12 @@ type PutItem struct {
 	Key *Key `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	// src holds the bytes; the plugin reads it until the item's GATHERED (or
 	// FAILED) ack.
-	Src           *Span `protobuf:"bytes,2,opt,name=src,proto3" json:"src,omitempty"`
+	Src *Span `protobuf:"bytes,2,opt,name=src,proto3" json:"src,omitempty"`
+	// sum is the CRC-32C (Castagnoli) of src's bytes as the producer wrote
+	// them, when has_sum (protocol 1.1, sent only to a plugin that answered
+	// keeps_put_sums). The plugin stores it as the page's checksum.
+	Sum           uint32 `protobuf:"varint,3,opt,name=sum,proto3" json:"sum,omitempty"`
+	HasSum        bool   `protobuf:"varint,4,opt,name=has_sum,json=hasSum,proto3" json:"has_sum,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -817,6 +846,20 @@ func (x *PutItem) GetSrc() *Span {
 		return x.Src
 	}
 	return nil
+}
+
+func (x *PutItem) GetSum() uint32 {
+	if x != nil {
+		return x.Sum
+	}
+	return 0
+}
+
+func (x *PutItem) GetHasSum() bool {
+	if x != nil {
+		return x.HasSum
+	}
+	return false
 }
 
 // PutRequest starts one Put batch.
@@ -1808,7 +1851,7 @@ const file_kvtier_store_v1_store_proto_rawDesc = "" +
 	"\x05slabs\x18\x01 \x03(\v2\x19.kvtier.store.v1.SlabFileR\x05slabs\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x03R\bpageSize\x12\x18\n" +
 	"\abacking\x18\x03 \x01(\tR\abacking\x12\x19\n" +
-	"\bstack_id\x18\x04 \x01(\tR\astackId\"\xba\x02\n" +
+	"\bstack_id\x18\x04 \x01(\tR\astackId\"\xd5\x02\n" +
 	"\vOpenRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\bstack_id\x18\x02 \x01(\tR\astackId\x12\x12\n" +
@@ -1820,14 +1863,18 @@ const file_kvtier_store_v1_store_proto_rawDesc = "" +
 	"\n" +
 	"cold_start\x18\a \x01(\x0e2\x1a.kvtier.store.v1.ColdStartR\tcoldStart\x12\x1f\n" +
 	"\vconfig_json\x18\b \x01(\fR\n" +
-	"configJson\"T\n" +
+	"configJson\x12\x19\n" +
+	"\bput_sums\x18\t \x01(\bR\aputSums\"z\n" +
 	"\tOpenReply\x12\x1f\n" +
 	"\vslab_mapped\x18\x01 \x01(\bR\n" +
 	"slabMapped\x12&\n" +
-	"\x0eimplementation\x18\x02 \x01(\tR\x0eimplementation\"Z\n" +
+	"\x0eimplementation\x18\x02 \x01(\tR\x0eimplementation\x12$\n" +
+	"\x0ekeeps_put_sums\x18\x03 \x01(\bR\fkeepsPutSums\"\x85\x01\n" +
 	"\aPutItem\x12&\n" +
 	"\x03key\x18\x01 \x01(\v2\x14.kvtier.store.v1.KeyR\x03key\x12'\n" +
-	"\x03src\x18\x02 \x01(\v2\x15.kvtier.store.v1.SpanR\x03src\"R\n" +
+	"\x03src\x18\x02 \x01(\v2\x15.kvtier.store.v1.SpanR\x03src\x12\x10\n" +
+	"\x03sum\x18\x03 \x01(\rR\x03sum\x12\x17\n" +
+	"\ahas_sum\x18\x04 \x01(\bR\x06hasSum\"R\n" +
 	"\n" +
 	"PutRequest\x12\x14\n" +
 	"\x05batch\x18\x01 \x01(\x04R\x05batch\x12.\n" +
