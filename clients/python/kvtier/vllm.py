@@ -100,6 +100,10 @@ _MLA_KINDS = ("kv",)
 
 _memmove = ctypes.memmove  # a foreign call: it releases the GIL while it copies
 
+# Runs of at least this many pages are copied as torch views (one copy a
+# run, layer and kind); shorter ones one memmove a block, layer and kind.
+_MIN_RUN = 4
+
 
 class KvtierError(Exception):
     """A configuration or geometry error, raised at construction or at
@@ -163,13 +167,16 @@ class _Slab:
                 try:
                     if os.fstat(fd).st_size < f.size:
                         raise KvtierError("slab file %s is shorter than serve says (%d bytes)" % (f.path, f.size))
-                    # MAP_POPULATE: the page tables are filled here, not by a
-                    # fault per 4 KiB page in the first copies.
-                    m = mmap.mmap(fd, f.size, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                                  mmap.PROT_READ | mmap.PROT_WRITE)
+                    # NB: no MAP_POPULATE: CPython's mmap() holds the GIL, and
+                    # populating a GiB stalled every thread of the process
+                    # (vLLM's forward too) for 0.4 s here. The page tables
+                    # are filled below, by a torch read of a byte a page,
+                    # which runs without the GIL.
+                    m = mmap.mmap(fd, f.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
                 finally:
                     os.close(fd)
                 t = torch.frombuffer(m, dtype=torch.uint8)
+                t[::4096].max()
                 self.maps.append(m)
                 self.tensors.append(t)
                 self.addrs.append(t.data_ptr())
@@ -839,9 +846,9 @@ class _SchedulerSide:
             logger.error("kvtier: %s: blocks [%d, %d) to load, %d allocated, %d hashes", rid, first, last, len(ids),
                          len(request.block_hashes))
             return
-        self._loads.append((rid, list(request.block_hashes[first:last]), list(ids[first:last]),
-                            self.c.load_mode == "async"))
-        self._planned[rid] = (first, list(ids[first:last]))
+        plan = ids[first:last]
+        self._loads.append((rid, request.block_hashes[first:last], plan, self.c.load_mode == "async"))
+        self._planned[rid] = (first, plan)
         self.c._count(load_planned_blocks=last - first)
 
     def failed_loads(self, invalid):
@@ -919,7 +926,7 @@ class _SchedulerSide:
         if pub is not None:
             limit = min(limit, pub)
         if limit > st.saved:
-            meta.saves.append((rid, list(hashes[st.saved:limit]), st.block_ids[st.saved:limit]))
+            meta.saves.append((rid, hashes[st.saved:limit], st.block_ids[st.saved:limit]))
             self.c._count(save_planned_blocks=limit - st.saved)
             st.saved = limit
             self._saving.add(rid)
@@ -1081,7 +1088,11 @@ class _Blocks:
             raise KvtierError("kvtier: %d KV cache tensors, the KV cache config names %d layers" % (
                 len(layers), conn.num_layers))
         self.index = index
-        self.layers = layers  # [layer][kind] -> (tensor [num_blocks, chunk] uint8-able view, addr, stride bytes)
+        # [layer][kind] -> (uint8 view [num_blocks, chunk bytes], address of
+        # block 0, bytes between blocks, int64 view or None)
+        self.layers = layers
+        self.wide = [all(lay[k][3] is not None for lay in layers) and c % 8 == 0
+                     for k, c in enumerate(conn.chunk_bytes)]
         self.num_blocks = num_blocks
         self.device = layers[0][0][0].device
         self.cuda = self.device.type == "cuda"
@@ -1123,7 +1134,10 @@ class _Blocks:
             # A view [blocks, chunk bytes] over the same memory.
             flat = torch.as_strided(v, (nb, expect), (v.stride(0), 1))
             u8 = flat.view(torch.uint8) if t.element_size() == 1 else self._bytes(flat, t.element_size())
-            out.append((u8, v.data_ptr(), v.stride(0) * t.element_size()))
+            wide = None
+            if chunk % 8 == 0 and u8.stride(0) % 8 == 0 and u8.data_ptr() % 8 == 0:
+                wide = u8.view(torch.int64)
+            out.append((u8, v.data_ptr(), v.stride(0) * t.element_size(), wide))
         return out
 
     @staticmethod
@@ -1133,32 +1147,70 @@ class _Blocks:
 
     def copy(self, to_blocks, pages, layers):
         """Copies pages between vLLM's blocks and the slab for the given
-        layers: pages is [(block id, [slab address per kind], [slab tensor
-        per kind])]."""
-        chunks = self.c.chunk_bytes
-        if not self.cuda:
-            mm = _memmove
-            for li in layers:
-                for k, size in enumerate(chunks):
-                    _, base, stride = self.layers[li][k]
-                    off = li * size
-                    if to_blocks:
-                        for b, src, _ in pages:
-                            mm(base + b * stride, src[k] + off, size)
-                    else:
-                        for b, dst, _ in pages:
-                            mm(dst[k] + off, base + b * stride, size)
-            return
-        for li in layers:
+        layers. pages is [(block id, [slab address per kind], [(slab file
+        tensor, offset, file index) per kind])].
+
+        Pages in runs (consecutive block ids in consecutive slab pages, what
+        a fresh request's blocks and a fresh slab give) go as one torch
+        copy of strided views a run, layer and kind: the copy runs in C,
+        without the GIL. The others (a fragmented cache) go one memmove a
+        block, layer and kind, page after page (a page's chunks lie one
+        after another in the slab) in block order; each memmove releases
+        the GIL, and the thread yields it after every page so the forward's
+        thread is not kept waiting for it."""
+        layers = list(layers)
+        chunks, kinds = self.c.chunk_bytes, self.c.kind_bytes
+        nk = len(kinds)
+        pages = sorted(pages, key=lambda p: p[0])
+        n = len(pages)
+        runs, single = [], []
+        i = 0
+        while i < n:
+            j = i + 1
+            while j < n and pages[j][0] == pages[j - 1][0] + 1 and all(
+                    pages[j][2][k][2] == pages[j - 1][2][k][2]
+                    and pages[j][2][k][1] == pages[j - 1][2][k][1] + kinds[k] for k in range(nk)):
+                j += 1
+            if j - i >= _MIN_RUN or self.cuda:
+                runs.append((i, j - i))
+            else:
+                single.extend(pages[i:j])
+            i = j
+        if len(layers) == len(self.layers) or (layers and layers[0] == 0):
+            self.c._count(copy_run_blocks=n - len(single), copy_single_blocks=len(single))
+        for i, r in runs:
+            b0 = pages[i][0]
             for k, size in enumerate(chunks):
-                view = self.layers[li][k][0]
-                off = li * size
-                for b, _, ts in pages:
+                t, off0, _ = pages[i][2][k]
+                rows = t[off0:off0 + r * kinds[k]].view(r, kinds[k])
+                w = self.wide[k] and off0 % 8 == 0
+                if w:  # 8-byte elements: torch's strided copy at memcpy's speed here, 0.88x as bytes
+                    rows = rows.view(torch.int64)
+                for li in layers:
+                    blk = (self.layers[li][k][3] if w else self.layers[li][k][0])[b0:b0 + r]
+                    sl = rows[:, li * (size // 8):(li + 1) * (size // 8)] if w else rows[:, li * size:(li + 1) * size]
                     if to_blocks:
-                        view[b].copy_(ts[k][off:off + size])
+                        blk.copy_(sl)
                     else:
-                        ts[k][off:off + size].copy_(view[b])
-        torch.cuda.current_stream(self.device).synchronize()
+                        sl.copy_(blk)
+        if self.cuda:
+            torch.cuda.current_stream(self.device).synchronize()
+            return
+        if not single:
+            return
+        mm = _memmove
+        geo = [[(self.layers[li][k][1], self.layers[li][k][2], li * size) for li in layers]
+               for k, size in enumerate(chunks)]
+        for b, addrs, _ in single:
+            for k, size in enumerate(chunks):
+                a = addrs[k]
+                if to_blocks:
+                    for base, stride, off in geo[k]:
+                        mm(base + b * stride, a + off, size)
+                else:
+                    for base, stride, off in geo[k]:
+                        mm(a + off, base + b * stride, size)
+            time.sleep(0)
 
 
 class _SaveJob:
@@ -1393,7 +1445,7 @@ class _WorkerSide:
                     if len(page.spans) != len(c.kind_bytes):
                         raise ValueError("%d spans, want %d" % (len(page.spans), len(c.kind_bytes)))
                     addrs = [ctx.slab.check(sp, n) for sp, n in zip(page.spans, c.kind_bytes)]
-                    views = [ctx.slab.view(sp) for sp in page.spans] if self.blocks.cuda else None
+                    views = [(ctx.slab.tensors[sp.slab], sp.offset, sp.slab) for sp in page.spans]
                 except ValueError as e:
                     logger.error("kvtier: get of page %s: %s", ks[j], e)
                     failed.add(b)
@@ -1559,7 +1611,7 @@ class _WorkerSide:
                             c.kind_bytes):
                         try:
                             addrs = [ctx.slab.check(sp, n) for sp, n in zip(page.spans, c.kind_bytes)]
-                            views = [ctx.slab.view(sp) for sp in page.spans] if self.blocks.cuda else None
+                            views = [(ctx.slab.tensors[sp.slab], sp.offset, sp.slab) for sp in page.spans]
                         except ValueError as e:
                             logger.error("kvtier: set of page %s: %s", ks[j], e)
                             failed += 1

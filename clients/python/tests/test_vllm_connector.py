@@ -321,30 +321,40 @@ def test_scheduler_side(kvtier_bin, tmp_path):
         s.stop()
 
 
-def _roundtrip(sock, kv_caches, kcc, extra=None, mla=False, tp_rank=0, tp=1):
-    """Saves blocks 1..3 of kv_caches through a worker connector and loads
-    them into blocks 5..7 (an async load): the bytes must match."""
+def _roundtrip(sock, kv_caches, kcc, block, extra=None, tp_rank=0, tp=1):
+    """Saves blocks through a worker connector and loads them into other
+    blocks (async loads): scattered blocks (one memmove a block, layer and
+    kind) and a run of 6 (torch copies of strided views); the bytes must
+    match. block(tensor, i) is block i of a layer's cache."""
     set_ranks(tp_rank, tp)
     cfg = vh.vllm_config(sock, tp, extra)
     w = kv.KvtierConnector(cfg, KVConnectorRole.WORKER, kcc)
     w.register_kv_caches(kv_caches)
-    hashes = [os.urandom(32) for _ in range(3)]
-    w.bind_connector_metadata(kv.KvtierMetadata(saves=[("s", hashes, [1, 2, 3])]))
-    w.start_load_kv(None)
-    w.wait_for_save()
-    deadline = time.monotonic() + 10
-    while w.get_finished({"s"})[0] != {"s"}:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    w.clear_connector_metadata()
-    w.bind_connector_metadata(kv.KvtierMetadata(loads=[("l", hashes, [5, 6, 7], True)]))
-    w.start_load_kv(None)
-    w.wait_for_save()
-    while w.get_finished(set())[1] != {"l"}:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    assert w.get_block_ids_with_load_errors() == set()
-    w.clear_connector_metadata()
+    deadline = time.monotonic() + 20
+    for n, (src, dst) in enumerate((([1, 3, 2], [13, 5, 9]), (list(range(2, 8)), list(range(8, 14))))):
+        hashes = [os.urandom(32) for _ in src]
+        w.bind_connector_metadata(kv.KvtierMetadata(saves=[("s%d" % n, hashes, src)]))
+        w.start_load_kv(None)
+        w.wait_for_save()
+        while w.get_finished({"s%d" % n})[0] != {"s%d" % n}:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        w.clear_connector_metadata()
+        w.bind_connector_metadata(kv.KvtierMetadata(loads=[("l%d" % n, hashes, dst, True)]))
+        w.start_load_kv(None)
+        w.wait_for_save()
+        while w.get_finished(set())[1] != {"l%d" % n}:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert w.get_block_ids_with_load_errors() == set()
+        w.clear_connector_metadata()
+        for t in kv_caches.values():
+            for a, b in zip(src, dst):
+                assert torch.equal(block(t, a), block(t, b)), (a, b)
+        st = w.get_kv_connector_stats().data
+        # The scattered blocks one by one; the run (a fresh slab's pages
+        # are consecutive) as views.
+        assert st.get("copy_run_blocks", 0) == (0 if n == 0 else 12), st
     w.shutdown()
 
 
@@ -356,26 +366,20 @@ def test_kv_layouts(kvtier_bin, tmp_path):
     kb = vh.kind_bytes()
     s = start_serve(kvtier_bin, tmp_path, [("k", kb), ("v", kb)], 64)
     try:
-        kcc = vh.kv_cache_config(8)
+        kcc = vh.kv_cache_config(16)
         names = vh.layer_names()
-        flash = {n: torch.randn(2, 8, vh.BLOCK, vh.HEADS, vh.HEAD_DIM).to(vh.DTYPE) for n in names}
-        _roundtrip(s.sock, flash, kcc)
-        for n in names:
-            assert torch.equal(flash[n][:, 5:8], flash[n][:, 1:4])
-        infer = {n: torch.randn(8, 2, vh.BLOCK, vh.HEADS, vh.HEAD_DIM).to(vh.DTYPE) for n in names}
-        _roundtrip(s.sock, infer, kcc)
-        for n in names:
-            assert torch.equal(infer[n][5:8], infer[n][1:4])
+        flash = {n: torch.randn(2, 16, vh.BLOCK, vh.HEADS, vh.HEAD_DIM).to(vh.DTYPE) for n in names}
+        _roundtrip(s.sock, flash, kcc, lambda t, i: t[:, i])
+        infer = {n: torch.randn(16, 2, vh.BLOCK, vh.HEADS, vh.HEAD_DIM).to(vh.DTYPE) for n in names}
+        _roundtrip(s.sock, infer, kcc, lambda t, i: t[i])
         # HND: allocated (2, blocks, heads, tokens, dim), seen as (2, blocks, tokens, heads, dim).
-        hnd = {n: torch.randn(2, 8, vh.HEADS, vh.BLOCK, vh.HEAD_DIM).to(vh.DTYPE).transpose(2, 3) for n in names}
-        _roundtrip(s.sock, hnd, kcc, extra={"kv_layout": "HND"})
-        for n in names:
-            assert torch.equal(hnd[n][:, 5:8], hnd[n][:, 1:4])
+        hnd = {n: torch.randn(2, 16, vh.HEADS, vh.BLOCK, vh.HEAD_DIM).to(vh.DTYPE).transpose(2, 3) for n in names}
+        _roundtrip(s.sock, hnd, kcc, lambda t, i: t[:, i], extra={"kv_layout": "HND"})
         w = kv.KvtierConnector(vh.vllm_config(s.sock), KVConnectorRole.WORKER, kcc)
         with pytest.raises(kv.KvtierError, match="not dense in NHD order"):
             w.register_kv_caches(hnd)
         with pytest.raises(kv.KvtierError, match="bytes a block"):
-            w.register_kv_caches({n: torch.zeros(2, 8, vh.BLOCK, vh.HEADS, 16, dtype=vh.DTYPE) for n in names})
+            w.register_kv_caches({n: torch.zeros(2, 16, vh.BLOCK, vh.HEADS, 16, dtype=vh.DTYPE) for n in names})
         with pytest.raises(kv.KvtierError, match="3 KV cache tensors"):
             w.register_kv_caches({n: flash[n] for n in names[:3]})
     finally:
@@ -383,21 +387,19 @@ def test_kv_layouts(kvtier_bin, tmp_path):
     mkb = vh.GEOM.layers * vh.BLOCK * vh.MLA_DIM * 2
     s = start_serve(kvtier_bin, tmp_path, [("kv", mkb)], 64, name="mla")
     try:
-        kcc = vh.kv_cache_config(8, mla=True)
+        kcc = vh.kv_cache_config(16, mla=True)
         assert isinstance(kcc.kv_cache_groups[0].kv_cache_spec, MLAAttentionSpec)
         names = vh.layer_names()
-        mla = {n: torch.randn(8, vh.BLOCK, vh.MLA_DIM).to(vh.DTYPE) for n in names}
-        _roundtrip(s.sock, mla, kcc, tp_rank=0, tp=2)
-        for n in names:
-            assert torch.equal(mla[n][5:8], mla[n][1:4])
+        mla = {n: torch.randn(16, vh.BLOCK, vh.MLA_DIM).to(vh.DTYPE) for n in names}
+        _roundtrip(s.sock, mla, kcc, lambda t, i: t[i], tp_rank=0, tp=2)
         # MLA TP ranks share one copy: the keys carry no TP rank.
         c = kv.KvtierConnector(vh.vllm_config(s.sock, 2), KVConnectorRole.SCHEDULER, kcc)
         assert c.key_suffixes() == [""] and c.namespace.kv_layout == "vllm/mla/tp2/pp1/sha256"
         c.shutdown()
         # A geometry serve does not have: refused at register, naming both.
-        w = kv.KvtierConnector(vh.vllm_config(s.sock), KVConnectorRole.WORKER, vh.kv_cache_config(8))
+        w = kv.KvtierConnector(vh.vllm_config(s.sock), KVConnectorRole.WORKER, vh.kv_cache_config(16))
         with pytest.raises(kv.KvtierError, match="payload kinds"):
-            w.register_kv_caches({n: torch.zeros(2, 8, vh.BLOCK, vh.HEADS, vh.HEAD_DIM, dtype=vh.DTYPE)
+            w.register_kv_caches({n: torch.zeros(2, 16, vh.BLOCK, vh.HEADS, vh.HEAD_DIM, dtype=vh.DTYPE)
                                   for n in names})
     finally:
         set_ranks(0, 1)

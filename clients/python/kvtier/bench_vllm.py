@@ -1,0 +1,479 @@
+"""Benchmark of kvtier.vllm.KvtierConnector, vLLM's KV connector over the
+store door, against a real ``kvtier serve --doors store``.
+
+    cd clients/python && /usr/bin/python3 -m kvtier.bench_vllm
+
+It reports, each as a ratio to a limit measured in the same run:
+
+- scheduler: the connector's calls on vLLM's scheduler thread in one step,
+  for --requests requests of --tokens tokens (blocks of 16), against one
+  empty call (Ping) on the connector's own channel to the same socket
+  (target <= 3x). The steps, as vLLM's scheduler makes them:
+    arrive:  on_new_request and get_num_new_matched_tokens (None: the
+             lookup is out) for every request, build_connector_meta;
+    miss:    get_num_new_matched_tokens (0) for every request,
+             build_connector_meta with every request's prompt scheduled
+             (every block planned as a save);
+    hit:     get_num_new_matched_tokens (a hit), update_state_after_alloc
+             for every request, build_connector_meta (every block planned
+             as a load);
+    decode:  build_connector_meta with every request decoding one token;
+    finish:  request_finished for every request.
+  The lookups themselves (BatchExists) run on the connector's lookup
+  threads between steps; their time is reported beside, not counted.
+- copies: the worker's load and save copies (one memmove per block, layer
+  and kind between vLLM's KV tensors and the mapped slab) in GB/s, against
+  one torch copy_ of the same number of bytes between two buffers already
+  faulted in (target >= 0.7x). --blocks blocks (125: one 2,000-token
+  request) of a model of --layers layers, --heads KV heads of --head-dim
+  (bfloat16); block ids in order (a fresh request's) and shuffled (a
+  fragmented cache's).
+- overlap: the step time of a CPU engine (tests/vllmhelp.py: the
+  connector called as vLLM's scheduler and worker call it, the forward's
+  accelerator time an idle wait of --compute-ms) decoding --decoders
+  requests, while --loaders other requests wait on their prefixes coming
+  back from L3 (serve restarted: its slab empty, the pages in l3disk;
+  None while serve's prefetch reloads them, then asynchronous loads),
+  against the steps of the same decoders with no load pending (target <=
+  1.0x: an L3 load does not slow the step down).
+
+It uses the stand-in vLLM interface of the tests (clients/python/tests)
+and needs a kvtier binary: --kvtier, else ``kvtier`` on PATH, else it
+builds one with ``go build``.
+"""
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+TESTS = os.path.join(HERE, "..", "tests")
+# The stand-in vLLM interface and the tests' engine (tests/vllmhelp.py).
+sys.path[:0] = [os.path.join(TESTS, "standin"), TESTS]
+
+import torch  # noqa: E402
+
+import vllmhelp as vh  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks  # noqa: E402
+from vllm.v1.core.kv_cache_utils import KVCacheBlock  # noqa: E402
+from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
+
+from kvtier.store.v1 import store_pb2 as pb  # noqa: E402
+from kvtier.vllm import KvtierConnector, KvtierMetadata  # noqa: E402
+
+
+def kvtier_binary(arg, tmp):
+    if arg:
+        return arg
+    found = shutil.which("kvtier")
+    if found:
+        return found
+    out = os.path.join(tmp, "kvtier")
+    subprocess.run(["go", "build", "-o", out, "./cmd/kvtier"], cwd=REPO, check=True)
+    return out
+
+
+class Req:
+    """What the connector reads of a vLLM request."""
+
+    def __init__(self, rid, hashes, ntokens):
+        self.request_id, self.block_hashes, self.num_tokens = rid, hashes, ntokens
+        self.num_publishable_block_hashes = len(hashes)
+
+
+def med(xs):
+    return statistics.median(xs)
+
+
+def span(xs, fmt="%.2f"):
+    return (fmt + "-" + fmt) % (min(xs), max(xs))
+
+
+class Serve:
+    """``kvtier serve --doors store`` with a stack of its own."""
+
+    def __init__(self, binary, data, yaml_text, extra=()):
+        self.binary, self.data, self.extra = binary, data, list(extra)
+        os.makedirs(data, exist_ok=True)
+        self.cfg = data.rstrip("/") + "-store.yaml"
+        with open(self.cfg, "w") as f:
+            f.write(yaml_text)
+        self.sockdir = tempfile.mkdtemp(prefix="kvbv-")
+        self.sock = os.path.join(self.sockdir, "s.sock")
+        self.proc = None
+
+    def start(self):
+        log = open(self.data.rstrip("/") + "-serve.log", "ab")
+        self.proc = subprocess.Popen([self.binary, "serve", "--doors", "store", "--store-config", self.cfg,
+                                      "--data-dir", self.data, "--socket", self.sock, "--log-level", "warn",
+                                      "--store-lease", "5s"] + self.extra, stdout=subprocess.DEVNULL, stderr=log)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("kvtier serve exited %d (log %s)" % (self.proc.returncode, log.name))
+            sk = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sk.connect(self.sock)
+                return
+            except OSError:
+                time.sleep(0.02)
+            finally:
+                sk.close()
+        raise RuntimeError("kvtier serve did not listen within 60 s")
+
+    def cpu_s(self):
+        with open("/proc/%d/stat" % self.proc.pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def wait_idle(self, quiet=0.15, timeout=30):
+        """Until serve used no CPU for `quiet` seconds (its checksums and
+        write-through of what was just set are done)."""
+        deadline = time.monotonic() + timeout
+        last = self.cpu_s()
+        while time.monotonic() < deadline:
+            time.sleep(quiet)
+            now = self.cpu_s()
+            if now - last < 0.01:
+                return
+            last = now
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def serve(binary, tmp, name, kinds, slab_pages, l3_mib, extra=()):
+    s = Serve(binary, os.path.join(tmp, name), vh.store_yaml(kinds, slab_pages, l3_mib=l3_mib), extra)
+    s.start()
+    return s
+
+
+def wait_finished(conn, send=None, recv=None, timeout=60):
+    deadline = time.monotonic() + timeout
+    s, r = set(), set()
+    while (send and send - s) or (recv and recv - r):
+        a, b = conn.get_finished(send or set())
+        s |= a or set()
+        r |= b or set()
+        if time.monotonic() > deadline:
+            raise TimeoutError("saves %s / loads %s not finished" % (send - s if send else (), recv - r if recv else ()))
+        time.sleep(0.005)  # vLLM asks once a step
+
+
+def bench_scheduler(binary, tmp, args):
+    geom = vh.Geometry(layers=2, heads=1, head_dim=64)
+    kb = vh.kind_bytes(1, geom)
+    nblk = args.tokens // vh.BLOCK
+    pages = args.requests * nblk * (args.rounds + 2) + 64
+    s = serve(binary, tmp, "sched", [("k", kb), ("v", kb)], pages, 64 + (pages * 2 * kb >> 20))
+    try:
+        cfg = vh.vllm_config(s.sock, 1)
+        kcc = vh.kv_cache_config(nblk + 8, 1, geom)
+        conn = KvtierConnector(cfg, KVConnectorRole.SCHEDULER, kcc)
+        stub = conn._scheduler.door.stub
+        for _ in range(50):
+            stub.Ping(pb.PingRequest(), timeout=5)
+        pings = []
+        for _ in range(400):
+            t0 = time.perf_counter()
+            stub.Ping(pb.PingRequest(), timeout=5)
+            pings.append(time.perf_counter() - t0)
+        ping = med(pings)
+
+        # The pages the "hit" requests find: stored by a worker.
+        w = vh.Worker(s.sock, 0, 1, nblk + 8, geom=geom)
+        stored = []
+        for i in range(args.requests):
+            hs = [os.urandom(32) for _ in range(nblk)]
+            w.conn.bind_connector_metadata(KvtierMetadata(saves=[("st%d" % i, hs, list(range(nblk)))]))
+            w.conn.start_load_kv(None)
+            w.conn.wait_for_save()
+            wait_finished(w.conn, send={"st%d" % i})
+            w.conn.clear_connector_metadata()
+            stored.append(hs)
+        ids = list(range(nblk + 1))
+        blocks = KVCacheBlocks(([KVCacheBlock(b) for b in ids],))
+        res = {k: [] for k in ("arrive", "miss", "hit", "decode", "finish")}
+        lookup_ms = []
+        for rnd in range(args.rounds):
+            for kind in ("miss", "hit"):
+                reqs = []
+                for i in range(args.requests):
+                    hs = stored[i] if kind == "hit" else [os.urandom(32) for _ in range(nblk)]
+                    reqs.append(Req("%s-%d-%d" % (kind, rnd, i), hs, args.tokens))
+                empty = SchedulerOutput.make_empty()
+                t0 = time.perf_counter()
+                for r in reqs:
+                    conn.on_new_request(r)
+                    got = conn.get_num_new_matched_tokens(r, 0)
+                conn.build_connector_meta(empty)
+                res["arrive"].append(time.perf_counter() - t0)
+                # The lookups run on the connector's threads meanwhile.
+                lk = conn._scheduler._lookups
+                while not all(lk[r.request_id].done for r in reqs):
+                    time.sleep(0.0002)
+                lookup_ms.append((time.perf_counter() - t0) * 1e3)
+                answers = [conn.get_num_new_matched_tokens(r, 0) for r in reqs]
+                want = (args.tokens - 1 if args.tokens % vh.BLOCK == 0 else nblk * vh.BLOCK) if kind == "hit" else 0
+                assert all(a[0] == want for a in answers), (kind, answers[:3], want)
+                so = SchedulerOutput.make_empty()
+                so.scheduled_new_reqs = [NewRequestData(r.request_id, None, [], None, None, (ids,), a[0], None)
+                                         for r, a in zip(reqs, answers)]
+                so.num_scheduled_tokens = {r.request_id: args.tokens - a[0] for r, a in zip(reqs, answers)}
+                t0 = time.perf_counter()
+                for r in reqs:
+                    ext, _ = conn.get_num_new_matched_tokens(r, 0)
+                    if ext:
+                        conn.update_state_after_alloc(r, blocks, ext)
+                meta = conn.build_connector_meta(so)
+                res[kind].append(time.perf_counter() - t0)
+                if kind == "hit":
+                    assert sum(len(ld[2]) for ld in meta.loads) == args.requests * nblk
+                else:
+                    assert sum(len(sv[2]) for sv in meta.saves) == args.requests * nblk
+                so = SchedulerOutput.make_empty()
+                so.scheduled_cached_reqs = CachedRequestData(
+                    req_ids=[r.request_id for r in reqs], resumed_req_ids=set(), new_token_ids=[], all_token_ids={},
+                    new_block_ids=[None] * len(reqs), num_computed_tokens=[args.tokens] * len(reqs),
+                    num_output_tokens=[1] * len(reqs))
+                so.num_scheduled_tokens = {r.request_id: 1 for r in reqs}
+                t0 = time.perf_counter()
+                conn.build_connector_meta(so)
+                res["decode"].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                for r in reqs:
+                    conn.request_finished(r, ids)
+                res["finish"].append(time.perf_counter() - t0)
+        w.shutdown()
+        conn.shutdown()
+    finally:
+        s.stop()
+    print("scheduler side, %d requests of %d tokens (%d blocks each), %d rounds; Ping on the same socket: "
+          "median %.0f us (p10 %.0f, p90 %.0f)" % (
+              args.requests, args.tokens, nblk, args.rounds, ping * 1e6, sorted(pings)[len(pings) // 10] * 1e6,
+              sorted(pings)[9 * len(pings) // 10] * 1e6))
+    out = {}
+    for k, xs in res.items():
+        ratio = med(xs) / ping
+        out[k] = ratio
+        print("  %-7s %7.0f us a step (%s), %5.2fx Ping  [target <= 3x: %s]" % (
+            k, med(xs) * 1e6, span([x * 1e6 for x in xs], "%.0f"), ratio, "met" if ratio <= 3 else "NOT met"))
+    print("  lookups (on the connector's threads, not the scheduler's): all %d back %s ms after they arrived" % (
+        args.requests, span(lookup_ms, "%.1f")))
+    return out
+
+
+def bench_copies(binary, tmp, args, verify=True):
+    geom = vh.Geometry(layers=args.layers, heads=args.heads, head_dim=args.head_dim)
+    kb = vh.kind_bytes(1, geom)
+    n = args.blocks
+    page = 2 * kb
+    s = serve(binary, tmp, "copies-%s" % verify, [("k", kb), ("v", kb)], n * 3 + 8,
+              64 + (n * (2 * args.rounds + 2) * page >> 20), [] if verify else ["--store-verify=false"])
+    rows = {"sequential": [], "shuffled": []}
+    try:
+        w = vh.Worker(s.sock, 0, 1, 2 * n + 8, geom=geom)
+        for t in w.kv.values():
+            t.view(torch.int16).random_()
+        rng = random.Random(1)
+        nbytes = n * page
+        a = torch.empty(nbytes, dtype=torch.uint8)
+        b = torch.empty(nbytes, dtype=torch.uint8)
+        a.random_()
+        b.copy_(a)
+
+        def memcpy():
+            best = None
+            for _ in range(3):
+                t0 = time.perf_counter()
+                b.copy_(a)
+                dt = time.perf_counter() - t0
+                best = dt if best is None else min(best, dt)
+            return best
+
+        for rnd in range(2 * args.rounds + 1):
+            order = "sequential" if rnd % 2 == 0 else "shuffled"
+            hs = [os.urandom(32) for _ in range(n)]
+            src = list(range(n))
+            dst = list(range(n, 2 * n))
+            if order == "shuffled":
+                rng.shuffle(src)
+                rng.shuffle(dst)
+            w.conn.get_kv_connector_stats()
+            s.wait_idle()
+            mem = [memcpy()]
+            w.conn.bind_connector_metadata(KvtierMetadata(saves=[("s%d" % rnd, hs, src)]))
+            w.conn.start_load_kv(None)
+            w.conn.wait_for_save()
+            wait_finished(w.conn, send={"s%d" % rnd})
+            w.conn.clear_connector_metadata()
+            s.wait_idle()  # serve checksums the pages and writes them through
+            mem.append(memcpy())
+            w.conn.bind_connector_metadata(KvtierMetadata(loads=[("l%d" % rnd, hs, dst, True)]))
+            w.conn.start_load_kv(None)
+            w.conn.wait_for_save()
+            wait_finished(w.conn, recv={"l%d" % rnd})
+            errors = w.conn.get_block_ids_with_load_errors()
+            w.conn.clear_connector_metadata()
+            mem.append(memcpy())
+            st = w.conn.get_kv_connector_stats().data
+            wrong = 0
+            for name in w.names:
+                for k in range(2):
+                    kvk = w.kv[name][k].view(torch.int16)  # bit patterns: random bf16 has NaNs
+                    wrong += int((kvk[dst] != kvk[src]).sum())
+            assert not errors and wrong == 0, (errors, wrong)
+            assert st["save_bytes"] == nbytes and st["load_bytes"] == nbytes, st
+            if rnd == 0:
+                continue  # warm-up: the slab's pages and the caches touched once
+            m = nbytes / med(mem)
+            rows[order].append({"save": nbytes / st["save_copy_s"] / m, "load": nbytes / st["load_copy_s"] / m,
+                                "mem": m / 1e9, "save_gbps": nbytes / st["save_copy_s"] / 1e9,
+                                "load_gbps": nbytes / st["load_copy_s"] / 1e9,
+                                "save_path": nbytes / st["save_s"] / 1e9, "load_path": nbytes / st["load_s"] / 1e9})
+        w.shutdown()
+    finally:
+        s.stop()
+    print("copies, serve %s, %d blocks of %d KiB (%d layers, %d KV heads x %d, bf16: %d KiB a block, layer "
+          "and kind), %d rounds of each block order after a warm-up, 0 wrong bytes; memcpy: one torch copy_ of the "
+          "same bytes, the median of its runs before, between and after a round's save and load:" % (
+              "checking each loaded page's CRC32C while it is copied (--store-verify, the default)" if verify
+              else "with --store-verify=false (no check beside the load's copies)",
+              n, page >> 10, geom.layers, geom.heads, geom.head_dim, kb // geom.layers >> 10, args.rounds))
+    out = {}
+    for order, rs in rows.items():
+        print("  block ids %s; memcpy %s GB/s" % (order, span([r["mem"] for r in rs])))
+        for op in ("load", "save"):
+            ratios = [r[op] for r in rs]
+            out[order + "-" + op] = med(ratios)
+            print("    %s copies %s GB/s, %sx memcpy (median %.2fx) [target >= 0.7x: %s]; whole path with serve's "
+                  "calls %s GB/s" % (op, span([r[op + "_gbps"] for r in rs]), span(ratios), med(ratios),
+                                     "met" if med(ratios) >= 0.7 else "NOT met",
+                                     span([r[op + "_path"] for r in rs])))
+    return out
+
+
+def bench_overlap(binary, tmp, args):
+    geom = vh.Geometry(layers=8, heads=8, head_dim=128)
+    kb = vh.kind_bytes(1, geom)
+    ptoks = args.load_tokens
+    nblk = -(-ptoks // vh.BLOCK) + 1
+    nb = (args.decoders + args.loaders) * (nblk + 4) + 64
+    s = serve(binary, tmp, "overlap", [("k", kb), ("v", kb)], 4 * args.loaders * nblk + 64,
+              64 + (4 * args.loaders * nblk * 2 * kb >> 20))
+    e = None
+    try:
+        e = vh.Engine(s.sock, tp=1, num_blocks=nb, inproc=True, geom=geom, compute_s=args.compute_ms / 1e3,
+                      token_budget=max(2048, ptoks * args.loaders), max_running=args.decoders + args.loaders,
+                      extra={"load_mode": "async"})
+        cached = [[50000 + 1000 * i + j for j in range(ptoks)] for i in range(args.loaders)]
+        for i, p in enumerate(cached):
+            e.add("store%d" % i, p, 1)
+        e.run(timeout=300)
+        time.sleep(1.0)  # the write-through to l3disk
+        s.stop()
+        s.start()  # a new slab: the pages are in L3 only
+        decoders = [[7 + 3 * i + j for j in range(vh.BLOCK * 2 + 5)] for i in range(args.decoders)]
+        for i, p in enumerate(decoders):
+            e.add("dec%d" % i, p, args.steps * 3)
+        base, pending, loaded = [], [], 0
+        decoding = 0
+        deadline = time.monotonic() + 120
+        while len(base) < args.steps and time.monotonic() < deadline:
+            t0 = time.perf_counter()
+            so = e.step()
+            dt = time.perf_counter() - t0
+            if so.num_scheduled_tokens and all(v == 1 for v in so.num_scheduled_tokens.values()):
+                decoding += 1
+                if decoding > 3:  # the first decode steps warm up
+                    base.append(dt)
+            elif not so.num_scheduled_tokens:
+                time.sleep(0.0005)
+        for i, p in enumerate(cached):
+            e.add("load%d" % i, p, 1)
+        sc = e.sched
+        ids = {"load%d" % i for i in range(args.loaders)}
+        deadline = time.monotonic() + 120
+        while any(r.request_id in ids for r in sc.waiting) and time.monotonic() < deadline:
+            t0 = time.perf_counter()
+            so = e.step()
+            dt = time.perf_counter() - t0
+            if so.num_scheduled_tokens and all(v == 1 for v in so.num_scheduled_tokens.values()):
+                pending.append(dt)
+        st = e.stats.data if e.stats else {}
+        loaded = st.get("load_blocks", 0)
+        if not pending or not base:
+            raise RuntimeError("no steps measured (%d without loads, %d with): %s" % (len(base), len(pending), st))
+        e.run(timeout=300)
+        for i, p in enumerate(cached):
+            assert e.outputs["load%d" % i] == vh.expected_output(p, 1)
+        assert e.wrong_used == 0
+    finally:
+        if e is not None:
+            e.close()
+        s.stop()
+    ratio = med(pending) / med(base)
+    print("overlap: %d decoders, forward's accelerator time %.0f ms (an idle wait); %d requests of %d tokens "
+          "whose prefixes come back from L3 (%d blocks of %d KiB loaded):" % (
+              args.decoders, args.compute_ms, args.loaders, ptoks, loaded, 2 * kb >> 10))
+    print("  step with no load pending: median %.1f ms (%d steps, %s); with L3 loads pending: median %.1f ms "
+          "(%d steps, %s): %.2fx [target <= 1.0x: %s]" % (
+              med(base) * 1e3, len(base), span([x * 1e3 for x in base], "%.1f"), med(pending) * 1e3, len(pending),
+              span([x * 1e3 for x in pending], "%.1f") if pending else "-", ratio,
+              "met" if ratio <= 1.0 else "NOT met"))
+    return {"overlap": ratio}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kvtier", help="the kvtier binary (default: kvtier on PATH, else go build)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--tokens", type=int, default=2000)
+    ap.add_argument("--blocks", type=int, default=125)
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--decoders", type=int, default=8)
+    ap.add_argument("--loaders", type=int, default=8)
+    ap.add_argument("--load-tokens", type=int, default=512)
+    ap.add_argument("--compute-ms", type=float, default=20.0)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--only", choices=("scheduler", "copies", "overlap"))
+    args = ap.parse_args(argv)
+    tmp = tempfile.mkdtemp(prefix="kvtier-bench-vllm-")
+    try:
+        binary = kvtier_binary(args.kvtier, tmp)
+        print("kvtier.bench_vllm: load average %s, %d CPUs, torch %s (%d threads)" % (
+            " ".join("%.2f" % x for x in os.getloadavg()), os.cpu_count(), torch.__version__, torch.get_num_threads()))
+        if args.only in (None, "scheduler"):
+            bench_scheduler(binary, tmp, args)
+        if args.only in (None, "copies"):
+            bench_copies(binary, tmp, args, verify=True)
+            bench_copies(binary, tmp, args, verify=False)
+        if args.only in (None, "overlap"):
+            bench_overlap(binary, tmp, args)
+        print("load average at the end %s" % " ".join("%.2f" % x for x in os.getloadavg()))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
