@@ -99,6 +99,10 @@ def span(xs, fmt="%.2f"):
     return (fmt + "-" + fmt) % (min(xs), max(xs))
 
 
+# --serve-cpus: serve runs on these CPUs (taskset), this process on the others.
+SERVE_CPUS = ""
+
+
 class Serve:
     """``kvtier serve --doors store`` with a stack of its own."""
 
@@ -114,7 +118,8 @@ class Serve:
 
     def start(self):
         log = open(self.data.rstrip("/") + "-serve.log", "ab")
-        self.proc = subprocess.Popen([self.binary, "serve", "--doors", "store", "--store-config", self.cfg,
+        pin = ["taskset", "-c", SERVE_CPUS] if SERVE_CPUS else []
+        self.proc = subprocess.Popen(pin + [self.binary, "serve", "--doors", "store", "--store-config", self.cfg,
                                       "--data-dir", self.data, "--socket", self.sock, "--log-level", "warn",
                                       "--store-lease", "5s"] + self.extra, stdout=subprocess.DEVNULL, stderr=log)
         deadline = time.time() + 60
@@ -440,6 +445,14 @@ def bench_overlap(binary, tmp, args):
     return {"overlap": ratio}
 
 
+def _cpus(spec):
+    out = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kvtier", help="the kvtier binary (default: kvtier on PATH, else go build)")
@@ -456,12 +469,23 @@ def main(argv=None):
     ap.add_argument("--compute-ms", type=float, default=20.0)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--only", choices=("scheduler", "copies", "overlap"))
+    ap.add_argument("--serve-cpus", default="",
+                    help="run serve on these CPUs (taskset list, e.g. 1) and this process on the others")
     args = ap.parse_args(argv)
+    global SERVE_CPUS
+    SERVE_CPUS = args.serve_cpus
+    if SERVE_CPUS:
+        mine = set(range(os.cpu_count())) - _cpus(SERVE_CPUS)
+        if not mine:
+            raise SystemExit("--serve-cpus %s leaves no CPU for this process" % SERVE_CPUS)
+        os.sched_setaffinity(0, mine)
     tmp = tempfile.mkdtemp(prefix="kvtier-bench-vllm-")
     try:
         binary = kvtier_binary(args.kvtier, tmp)
-        print("kvtier.bench_vllm: load average %s, %d CPUs, torch %s (%d threads)" % (
-            " ".join("%.2f" % x for x in os.getloadavg()), os.cpu_count(), torch.__version__, torch.get_num_threads()))
+        print("kvtier.bench_vllm: load average %s, %d CPUs, torch %s (%d threads)%s" % (
+            " ".join("%.2f" % x for x in os.getloadavg()), os.cpu_count(), torch.__version__, torch.get_num_threads(),
+            "; serve on CPUs %s, this process on %s" % (SERVE_CPUS, sorted(os.sched_getaffinity(0)))
+            if SERVE_CPUS else ""))
         if args.only in (None, "scheduler"):
             bench_scheduler(binary, tmp, args)
         if args.only in (None, "copies"):
