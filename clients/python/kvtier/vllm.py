@@ -1642,3 +1642,14 @@ class _WorkerSide:
                         failed += sum(written)
         c._count(save_stored_blocks=stored, save_exists_blocks=exists, save_failed_blocks=failed,
                  save_bytes=copied * sum(c.kind_bytes), save_s=time.perf_counter() - t0, save_copy_s=copy_s)
+
+
+def __getattr__(name):
+    """kvtier.vllm.KvtierTier and KvtierTieringSpec, the secondary tier of
+    vLLM's CPU offloading (docs/vllm-offloading.md), live in
+    kvtier.vllm_tier; they are imported on first use, so a vLLM without
+    the tiering module (kv_offload.tiering) still loads the connector."""
+    if name in ("KvtierTier", "KvtierTieringSpec"):
+        from kvtier import vllm_tier
+        return getattr(vllm_tier, name)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

@@ -562,3 +562,11 @@ def test_serve_killed_and_restarted(kvtier_bin, tmp_path):
             door.close()
         tier.shutdown()
         s.stop()
+
+
+def test_reexported_from_kvtier_vllm():
+    """The issue's name for the tier, kvtier.vllm.KvtierTier, is the class
+    of kvtier.vllm_tier, loaded on first use."""
+    import kvtier.vllm as v
+    import kvtier.vllm_tier as vt
+    assert v.KvtierTier is vt.KvtierTier and v.KvtierTieringSpec is vt.KvtierTieringSpec
