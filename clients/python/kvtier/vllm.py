@@ -1584,12 +1584,23 @@ class _WorkerSide:
             job.event.synchronize()
         c = self.c
         t0 = time.perf_counter()
-        keys = [k for _, hashes, _ in job.saves for k in self._keys(hashes)]
-        ids = [b for _, _, bids in job.saves for b in bids]
+        keys, ids, seen, dups = [], [], set(), 0
+        for _, hashes, bids in job.saves:
+            for k, b in zip(self._keys(hashes), bids):
+                # Requests that share a prefix and complete its blocks in
+                # one step offer the same key twice: serve refuses a key
+                # twice in a call (INVALID); the second is saved already.
+                if k in seen:
+                    dups += 1
+                    continue
+                seen.add(k)
+                keys.append(k)
+                ids.append(b)
         nb = self.blocks.num_blocks
         limits = self.door.limits
         step = max(1, limits.max_batch_pages if limits is not None and limits.max_batch_pages else 1024)
-        stored = exists = failed = copied = 0
+        stored = failed = copied = 0
+        exists = dups
         copy_s = 0.0
         for lo in range(0, len(keys), step):
             ks, bs = keys[lo:lo + step], ids[lo:lo + step]

@@ -437,16 +437,18 @@ def test_engine_tp2(kvtier_bin, tmp_path):
     e = None
     try:
         t0 = time.monotonic()
-        e = vh.Engine(s.sock, tp=2, num_blocks=40)
+        # A pool of 36 blocks: 8 running requests of 4-7 blocks, each growing
+        # a block or two while it decodes, preempt each other.
+        e = vh.Engine(s.sock, tp=2, num_blocks=36)
         ps = vh.prompts(16, seed=1)
         for i, p in enumerate(ps[:8]):
-            e.add("a%d" % i, p, 6)
+            e.add("a%d" % i, p, 20)
         aborted = []
 
         def more(n):
             if n == 3:
                 for i, p in enumerate(ps[8:]):
-                    e.add("a%d" % (i + 8), p, 6)
+                    e.add("a%d" % (i + 8), p, 20)
             if n == 6:  # one running, one waiting (maybe loading)
                 for rid in ("a1", "a12"):
                     e.sched.abort(rid)
@@ -455,12 +457,12 @@ def test_engine_tp2(kvtier_bin, tmp_path):
         e.run(on_step=more)
         for i, p in enumerate(ps):
             if "a%d" % i not in aborted:
-                assert e.outputs["a%d" % i] == vh.expected_output(p, 6), i
+                assert e.outputs["a%d" % i] == vh.expected_output(p, 20), i
         assert e.sched.preemptions > 0
         assert e.wrong_used == 0 and e.wrong_dropped == 0
         st = e.stats.data
         assert st["save_stored_blocks"] > 0 and st.get("save_failed_blocks", 0) == 0, st
-        assert e.sched.free and len(e.sched.free) == 40 and not e.sched.blocks  # every block came back
+        assert len(e.sched.free) == 36 and not e.sched.blocks  # every block came back
         print("\nphase async: %d steps, %d preemptions, %s" % (e.steps, e.sched.preemptions, e.stats.reduce()))
 
         # A second vLLM on the node, synchronous loads layer by layer.
@@ -514,13 +516,19 @@ def test_engine_tp2(kvtier_bin, tmp_path):
         for i, p in enumerate(qs):
             assert e.outputs["d%d" % i] == vh.expected_output(p, 12), i
         print("serve killed and restarted: %s" % e.stats.reduce())
-        away = e.stats.data
-        assert away["load_failed_blocks"] > 0 or away.get("lookups_unavailable", 0) > 0, away
-        for i, p in enumerate(ps[:4]):
-            e.add("f%d" % i, p, 2)
-        e.run()
-        for i, p in enumerate(ps[:4]):
-            assert e.outputs["f%d" % i] == vh.expected_output(p, 2), i
+        away = dict(e.stats.data)
+        assert sum(away.get(k, 0) for k in ("load_failed_blocks", "lookups_unavailable", "save_failed_blocks")) > 0, away
+        # Once the connectors reach the new serve (grpc may still be backing
+        # off its reconnect for a moment), the old prefixes come back from L3.
+        for attempt in range(6):
+            for i, p in enumerate(ps[:4]):
+                e.add("f%d-%d" % (attempt, i), p, 2)
+            e.run()
+            for i, p in enumerate(ps[:4]):
+                assert e.outputs["f%d-%d" % (attempt, i)] == vh.expected_output(p, 2), i
+            if e.stats.data.get("load_blocks", 0) > away.get("load_blocks", 0):
+                break
+            time.sleep(0.5)
         st = e.stats.data
         assert e.wrong_used == 0
         assert st["load_blocks"] > away.get("load_blocks", 0), st
