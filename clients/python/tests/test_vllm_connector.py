@@ -317,6 +317,7 @@ def test_scheduler_side(kvtier_bin, tmp_path):
         assert e.outputs["away"] == vh.expected_output(p64, 2)
         assert time.monotonic() - t0 < 10
         e.close()
+        s.start()  # removes the killed serve's slab file; the stop below removes its own
     finally:
         s.stop()
 
