@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"hash/crc32"
 
+	"github.com/kvtier/kvtier/internal/crc32c"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
-	"github.com/kvtier/kvtier/internal/crc32c"
 )
 
 // TrailerSize is the length of the trailer at the end of every value; the

@@ -9,8 +9,8 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/internal/crc32c"
+	"github.com/kvtier/kvtier/tiers"
 )
 
 // pageCRC is the CRC-32C of one put item's payload, computed on its own

@@ -25,10 +25,10 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/kvtier/kvtier/internal/benchreport"
+	"github.com/kvtier/kvtier/internal/crc32c"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/redis"
-	"github.com/kvtier/kvtier/internal/crc32c"
 	"github.com/kvtier/kvtier/tiers/tiertest"
 )
 
