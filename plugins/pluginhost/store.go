@@ -63,7 +63,6 @@ type storeRPC struct {
 	// counts.
 	seen    tiers.StoreStats
 	carried bool // its counters are in Store.carry (it went down)
-	sums    bool // it answered keeps_put_sums: Put items carry the producer's sums
 }
 
 // storeGen is one plugin process serving the store.
@@ -181,7 +180,7 @@ func (s *Store) startGen(ctx context.Context, cold tiers.ColdStart) error {
 		}
 		return &storeGen{
 			impl: reply.GetImplementation(), onTeardown: scancel,
-			rpc: storeRPC{client: client, streamDone: make(chan struct{}), sums: keeps},
+			rpc: storeRPC{client: client, streamDone: make(chan struct{})},
 		}, nil
 	}, func(g *storeGen) {
 		go s.pumpAcks(g, stream)
@@ -380,6 +379,7 @@ func (s *Store) Put(ctx context.Context, batch []tiers.PutRequest) (tiers.BatchI
 	s.nextBatch++
 	id := s.nextBatch
 	g := s.gen
+	sums := s.sums == 1 // every process answers as the first (startGen)
 	if len(batch) == 0 {
 		s.mu.Unlock()
 		return id, nil
@@ -405,7 +405,7 @@ func (s *Store) Put(ctx context.Context, batch []tiers.PutRequest) (tiers.BatchI
 	req := &storev1.PutRequest{Batch: uint64(id), Items: make([]*storev1.PutItem, len(batch))}
 	for i, r := range batch {
 		req.Items[i] = &storev1.PutItem{Key: wire.StoreKey(r.Key), Src: wire.Span(r.Src)}
-		if r.HasSum && g.rpc.sums {
+		if r.HasSum && sums {
 			req.Items[i].Sum, req.Items[i].HasSum = r.Sum, true
 		}
 	}
