@@ -42,7 +42,8 @@ the same socket, the limit.`,
 	asJSON := fs.Bool("json", false, "print one JSON object per line")
 	copies := fs.Bool("copies", true, "run the engine's copies in the bench process (false: report plans done without copying, the control plane alone)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to `file`")
-	traceFile := fs.String("trace", "", "write a Go execution trace of the run to `file` (go tool trace; -pprof=sched shows what steps waited for)")
+	bgNice := fs.Bool("background-nice", true, "serve's --background-nice: the tiers' spill workers on nice-19 threads (in process: GOMAXPROCS raised for the whole bench)")
+	traceFile := fs.String("trace", "", "write a Go execution trace of the run to `file` (go tool trace; -pprof=sched shows what steps waited for); with --process each round's serve also writes its own to FILE.serve.N")
 	pageBytes := fs.String("page-bytes", "", "page `size` per payload kind (e.g. 2816KiB, the seed's geometry); the stack is sized in pages: an L1 of 2x --max-pages, an L2 of 6x, an L3 of 16x per rank (empty: the embedded demo stack)")
 	maxPages := fs.Int("max-pages", 64, "pages per request at most (longer prompts are cut)")
 	shadow := fs.String("shadow", "", "comma-separated `policies`: alternate rounds of a serve subprocess with --shadow and without, and report serve's CPU per step of each and their ratio (default 3 rounds)")
@@ -83,7 +84,7 @@ the same socket, the limit.`,
 			return fmt.Errorf("bench serve: --page-bytes %s with --max-pages %d and --sessions %d needs %s of memory (L1 and L2 of %d pages a session), %s has %s: %w",
 				*pageBytes, *maxPages, *sessions, quantity.Size(need), 8**maxPages, machineOf(ctx).MemSource, quantity.Size(machineOf(ctx).MemAvailable), errUsage)
 		}
-		o := serveRound{sessions: *sessions, perStep: *perStep, requests: *requests, dir: *dir, copies: *copies, pageBytes: int64(pb), maxPages: *maxPages}
+		o := serveRound{sessions: *sessions, perStep: *perStep, requests: *requests, dir: *dir, copies: *copies, pageBytes: int64(pb), maxPages: *maxPages, traceFile: *traceFile, bgNice: *bgNice}
 		if *cpuProfile != "" {
 			f, err := os.Create(*cpuProfile)
 			if err != nil {
@@ -169,8 +170,10 @@ type serveRound struct {
 	sessions, perStep, requests, maxPages int
 	dir                                   string
 	copies                                bool
-	pageBytes                             int64 // 0: the embedded demo stack
-	process                               bool  // rounds: serve in a child process
+	pageBytes                             int64  // 0: the embedded demo stack
+	process                               bool   // rounds: serve in a child process
+	traceFile                             string // with process: each child serve writes FILE.serve.N
+	bgNice                                bool   // serve's --background-nice
 }
 
 // yaml is the embedded demo stack, or with pageBytes set that stack with
@@ -309,6 +312,9 @@ func (o serveRound) run(ctx context.Context, l3 string) (loadgen.Result, error) 
 // in a child process.
 func (o serveRound) runOnce(ctx context.Context, l3 string) (loadgen.Result, error) {
 	if !o.process {
+		if o.bgNice {
+			enableBackgroundNice()
+		}
 		return o.run(ctx, l3)
 	}
 	exe, err := os.Executable()

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -121,6 +122,12 @@ func (o serveRound) runChild(ctx context.Context, exe, l3 string, shadow []strin
 		"--doors", "engine", "--metrics", metricsAddr, "--log-level", "warn"}
 	if len(shadow) > 0 {
 		args = append(args, "--shadow", strings.Join(shadow, ","))
+	}
+	if !o.bgNice {
+		args = append(args, "--background-nice=false")
+	}
+	if o.traceFile != "" {
+		args = append(args, "--trace", fmt.Sprintf("%s.serve.%d", o.traceFile, childTraces.Add(1)))
 	}
 	cmd := exec.CommandContext(ctx, exe, args...)
 	cmd.Env = append(os.Environ(), asMainEnv+"=1")
@@ -283,3 +290,6 @@ func (l *limitedWriter) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// childTraces numbers the serve subprocesses' trace files of one bench.
+var childTraces atomic.Int64

@@ -6,11 +6,14 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/trace"
 	"strings"
 	"time"
 
 	"github.com/kvtier/kvtier/host/pagestore"
 	"github.com/kvtier/kvtier/host/serve"
+	"github.com/kvtier/kvtier/internal/bgprio"
 	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/spf13/cobra"
@@ -68,6 +71,8 @@ See docs/serve.md and docs/engine-api.md.`,
 	recordMax := fs.String("record-max-bytes", "256MiB", "rotate the recording past this `size` (FILE.1, FILE.2, ...)")
 	recordKeep := fs.Int("record-keep", serve.DefaultRecordKeep, "recording files kept (the oldest beyond are removed)")
 	shadow := fs.String("shadow", "", "comma-separated `policies` to run as shadows beside the live one: metadata-only replays of rank 0's lookups at the live tiers' capacities, exported as kvtier_shadow_hit_tokens_total{policy,tier} (compare with kvtier ab; replaces the stack's policy.shadow)")
+	bgNice := fs.Bool("background-nice", true, "run the tiers' spill workers (copies, checksums, writes, fsyncs) on OS threads of nice 19, with GOMAXPROCS raised to twice the CPUs when $GOMAXPROCS is unset, so an engine's steps run first on busy cores")
+	traceFile := fs.String("trace", "", "write a Go execution trace of the whole run to `file` (go tool trace; for finding what a slow step waited for: docs/serve.md)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	doorsFlag := fs.String("doors", "", "the doors served on the socket, comma-separated: engine (kvtier.engine.v1), store (kvtier.store.v1, the page store of SGLang's HiCache backend); with store alone serve hosts no engine ranks (default: engine,store; with --group tcp: engine, as the node's one store door belongs to one process)")
 	storeCfg := fs.String("store-config", "", "the store door's stack config `file` (a slab and stores, no pool; {{DIR}} = --data-dir; default: the embedded demo store stack under DIR/store)")
@@ -134,6 +139,16 @@ See docs/serve.md and docs/engine-api.md.`,
 		var level slog.Level
 		if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 			return fmt.Errorf("serve: --log-level %q: %w", *logLevel, errUsage)
+		}
+		if *bgNice {
+			enableBackgroundNice()
+		}
+		if *traceFile != "" {
+			stop, err := startTrace(*traceFile)
+			if err != nil {
+				return fmt.Errorf("serve: --trace: %w", err)
+			}
+			defer stop()
 		}
 		cs := tiers.ColdStart(*cold)
 		if cs != tiers.ColdStartLoad && cs != tiers.ColdStartClear {
@@ -220,3 +235,33 @@ func defaultServeDataDir() (string, error) {
 
 // serveSocketIn is serve's --socket default under the data dir dir.
 func serveSocketIn(dir string) string { return filepath.Join(dir, "kvtier.sock") }
+
+// startTrace writes a Go execution trace to path until the returned
+// function is called.
+func startTrace(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := trace.Start(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return func() {
+		trace.Stop()
+		if err := f.Close(); err != nil {
+			slog.Warn("serve: trace file not closed", "path", path, "err", err)
+		}
+	}, nil
+}
+
+// enableBackgroundNice puts the tiers' spill workers on low-priority
+// threads (internal/bgprio) and, unless $GOMAXPROCS is set, raises
+// GOMAXPROCS to twice the CPUs: a lowered worker holds its P while it
+// runs, and the step's goroutines need Ps of their own to run first.
+func enableBackgroundNice() {
+	bgprio.Enable()
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(2 * runtime.NumCPU())
+	}
+}

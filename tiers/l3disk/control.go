@@ -139,6 +139,7 @@ func (s *Store) Close() error {
 	s.bgWG.Wait()
 	close(s.stop)
 	s.gatherWG.Wait()
+	s.checkWG.Wait()
 	s.writerWG.Wait()
 	s.ioWG.Wait()
 	close(s.written)

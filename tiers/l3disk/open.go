@@ -157,7 +157,7 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 	s.staging = make(chan *diskfs.AlignedBuffer, 2*cfg.Depth)
 	s.readBufs = make(chan *diskfs.AlignedBuffer, 2*cfg.Depth)
 	s.readSem = make(chan struct{}, cfg.Depth)
-	s.cpuSem = make(chan struct{}, max(1, runtime.GOMAXPROCS(0)-1))
+	s.checks = make(chan func())
 	for i := range 4 * cfg.Depth {
 		b, err := diskfs.NewAlignedBuffer(int(maxSlot))
 		if err != nil {
@@ -197,7 +197,7 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 	// memcpy rate, but one core is left to the callers: with a gatherer
 	// on every P, a serve step's goroutines wait for a P behind pages
 	// being copied (each gatherer also yields after every page).
-	for range max(1, min(cfg.Depth, runtime.GOMAXPROCS(0)-1)) {
+	for range max(1, min(cfg.Depth, runtime.GOMAXPROCS(0)-1, runtime.NumCPU()-1)) {
 		s.gatherWG.Add(1)
 		go s.gatherLoop()
 	}
@@ -205,6 +205,10 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 		s.gatherWG.Wait()
 		close(s.gathered)
 	}()
+	for range max(1, min(runtime.GOMAXPROCS(0), runtime.NumCPU())-1) {
+		s.checkWG.Add(1)
+		go s.checkLoop()
+	}
 	s.writerWG.Add(1)
 	go s.writerLoop()
 	for range cfg.Depth {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 
+	"github.com/kvtier/kvtier/internal/bgprio"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l3disk/diskfs"
 )
@@ -68,6 +69,7 @@ func (s *Store) AckReady() <-chan struct{} { return s.ackReady }
 // takes the oldest queued item.
 func (s *Store) gatherLoop() {
 	defer s.gatherWG.Done()
+	defer bgprio.Lower()()
 	for {
 		s.gatherMu.Lock()
 		var it putItem

@@ -100,15 +100,19 @@ func (s *Store) Get(ctx context.Context, batch []tiers.GetRequest, results []err
 				return
 			}
 			// NB: the check and the copy out are up to MiBs of CPU work
-			// a page; at most GOMAXPROCS-1 of them run at once, so a
-			// batch of reads never takes every P from the callers (a
-			// serve step's goroutines).
-			s.cpuSem <- struct{}{}
-			p, err := verifySlot(buf.Bytes(), uint8(k), rec.Epoch, r.Key.Hash, s.pageBytes[k])
-			if err == nil {
-				copy(dsts[i], p)
+			// a page; they run on the store's checkers (CPUs-1 of them,
+			// on background threads: internal/bgprio), so a batch of
+			// reads never takes every core from the callers (a serve
+			// step's goroutines).
+			done := make(chan struct{})
+			s.checks <- func() {
+				defer close(done)
+				var p []byte
+				if p, err = verifySlot(buf.Bytes(), uint8(k), rec.Epoch, r.Key.Hash, s.pageBytes[k]); err == nil {
+					copy(dsts[i], p)
+				}
 			}
-			<-s.cpuSem
+			<-done
 			if err != nil {
 				s.st.corrupt.Add(1)
 				results[i] = miss(r.Key, fmt.Sprintf("slot %d of %s failed verification", rec.Slot, f.path), err)

@@ -43,8 +43,9 @@ type Store struct {
 
 	staging  chan *diskfs.AlignedBuffer
 	readBufs chan *diskfs.AlignedBuffer
-	readSem  chan struct{} // reads in flight, at most Depth
-	cpuSem   chan struct{} // Get's checks and copies at once, GOMAXPROCS-1
+	readSem  chan struct{}  // reads in flight, at most Depth
+	checks   chan func()    // Get's checks and copies, run by checkLoop
+	checkWG  sync.WaitGroup // checkLoops
 	allBufs  []*diskfs.AlignedBuffer
 
 	nextBatch atomic.Uint64

@@ -6,12 +6,29 @@ import (
 	"fmt"
 
 	"github.com/kvtier/kvtier/indexes"
+	"github.com/kvtier/kvtier/internal/bgprio"
 	"github.com/kvtier/kvtier/tiers"
 )
+
+// checkLoop runs Get's checks and copies out (CPU work, a background
+// thread's) until the store stops.
+func (s *Store) checkLoop() {
+	defer s.checkWG.Done()
+	defer bgprio.Lower()()
+	for {
+		select {
+		case f := <-s.checks:
+			f()
+		case <-s.stop:
+			return
+		}
+	}
+}
 
 // ioLoop writes slots.
 func (s *Store) ioLoop() {
 	defer s.ioWG.Done()
+	defer bgprio.Lower()()
 	for job := range s.ioJobs {
 		f := s.files[job.key.Kind]
 		if err := f.writeSlot(int64(job.slot), job.buf.Bytes()); err != nil {
@@ -32,6 +49,7 @@ const maxSyncGroup = 1024
 // data -> fdatasync -> index commit.
 func (s *Store) syncLoop() {
 	defer s.syncWG.Done()
+	defer bgprio.Lower()()
 	group := make([]*writeJob, 0, maxSyncGroup)
 	for {
 		job, ok := <-s.written
