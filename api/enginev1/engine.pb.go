@@ -776,7 +776,18 @@ type Completion struct {
 	Plan  uint64                 `protobuf:"varint,1,opt,name=plan,proto3" json:"plan,omitempty"`
 	// ok is false when any item of the plan failed; the plan's op rolls
 	// back (a load-back misses, a backup is dropped).
-	Ok            bool `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
+	Ok bool `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
+	// sums, for a TO_SLAB plan, are the CRC-32C (Castagnoli) of each
+	// item's bytes as the engine wrote them to the slab, in the plan's item
+	// order: exactly one per item, or none. serve carries each page's sum to
+	// the tiers below the slab, which store it as given and verify it at
+	// every read, so a page whose slab bytes changed after the engine wrote
+	// them reads back as a miss, never as a valid-looking copy. Empty means
+	// not given: the tiers compute their own over what they read from the
+	// slab. Must be empty for a FROM_SLAB plan; ignored when ok is false.
+	// A backward-compatible addition to kvtier.engine.v1 (no version
+	// change): a server that predates it ignores it.
+	Sums          []uint32 `protobuf:"fixed32,3,rep,packed,name=sums,proto3" json:"sums,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -823,6 +834,13 @@ func (x *Completion) GetOk() bool {
 		return x.Ok
 	}
 	return false
+}
+
+func (x *Completion) GetSums() []uint32 {
+	if x != nil {
+		return x.Sums
+	}
+	return nil
 }
 
 // Lookup asks how much of a request's key the cache holds, and starts
@@ -2106,11 +2124,12 @@ const file_kvtier_engine_v1_engine_proto_rawDesc = "" +
 	"\fnamespace_id\x18\a \x01(\fR\vnamespaceId\x12'\n" +
 	"\x0fgroup_transport\x18\b \x01(\tR\x0egroupTransport\x12\x1f\n" +
 	"\vowner_lanes\x18\t \x01(\rR\n" +
-	"ownerLanes\"0\n" +
+	"ownerLanes\"D\n" +
 	"\n" +
 	"Completion\x12\x12\n" +
 	"\x04plan\x18\x01 \x01(\x04R\x04plan\x12\x0e\n" +
-	"\x02ok\x18\x02 \x01(\bR\x02ok\"M\n" +
+	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x12\n" +
+	"\x04sums\x18\x03 \x03(\aR\x04sums\"M\n" +
 	"\x06Lookup\x12\x15\n" +
 	"\x06req_id\x18\x01 \x01(\tR\x05reqId\x12\x14\n" +
 	"\x05pages\x18\x02 \x01(\rR\x05pages\x12\x16\n" +
