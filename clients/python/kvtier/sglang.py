@@ -24,7 +24,6 @@ new ``boot_id`` (serve restarted) the backend registers again by itself.
 
 import ctypes
 import logging
-import mmap
 import os
 import threading
 import time
@@ -35,6 +34,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, PoolHitPolicy, PoolName, PoolTransferResult
 
 from kvtier.store.v1 import store_pb2 as pb
+from kvtier._storeclient import MappedSlab, default_socket as _default_socket, dtype_name as _dtype_name
 from kvtier.store.v1 import store_pb2_grpc as pbg
 
 logger = logging.getLogger(__name__)
@@ -83,91 +83,18 @@ class _Lost(Exception):
     """serve is away or the session is gone: the call answers miss."""
 
 
-class _Slab:
+class _Slab(MappedSlab):
     """serve's slab files, mapped shared; uint8 tensors over them."""
 
     def __init__(self, geometry):
-        self.maps, self.tensors, self.addrs, self.sizes = [], [], [], []
-        self._mu = threading.Lock()
-        self._users, self._retired = 0, False
-        try:
-            for i, f in enumerate(geometry.files):
-                if f.id != i or f.size <= 0:
-                    raise KvtierError("slab file %d: id %d, size %d" % (i, f.id, f.size))
-                fd = os.open(f.path, os.O_RDWR)
-                try:
-                    st = os.fstat(fd)
-                    if st.st_size < f.size:
-                        raise KvtierError("slab file %s has %d bytes, serve says %d" % (f.path, st.st_size, f.size))
-                    # MAP_POPULATE (Linux, Python 3.10+): page tables filled
-                    # here, not by a fault per 4 KiB page in the first copies.
-                    m = mmap.mmap(fd, f.size, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                                  mmap.PROT_READ | mmap.PROT_WRITE)
-                finally:
-                    os.close(fd)
-                t = torch.frombuffer(m, dtype=torch.uint8)
-                self.maps.append(m)
-                self.tensors.append(t)
-                self.addrs.append(t.data_ptr())
-                self.sizes.append(f.size)
-        except Exception:
-            self.close()
-            raise
+        super().__init__(geometry, KvtierError)
 
-    def check(self, span, length):
-        """The span's address; ValueError unless it lies in a slab file and
-        has the kind's length."""
-        if span.slab >= len(self.addrs):
-            raise ValueError("span names slab %d of %d" % (span.slab, len(self.addrs)))
-        if span.length != length or span.offset + span.length > self.sizes[span.slab]:
-            raise ValueError("span [%d, +%d) of slab %d (%d bytes), want %d bytes" % (
-                span.offset, span.length, span.slab, self.sizes[span.slab], length))
-        return self.addrs[span.slab] + span.offset
+    def wrap(self, m):
+        return torch.frombuffer(m, dtype=torch.uint8)
 
     def view(self, span, length):
         self.check(span, length)
         return self.tensors[span.slab][span.offset:span.offset + length]
-
-    def acquire(self):
-        with self._mu:
-            self._users += 1
-
-    def release(self):
-        with self._mu:
-            self._users -= 1
-            done = self._retired and self._users == 0
-        if done:
-            self.close()
-
-    def retire(self):
-        """Unmaps once no call copies through it (serve restarted: the old
-        slab's memory is freed only when every map of it is gone)."""
-        with self._mu:
-            self._retired = True
-            done = self._users == 0
-        if done:
-            self.close()
-
-    def close(self):
-        self.tensors, self.addrs = [], []
-        for m in self.maps:
-            try:
-                m.close()
-            except BufferError:
-                pass  # a tensor over it still lives; the map goes with it
-        self.maps = []
-
-
-def _default_socket():
-    s = os.environ.get("KVTIER_SOCKET")
-    if s:
-        return s
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(state, "kvtier", "kvtier.sock")
-
-
-def _dtype_name(dt):
-    return str(dt).replace("torch.", "")
 
 
 class KvtierStorage(HiCacheStorage):

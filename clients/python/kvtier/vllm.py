@@ -49,7 +49,6 @@ themselves.
 import ctypes
 import logging
 import math
-import mmap
 import os
 import re
 import threading
@@ -68,6 +67,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
 from kvtier.store.v1 import store_pb2 as pb
+from kvtier._storeclient import MappedSlab, default_socket as _default_socket, dtype_name as _dtype_name
 from kvtier.store.v1 import store_pb2_grpc as pbg
 
 logger = logging.getLogger(__name__)
@@ -125,18 +125,6 @@ def _setting(extra, key, default, kind=float, minimum=None):
     return v
 
 
-def _default_socket():
-    s = os.environ.get("KVTIER_SOCKET")
-    if s:
-        return s
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(state, "kvtier", "kvtier.sock")
-
-
-def _dtype_name(dt):
-    return str(dt).replace("torch.", "")
-
-
 def _hex(h):
     """A block hash as a key: bytes in hex; an int (older vLLM) as 16
     hex digits of its low 64 bits."""
@@ -150,80 +138,17 @@ def _layer_order(name):
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
 
 
-class _Slab:
-    """serve's slab files, mapped shared; uint8 tensors over them. Copies
-    through it hold it (acquire/release); a slab of an earlier boot is
-    unmapped when the last of them ends."""
+class _Slab(MappedSlab):
+    """serve's slab files, mapped shared; uint8 tensors over them."""
 
     def __init__(self, geometry):
-        self.maps, self.tensors, self.addrs, self.sizes = [], [], [], []
-        self._mu = threading.Lock()
-        self._users, self._retired = 0, False
-        try:
-            for i, f in enumerate(geometry.files):
-                if f.id != i or f.size <= 0:
-                    raise KvtierError("slab file %d: id %d, size %d" % (i, f.id, f.size))
-                fd = os.open(f.path, os.O_RDWR)
-                try:
-                    if os.fstat(fd).st_size < f.size:
-                        raise KvtierError("slab file %s is shorter than serve says (%d bytes)" % (f.path, f.size))
-                    # NB: no MAP_POPULATE: CPython's mmap() holds the GIL, and
-                    # populating a GiB stalled every thread of the process
-                    # (vLLM's forward too) for 0.4 s here. The page tables
-                    # are filled below, by a torch read of a byte a page,
-                    # which runs without the GIL.
-                    m = mmap.mmap(fd, f.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-                finally:
-                    os.close(fd)
-                t = torch.frombuffer(m, dtype=torch.uint8)
-                t[::4096].max()
-                self.maps.append(m)
-                self.tensors.append(t)
-                self.addrs.append(t.data_ptr())
-                self.sizes.append(f.size)
-        except Exception:
-            self.close()
-            raise
+        super().__init__(geometry, KvtierError)
 
-    def check(self, span, length):
-        """The span's address; ValueError unless it lies in a slab file and
-        has the kind's length."""
-        if span.slab >= len(self.addrs):
-            raise ValueError("span names slab %d of %d" % (span.slab, len(self.addrs)))
-        if span.length != length or span.offset + span.length > self.sizes[span.slab]:
-            raise ValueError("span [%d, +%d) of slab %d (%d bytes), want %d bytes" % (
-                span.offset, span.length, span.slab, self.sizes[span.slab], length))
-        return self.addrs[span.slab] + span.offset
+    def wrap(self, m):
+        return torch.frombuffer(m, dtype=torch.uint8)
 
     def view(self, span):
         return self.tensors[span.slab][span.offset:span.offset + span.length]
-
-    def acquire(self):
-        with self._mu:
-            self._users += 1
-
-    def release(self):
-        with self._mu:
-            self._users -= 1
-            done = self._retired and self._users == 0
-        if done:
-            self.close()
-
-    def retire(self):
-        with self._mu:
-            self._retired = True
-            done = self._users == 0
-        if done:
-            self.close()
-
-    def close(self):
-        self.tensors, self.addrs = [], []
-        for m in self.maps:
-            try:
-                m.close()
-            except BufferError:
-                pass  # a tensor over it still lives; the map goes with it
-        self.maps = []
 
 
 @dataclass

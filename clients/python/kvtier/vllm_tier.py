@@ -38,7 +38,6 @@ tier registers again and maps the new slab by itself.
 import collections
 import ctypes
 import logging
-import mmap
 import os
 import queue
 import threading
@@ -49,6 +48,7 @@ import grpc
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
 
 from kvtier.store.v1 import store_pb2 as pb
+from kvtier._storeclient import MappedSlab, address as _address, default_socket as _default_socket
 from kvtier.store.v1 import store_pb2_grpc as pbg
 
 logger = logging.getLogger(__name__)
@@ -105,84 +105,11 @@ class _Lost(Exception):
     """serve is away, stalled, or the session is gone."""
 
 
-def _default_socket():
-    s = os.environ.get("KVTIER_SOCKET")
-    if s:
-        return s
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(state, "kvtier", "kvtier.sock")
-
-
-def _address(buf):
-    """The address of a writable, C-contiguous buffer. The export taken to
-    read it ends here, so the owner may release or close it later."""
-    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
-
-
-class _Slab:
-    """serve's slab files, mapped shared, and their base addresses. A copy
-    holds it (acquire/release) so a new registration's retire unmaps it
-    only once the copies through it end."""
+class _Slab(MappedSlab):
+    """serve's slab files, mapped shared, and their base addresses."""
 
     def __init__(self, geometry):
-        self.maps, self.addrs, self.sizes = [], [], []
-        self._mu = threading.Lock()
-        self._users, self._retired = 0, False
-        try:
-            for i, f in enumerate(geometry.files):
-                if f.id != i or f.size <= 0:
-                    raise KvtierError("slab file %d: id %d, size %d" % (i, f.id, f.size))
-                fd = os.open(f.path, os.O_RDWR)
-                try:
-                    if os.fstat(fd).st_size < f.size:
-                        raise KvtierError("slab file %s is shorter than serve's %d bytes" % (f.path, f.size))
-                    m = mmap.mmap(fd, f.size, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                                  mmap.PROT_READ | mmap.PROT_WRITE)
-                finally:
-                    os.close(fd)
-                self.maps.append(m)
-                self.addrs.append(_address(m))
-                self.sizes.append(f.size)
-        except Exception:
-            self._close()
-            raise
-
-    def span(self, span, length):
-        """The span's address; ValueError unless it lies in a slab file and
-        has the kind's length."""
-        if span.slab >= len(self.addrs):
-            raise ValueError("span names slab file %d of %d" % (span.slab, len(self.addrs)))
-        if span.length != length or span.offset + span.length > self.sizes[span.slab]:
-            raise ValueError("span [%d, +%d) of slab file %d (%d bytes), want %d bytes" % (
-                span.offset, span.length, span.slab, self.sizes[span.slab], length))
-        return self.addrs[span.slab] + span.offset
-
-    def acquire(self):
-        with self._mu:
-            if self._retired and self._users == 0:
-                return False
-            self._users += 1
-            return True
-
-    def release(self):
-        with self._mu:
-            self._users -= 1
-            done = self._retired and self._users == 0
-        if done:
-            self._close()
-
-    def retire(self):
-        with self._mu:
-            self._retired = True
-            done = self._users == 0
-        if done:
-            self._close()
-
-    def _close(self):
-        self.addrs = []
-        for m in self.maps:
-            m.close()
-        self.maps = []
+        super().__init__(geometry, KvtierError)
 
 
 class _Session:

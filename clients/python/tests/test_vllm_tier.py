@@ -228,7 +228,7 @@ class Door:
         rep = self.stub.BatchGet(pb.GetRequest(session=self.session, boot_id=self.boot, keys=[key.hex()]), timeout=5)
         assert rep.pages[0].status == pb.GET_STATUS_HIT
         span = rep.pages[0].spans[1]
-        addr = self.slab.span(span, KIND_BYTES) + 100
+        addr = self.slab.check(span, KIND_BYTES) + 100
         b = ctypes.c_ubyte.from_address(addr)
         b.value ^= 0xFF
         self.stub.Release(pb.ReleaseRequest(session=self.session, boot_id=self.boot, lease=rep.lease), timeout=5)

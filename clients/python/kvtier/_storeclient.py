@@ -1,0 +1,120 @@
+"""What the page-store clients (kvtier.sglang, kvtier.vllm,
+kvtier.vllm_tier) share: the default socket and serve's slab files mapped
+into the client's process."""
+
+import ctypes
+import mmap
+import os
+import threading
+
+import numpy as np
+
+
+def default_socket():
+    """$KVTIER_SOCKET, else serve's default: $XDG_STATE_HOME/kvtier/kvtier.sock
+    (~/.local/state when unset)."""
+    s = os.environ.get("KVTIER_SOCKET")
+    if s:
+        return s
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "kvtier", "kvtier.sock")
+
+
+def dtype_name(dt):
+    """A torch dtype's name as the namespace carries it ("bfloat16")."""
+    return str(dt).replace("torch.", "")
+
+
+def address(buf):
+    """The address of a writable, C-contiguous buffer. The export taken to
+    read it ends here, so the owner may release or close it later."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+
+class MappedSlab:
+    """serve's slab files (a RegisterReply's slab geometry), mapped shared
+    read-write, with each file's base address and size.
+
+    Copies through it hold it (acquire/release); a new registration
+    retires the old one, which is unmapped when the last copy through it
+    ends. ``error`` is the exception class raised for a geometry that
+    does not match the files. Subclasses build a view of each map in
+    ``wrap`` (a torch tensor, say); ``tensors`` holds them."""
+
+    def __init__(self, geometry, error=ValueError):
+        self.maps, self.addrs, self.sizes, self.tensors = [], [], [], []
+        self._mu = threading.Lock()
+        self._users, self._retired = 0, False
+        try:
+            for i, f in enumerate(geometry.files):
+                if f.id != i or f.size <= 0:
+                    raise error("slab file %d: id %d, size %d" % (i, f.id, f.size))
+                fd = os.open(f.path, os.O_RDWR)
+                try:
+                    have = os.fstat(fd).st_size
+                    if have < f.size:
+                        raise error("slab file %s has %d bytes, serve says %d" % (f.path, have, f.size))
+                    # NB: no MAP_POPULATE: CPython's mmap() holds the GIL
+                    # while the kernel fills the page tables, and that
+                    # stalled every thread of the engine (its forward, its
+                    # scheduler) for 0.4 s a GiB. A strided numpy read of
+                    # a byte a page fills them with the GIL released.
+                    m = mmap.mmap(fd, f.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                finally:
+                    os.close(fd)
+                self.maps.append(m)
+                np.frombuffer(m, dtype=np.uint8)[::mmap.PAGESIZE].max()
+                self.addrs.append(address(m))
+                self.sizes.append(f.size)
+                self.tensors.append(self.wrap(m))
+        except Exception:
+            self.close()
+            raise
+
+    def wrap(self, m):
+        """A view of map m kept in ``tensors`` (none by default)."""
+        return None
+
+    def check(self, span, length):
+        """The span's address; ValueError unless it lies in a slab file and
+        has the kind's length."""
+        if span.slab >= len(self.addrs):
+            raise ValueError("span names slab file %d of %d" % (span.slab, len(self.addrs)))
+        if span.length != length or span.offset + span.length > self.sizes[span.slab]:
+            raise ValueError("span [%d, +%d) of slab file %d (%d bytes), want %d bytes" % (
+                span.offset, span.length, span.slab, self.sizes[span.slab], length))
+        return self.addrs[span.slab] + span.offset
+
+    def acquire(self):
+        """Holds the maps for a copy; False when they are already unmapped
+        (retired, and the last copy ended)."""
+        with self._mu:
+            if self._retired and self._users == 0:
+                return False
+            self._users += 1
+            return True
+
+    def release(self):
+        with self._mu:
+            self._users -= 1
+            done = self._retired and self._users == 0
+        if done:
+            self.close()
+
+    def retire(self):
+        """Unmaps once no copy runs through it (serve restarted: the old
+        slab's memory is freed only when every map of it is gone)."""
+        with self._mu:
+            self._retired = True
+            done = self._users == 0
+        if done:
+            self.close()
+
+    def close(self):
+        self.tensors, self.addrs = [], []
+        for m in self.maps:
+            try:
+                m.close()
+            except BufferError:
+                pass  # a tensor over it still lives; the map goes with it
+        self.maps = []
