@@ -154,6 +154,9 @@ type batch struct {
 	kind  string // "copy" or "put"
 	dir   control.Direction
 	bytes []int64 // per item
+	// pages are the L2 pages a backup plan's items write, per item (the
+	// engine's plans into the slab only: where its reported sums go).
+	pages []slabPage
 	// state per item: 0 pending, 1 gathered, 2 terminal.
 	state    []uint8
 	gathered int
@@ -179,6 +182,9 @@ type Node struct {
 	// plans is the L1 pool when the engine runs its copies (RunsPlans),
 	// else nil.
 	plans planPool
+	// sums are the engine's checksums of the L2 pages its plans wrote,
+	// carried on the Puts that spill them (sums.go).
+	sums slabSums
 
 	pool map[tiers.BatchID]*batch
 	puts map[tiers.BatchID]*batch
@@ -243,7 +249,7 @@ func New(s *stack.Stack, m *control.Machine, opts Options) (*Node, error) {
 	}
 	n := &Node{
 		m: m, s: s, store: st, group: opts.Group, engine: opts.Engine, log: opts.Logger, opts: opts,
-		layout: lay, kinds: len(lay.Kinds),
+		layout: lay, kinds: len(lay.Kinds), sums: newSlabSums(lay),
 		pool: map[tiers.BatchID]*batch{}, puts: map[tiers.BatchID]*batch{},
 		stats:    Stats{Skips: map[string]int64{}, FailedOps: map[string]int64{}},
 		jobs:     map[uint64]*storeJob{},
@@ -375,10 +381,14 @@ func (n *Node) copies(ctx context.Context, cs []control.Copy) error {
 		j := i
 		var items []tiers.PoolCopy
 		var sizes []int64
+		var pages []slabPage
+		// NB: the engine's backups are the writes whose sums it may
+		// report: their pages are named per item.
+		named := n.plans != nil && cs[i].Dir == control.ToL2
 		bad := false
 		for ; j < len(cs) && cs[j].Op == cs[i].Op; j++ {
 			var err error
-			if items, sizes, err = n.copyItems(cs[j], items, sizes); err != nil {
+			if items, sizes, pages, err = n.copyItems(cs[j], items, sizes, pages, named); err != nil {
 				// A Copy the layout cannot express is a bug upstream:
 				// fail the op rather than hang on it.
 				n.log.Error("kvtier host: bad copy", "op", uint64(cs[j].Op), "err", err)
@@ -402,6 +412,11 @@ func (n *Node) copies(ctx context.Context, cs []control.Copy) error {
 		var id tiers.BatchID
 		var err error
 		if dir == control.ToL2 {
+			// The pages are rewritten: a sum of their last bytes is no
+			// longer theirs, whatever this copy's fate.
+			for _, pg := range pages {
+				n.sums.forget(pg)
+			}
 			id, err = n.s.Pool.CopyToSlab(ctx, items)
 		} else {
 			id, err = n.s.Pool.CopyFromSlab(ctx, items)
@@ -413,15 +428,15 @@ func (n *Node) copies(ctx context.Context, cs []control.Copy) error {
 			n.done(op, control.StageCopied, err == nil)
 			continue
 		}
-		n.pool[id] = &batch{op: op, kind: "copy", dir: dir, bytes: sizes, state: make([]uint8, len(items))}
+		n.pool[id] = &batch{op: op, kind: "copy", dir: dir, bytes: sizes, pages: pages, state: make([]uint8, len(items))}
 	}
 	return nil
 }
 
 // copyItems turns one Copy into pool items: page i of the node's L1
 // ranges moves to or from page i of each kind's L2 ranges, for the pages
-// this Node owns.
-func (n *Node) copyItems(c control.Copy, items []tiers.PoolCopy, sizes []int64) ([]tiers.PoolCopy, []int64, error) {
+// this Node owns. With named, pages gets each item's L2 page.
+func (n *Node) copyItems(c control.Copy, items []tiers.PoolCopy, sizes []int64, pages []slabPage, named bool) ([]tiers.PoolCopy, []int64, []slabPage, error) {
 	var l1 []int64
 	for _, r := range c.L1 {
 		for p := r.Start; p < r.Start+r.Pages; p++ {
@@ -437,24 +452,27 @@ func (n *Node) copyItems(c control.Copy, items []tiers.PoolCopy, sizes []int64) 
 			}
 			sp, err := n.layout.Span(tiers.PayloadKind(k), r)
 			if err != nil {
-				return nil, nil, err
+				return nil, nil, nil, err
 			}
 			for off := int64(0); off < sp.Length; off += pb {
 				if i >= len(l1) {
-					return nil, nil, fmt.Errorf("node %d kind %d: more L2 pages than the %d L1 pages", c.Node, k, len(l1))
+					return nil, nil, nil, fmt.Errorf("node %d kind %d: more L2 pages than the %d L1 pages", c.Node, k, len(l1))
 				}
 				if n.owns(c.Depth + i) {
 					items = append(items, tiers.PoolCopy{Page: int(l1[i]), Kind: tiers.PayloadKind(k), Span: tiers.Span{Slab: sp.Slab, Offset: sp.Offset + off, Length: pb}})
 					sizes = append(sizes, pb)
+					if named {
+						pages = append(pages, slabPage{kind: tiers.PayloadKind(k), page: r.Start + off/pb})
+					}
 				}
 				i++
 			}
 		}
 		if i != len(l1) {
-			return nil, nil, fmt.Errorf("node %d kind %d: %d L2 pages for %d L1 pages", c.Node, k, i, len(l1))
+			return nil, nil, nil, fmt.Errorf("node %d kind %d: %d L2 pages for %d L1 pages", c.Node, k, i, len(l1))
 		}
 	}
-	return items, sizes, nil
+	return items, sizes, pages, nil
 }
 
 func (n *Node) put(p control.Put) {
@@ -466,7 +484,13 @@ func (n *Node) put(p control.Put) {
 	sizes := make([]int64, 0, len(p.Spans))
 	for i, sp := range p.Spans {
 		if pg := i % len(p.Hashes); n.owns(p.Depth + pg) {
-			reqs = append(reqs, tiers.PutRequest{Key: tiers.Key{Hash: p.Hashes[pg], Kind: tiers.PayloadKind(i / len(p.Hashes))}, Src: sp})
+			kind := tiers.PayloadKind(i / len(p.Hashes))
+			req := tiers.PutRequest{Key: tiers.Key{Hash: p.Hashes[pg], Kind: kind}, Src: sp}
+			// The engine's sum of the bytes it wrote travels with the
+			// page: a store that keeps it never vouches for bytes that
+			// changed in the slab since.
+			req.Sum, req.HasSum = n.sums.spanSum(kind, sp)
+			reqs = append(reqs, req)
 			sizes = append(sizes, sp.Length)
 		}
 	}
@@ -534,7 +558,11 @@ func (n *Node) get(g control.Get) {
 	reqs := make([]tiers.GetRequest, 0, len(g.Spans))
 	for i, sp := range g.Spans {
 		if pg := i % len(g.Hashes); n.owns(g.Depth + pg) {
-			reqs = append(reqs, tiers.GetRequest{Key: tiers.Key{Hash: g.Hashes[pg], Kind: tiers.PayloadKind(i / len(g.Hashes))}, Dst: sp})
+			kind := tiers.PayloadKind(i / len(g.Hashes))
+			// The reload rewrites the page: an engine's sum of its
+			// last bytes is no longer its own.
+			n.sums.forgetSpan(kind, sp)
+			reqs = append(reqs, tiers.GetRequest{Key: tiers.Key{Hash: g.Hashes[pg], Kind: kind}, Dst: sp})
 		}
 	}
 	if len(reqs) == 0 {

@@ -51,11 +51,30 @@ func (n *Node) PlanOutstanding(id tiers.BatchID) bool {
 // CompletePlan reports every item of plan id finished (why nil) or failed;
 // its acks reach the Machine at the next Drain. A plan with nothing
 // outstanding is refused and changes nothing.
-func (n *Node) CompletePlan(id tiers.BatchID, why error) error {
+//
+// sums, for a finished plan into the slab, are the engine's CRC-32C of
+// each item's bytes as it wrote them, in item order, or none: the Node
+// keeps them per L2 page and the Puts that spill those pages carry them
+// (a page whose slab bytes change before the store gathers it then reads
+// back from the store as a miss). Sums of a failed plan are ignored. Sums
+// that do not fit the plan (ErrPlanSums) refuse the completion whole.
+func (n *Node) CompletePlan(id tiers.BatchID, why error, sums []uint32) error {
 	if n.plans == nil {
 		return ErrNoPlans
 	}
-	return n.plans.CompleteBatch(id, why)
+	b := n.pool[id]
+	if err := checkPlanSums(id, b, sums); err != nil && n.plans.Outstanding(id) {
+		return err
+	}
+	if err := n.plans.CompleteBatch(id, why); err != nil {
+		return err
+	}
+	if why == nil && len(sums) > 0 && len(b.pages) == len(sums) {
+		for i, pg := range b.pages {
+			n.sums.set(pg, sums[i])
+		}
+	}
+	return nil
 }
 
 // FailPlans fails every plan not yet completed (the engine that owed

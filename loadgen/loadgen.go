@@ -22,6 +22,7 @@ import (
 	"github.com/kvtier/kvtier/client"
 	"github.com/kvtier/kvtier/host"
 	"github.com/kvtier/kvtier/host/control"
+	"github.com/kvtier/kvtier/internal/crc32c"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/workload"
@@ -90,8 +91,11 @@ type Result struct {
 	CopyShare float64 `json:"copy_share"`
 	// CopyItems and CopyRuns count plan items and the copies they were
 	// run as (items contiguous in L1 and the slab are one run).
-	CopyItems   int64   `json:"copy_items"`
-	CopyRuns    int64   `json:"copy_runs"`
+	CopyItems int64 `json:"copy_items"`
+	CopyRuns  int64 `json:"copy_runs"`
+	// SummedItems counts the TO_SLAB plan items reported with their
+	// CRC-32C (Completion.sums), which serve's tiers keep with the page.
+	SummedItems int64   `json:"summed_items"`
 	StoredBytes int64   `json:"stored_bytes"`
 	Seconds     float64 `json:"seconds"`
 	PageTokens  int     `json:"page_tokens"`
@@ -236,6 +240,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		storeNs += r.storeNs
 		res.CopyItems += r.copyItems
 		res.CopyRuns += r.copyRuns
+		res.SummedItems += r.summed
 		lat = append(lat, r.lat...)
 		pings = append(pings, r.pings...)
 		if res.FirstError == "" && r.firstErr != "" {
@@ -318,7 +323,7 @@ type rank struct {
 	requests, input, verified, wrong, errors, restarts int64
 	hits                                               [4]int64
 	steps, loaded, stored, loadNs, storeNs             int64
-	copyItems, copyRuns                                int64
+	copyItems, copyRuns, summed                        int64
 	lat, pings                                         []time.Duration
 	firstErr                                           string
 	// idle is shared by the ranks: a rank stops when every rank is idle.
@@ -542,11 +547,11 @@ func (r *rank) run(ctx context.Context) {
 			}
 		}
 		for _, pl := range out.GetPlans() {
-			ok := true
+			c := &pb.Completion{Plan: pl.GetPlan(), Ok: true}
 			if !r.cfg.NoCopies {
-				ok = r.runPlan(pl)
+				c.Ok, c.Sums = r.runPlan(pl)
 			}
-			owed = append(owed, &pb.Completion{Plan: pl.GetPlan(), Ok: ok})
+			owed = append(owed, c)
 		}
 		for _, lr := range out.GetLookups() {
 			if lr.GetStatus() != pb.LookupStatus_LOOKUP_STATUS_DONE {
@@ -568,12 +573,19 @@ func (r *rank) run(ctx context.Context) {
 // not be run. Items that continue the previous one on both sides (the
 // next L1 page of the same kind, the next span of the same slab file) are
 // copied as one run: a plan of many small pages costs one copy per run,
-// not per page.
-func (r *rank) runPlan(pl *pb.CopyPlan) bool {
+// not per page. For a plan into the slab that ran whole it returns each
+// item's CRC-32C over the slab bytes after the copy (Completion.sums),
+// the sum serve's tiers keep with the page; their time is not the copy's
+// (StoreGBps stays the copies' rate).
+func (r *rank) runPlan(pl *pb.CopyPlan) (bool, []uint32) {
 	t0 := time.Now()
-	var n int64
+	var n, sumNs int64
 	ok := true
 	toSlab := pl.GetDirection() == pb.Direction_DIRECTION_TO_SLAB
+	var sums []uint32
+	if toSlab {
+		sums = make([]uint32, 0, len(pl.GetItems()))
+	}
 	var run copyRun
 	flush := func() {
 		if run.items == 0 {
@@ -587,6 +599,12 @@ func (r *rank) runPlan(pl *pb.CopyPlan) bool {
 			l1 := r.l1[run.kind][int64(run.page)*r.kb[run.kind] : int64(run.page)*r.kb[run.kind]+int64(run.length)]
 			if toSlab {
 				copy(sp, l1)
+				ts := time.Now()
+				size := r.kb[run.kind]
+				for off := int64(0); off < int64(len(sp)); off += size {
+					sums = append(sums, crc32c.Checksum(sp[off:off+size]))
+				}
+				sumNs += time.Since(ts).Nanoseconds()
 			} else {
 				copy(l1, sp)
 			}
@@ -616,7 +634,7 @@ func (r *rank) runPlan(pl *pb.CopyPlan) bool {
 		run.items++
 	}
 	flush()
-	d := time.Since(t0).Nanoseconds()
+	d := time.Since(t0).Nanoseconds() - sumNs
 	if toSlab {
 		r.stored += n
 		r.storeNs += d
@@ -624,7 +642,14 @@ func (r *rank) runPlan(pl *pb.CopyPlan) bool {
 		r.loaded += n
 		r.loadNs += d
 	}
-	return ok
+	if !ok || len(sums) != len(pl.GetItems()) {
+		// NB: a plan that did not run whole reports no sums (a failed
+		// plan's are ignored anyway, and a count off by the items that
+		// failed would be refused).
+		return ok, nil
+	}
+	r.summed += int64(len(sums))
+	return ok, sums
 }
 
 // copyRun is a run of plan items contiguous in L1 and in one slab file.

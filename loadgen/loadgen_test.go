@@ -68,7 +68,8 @@ func startServe(t *testing.T, bin, dir, sock string, ranks string, extra ...stri
 // TestLoadgenAgainstServe: two rank sessions drive a real kvtier serve
 // process with the generated workload: hits, every byte verified, no
 // error; then serve is SIGKILLed and restarted on the same data dir, and
-// a second run finds L3 pages (cold start load), still 0 wrong bytes.
+// a second run finds L3 pages (cold start load), still 0 wrong bytes. The
+// backups report their sums (Completion.sums) and serve takes them.
 func TestLoadgenAgainstServe(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs kvtier serve processes (-short)")
@@ -99,6 +100,11 @@ func TestLoadgenAgainstServe(t *testing.T) {
 			t.Logf("first run: %+v", res)
 			if res.WrongBytes != 0 || res.Errors != 0 || res.VerifiedPages == 0 || res.HitRate <= 0 || res.Requests != int64(len(reqs)) {
 				t.Fatalf("first run: %+v", res)
+			}
+			// Every backup reports its items' sums, and serve accepts
+			// them (a refused completion is an error above).
+			if res.SummedItems == 0 || res.SummedItems > res.CopyItems {
+				t.Fatalf("first run: %d items reported with sums of %d copied", res.SummedItems, res.CopyItems)
 			}
 			if want := map[bool]int{false: 1, true: 2}[lanes]; res.OwnerLanes != want {
 				t.Fatalf("owner lanes %d, want %d", res.OwnerLanes, want)

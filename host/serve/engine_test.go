@@ -15,6 +15,7 @@ import (
 	pb "github.com/kvtier/kvtier/api/enginev1"
 	"github.com/kvtier/kvtier/host"
 	"github.com/kvtier/kvtier/host/control"
+	"github.com/kvtier/kvtier/internal/crc32c"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
 )
@@ -42,6 +43,12 @@ type testEngine struct {
 	// reduces them), sent in the next step.
 	engineGroup bool
 	frontier    []byte
+	// sums: report each TO_SLAB plan's CRC-32C per item (Completion.sums)
+	// of the bytes written. scribble, when set, runs on each TO_SLAB
+	// item's slab span after the copy and its sum (a writer that changes
+	// the slab after the engine).
+	sums     bool
+	scribble func(sp []byte)
 }
 
 func dialEngine(t testing.TB, socket string, rank, world uint32) *testEngine {
@@ -141,6 +148,7 @@ func (e *testEngine) run(ctx context.Context, q *pb.StepRequest, keys map[string
 	}
 	for _, pl := range out.Plans {
 		ok := true
+		var sums []uint32
 		for _, it := range pl.Items {
 			if int(it.Slab) >= len(e.slabs) || it.Offset+it.Length > uint64(len(e.slabs[it.Slab])) || it.L1Page >= e.reg.Limits.L1Pages {
 				ok = false
@@ -149,11 +157,21 @@ func (e *testEngine) run(ctx context.Context, q *pb.StepRequest, keys map[string
 			sp := e.slabs[it.Slab][it.Offset : it.Offset+it.Length]
 			if pl.Direction == pb.Direction_DIRECTION_TO_SLAB {
 				copy(sp, e.page(it.Kind, it.L1Page))
+				if e.sums {
+					sums = append(sums, crc32c.Checksum(sp))
+				}
+				if e.scribble != nil {
+					e.scribble(sp)
+				}
 			} else {
 				copy(e.page(it.Kind, it.L1Page), sp)
 			}
 		}
-		e.done = append(e.done, &pb.Completion{Plan: pl.Plan, Ok: ok})
+		c := &pb.Completion{Plan: pl.Plan, Ok: ok}
+		if e.sums && ok && pl.Direction == pb.Direction_DIRECTION_TO_SLAB {
+			c.Sums = sums
+		}
+		e.done = append(e.done, c)
 	}
 	return out, nil
 }

@@ -81,7 +81,8 @@ type rankNode interface {
 	// The engine's copy plans (the stack's pool is `use: engine`).
 	TakePlans(dst []host.PlannedCopy) []host.PlannedCopy
 	PlanOutstanding(id tiers.BatchID) bool
-	CompletePlan(id tiers.BatchID, why error) error
+	CompletePlan(id tiers.BatchID, why error, sums []uint32) error
+	PlanItems(id tiers.BatchID) (items int, toSlab, ok bool)
 	FailPlans(why error) int
 
 	// What a reply and the metrics read.
