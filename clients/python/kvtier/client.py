@@ -120,7 +120,10 @@ class Client:
     def step(self, completions=(), lookups=(), stores=(), finished=(), aborted=(), frontier=b""):
         """Sends one scheduler step. lookups and stores are (req_id,
         [hashes]) pairs, finished and aborted request ids, completions
-        (plan, ok) pairs. With the engine as the group transport
+        (plan, ok) pairs or (plan, ok, sums) triples: sums, for a
+        TO_SLAB plan that ran whole, the CRC-32C of each item's slab bytes
+        after the copy in item order (kvtier.checksum.plan_sums), or None
+        (not given; the tiers compute their own). With the engine as the group transport
         (``info.group_transport == "engine"``), frontier is the reduction
         of the contributions the ranks' last replies carried
         (kvtier.group.reduce_contributions; none on a session's first
@@ -131,8 +134,13 @@ class Client:
             return StepResult(unavailable=True)
         self._step += 1
         q = pb.StepRequest(session=self.info.session, boot_id=self.info.boot_id, step=self._step, frontier=frontier)
-        for plan, ok in completions:
-            q.completions.add(plan=plan, ok=bool(ok))
+        for c in completions:
+            plan, ok = c[0], bool(c[1])
+            sums = c[2] if len(c) > 2 else None
+            if ok and sums:
+                q.completions.add(plan=plan, ok=True, sums=sums)
+            else:
+                q.completions.add(plan=plan, ok=ok)
         for rid, hs in lookups:
             q.lookups.add(req_id=rid, pages=len(hs), hashes=pack_hashes(hs))
         for rid, hs in stores:

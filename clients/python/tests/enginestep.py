@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvtier import pagehash
+from kvtier import checksum, pagehash
 from kvtier.client import Client, health
 from kvtier.engine.v1 import engine_pb2 as pb
 from kvtier.group import reduce_contributions
@@ -48,7 +48,8 @@ class EngineRank:
     ``l1``, numpy arrays of ``l1_pages`` pages per payload kind; one
     ``Step`` call per scheduler step (:meth:`step`)."""
 
-    def __init__(self, socket_path, model, rank=0, world_size=1, engine_id="python-engine", salt="", all_reduce=None):
+    def __init__(self, socket_path, model, rank=0, world_size=1, engine_id="python-engine", salt="", all_reduce=None,
+                 sums=None):
         h = health(socket_path)
         self.page_tokens = h.page_tokens
         self.kinds = [(k.name, k.page_bytes) for k in h.kinds]
@@ -67,6 +68,11 @@ class EngineRank:
             all_reduce = lambda c: reduce_contributions([c])  # noqa: E731
         self._all_reduce = all_reduce if engine else None
         self._frontier = b""
+        # sums: report each TO_SLAB plan's CRC-32C per item
+        # (Completion.sums) when python3-crc32c is installed (None: if it
+        # is); sums_sent counts the items reported with one.
+        self.sums = checksum.available() if sums is None else sums
+        self.sums_sent = 0
         self._attach()
         self.restarts = 0
         self.unavailable_steps = 0
@@ -96,7 +102,7 @@ class EngineRank:
         self._to_finish = []
         self._to_abort = []
         self._sent = set()     # req_ids the current session knows
-        self._owed = []        # (plan, ok)
+        self._owed = []        # (plan, ok, sums or None)
         self._meta = StepPlan()
 
     def _reset(self, restarted):
@@ -202,6 +208,7 @@ class EngineRank:
 
     def _run(self, plan):
         ok = True
+        written = []
         for it in plan.items:
             try:
                 span = self.slab.span(it.slab, it.offset, it.length)
@@ -210,12 +217,18 @@ class EngineRank:
                     raise ValueError("span of %d bytes for a page of %d" % (len(span), len(page)))
                 if plan.direction == pb.DIRECTION_TO_SLAB:
                     span[:] = page
+                    written.append(span)
                 else:
                     page[:] = span
             except (ValueError, IndexError) as e:
                 self.errors.append("plan %d: %s" % (plan.plan, e))
                 ok = False
-        self._owed.append((plan.plan, ok))
+        sums = None
+        if ok and self.sums and plan.direction == pb.DIRECTION_TO_SLAB:
+            # the bytes as written to the slab, after the copy
+            sums = checksum.plan_sums(written)
+            self.sums_sent += len(sums or ())
+        self._owed.append((plan.plan, ok, sums))
 
     def run_loads(self):
         """Runs the step's loads (slab to L1), synchronously."""

@@ -111,6 +111,62 @@ def test_engine_survives_serve_kill(serve):
     assert before > 0
 
 
+def test_engine_sends_sums(serve, monkeypatch):
+    """TO_SLAB completions carry each item's CRC-32C (python3-crc32c) and
+    serve takes them; sums that do not fit the plan are refused by name and
+    the plan waits for a good report; without python3-crc32c the client
+    sends none, as before."""
+    pytest.importorskip("crc32c")
+    conn = EngineRank(serve.sock, "test-model")
+    assert conn.sums, "python3-crc32c is installed: the rank reports sums by default"
+    eng = Engine(conn, seed=3)
+    eng.run(30)
+    assert conn.errors == [], conn.errors[:3]
+    assert eng.wrong == 0 and eng.verified > 0
+    assert conn.sums_sent > 0
+
+    # One more stored request: its backup's completion, tampered with.
+    req = eng.request(1000)
+    while conn.lookup(req)[1]:
+        conn.step()
+    conn.step([req])
+    conn.write_placed(eng.kv_of)
+    conn.run_saves()
+    owed = [c for c in conn._owed if c[2]]
+    assert len(owed) == 1, conn._owed
+    plan, ok, sums = owed[0]
+    assert ok and len(sums) > 0
+    conn._owed = [(plan, True, sums[:-1] + [sums[-1], 7])]
+    conn.step()
+    assert len(conn.errors) == 1 and conn.errors[0].startswith("completions[0].sums") and "sums for its" in conn.errors[0], conn.errors
+    conn.errors.clear()
+    conn._owed = [(plan, True, sums)]
+    conn.step()
+    assert conn.errors == [], conn.errors
+    conn.finish(req)
+    conn.step()
+
+    # Without python3-crc32c: no sums, and serve is fine with that.
+    from kvtier import checksum
+    monkeypatch.setattr(checksum, "_crc32c", None)
+    assert not checksum.available() and checksum.plan_sums([b"x"]) is None
+    sent = conn.sums_sent
+    eng2 = Engine(conn, seed=4)
+    eng2.run(20)
+    assert conn.sums_sent == sent
+    assert conn.errors == [] and eng2.wrong == 0
+    conn.close()
+
+
+def test_checksum_vector():
+    pytest.importorskip("crc32c")
+    from kvtier import checksum
+    assert checksum.crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
+    import numpy as np
+    a = np.arange(4096, dtype=np.uint32).view(np.uint8)
+    assert checksum.plan_sums([a[:8192], memoryview(a)[8192:]]) == [checksum.crc32c(a[:8192].tobytes()), checksum.crc32c(a[8192:].tobytes())]
+
+
 def test_pack_and_namespace():
     hs = [bytes([i]) * 32 for i in range(3)]
     assert unpack_hashes(pack_hashes(hs)) == hs
