@@ -22,10 +22,10 @@ func TestBenchRedisSmall(t *testing.T) {
 		t.Fatalf("bench redis: %v\n%s", err, errOut.String())
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) != 3 {
-		t.Fatalf("want 3 JSON lines, got:\n%s", out.String())
+	if len(lines) != 4 {
+		t.Fatalf("want 4 JSON lines, got:\n%s", out.String())
 	}
-	for i, want := range []string{"redis/put", "redis/get", "redis/put_vs_checksummed"} {
+	for i, want := range []string{"redis/put", "redis/get", "redis/put_own_sum", "redis/put_vs_checksummed"} {
 		var r struct {
 			Bench     string  `json:"bench"`
 			Value     float64 `json:"value"`

@@ -34,7 +34,7 @@ func TestRunSmall(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(res) != 3 || res[0].Bench != "redis/put" || res[1].Bench != "redis/get" || res[2].Bench != "redis/put_vs_checksummed" {
+			if len(res) != 4 || res[0].Bench != "redis/put" || res[1].Bench != "redis/get" || res[2].Bench != "redis/put_own_sum" || res[3].Bench != "redis/put_vs_checksummed" {
 				t.Fatalf("rows %+v", res)
 			}
 			for _, r := range res {
