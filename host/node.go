@@ -382,9 +382,9 @@ func (n *Node) copies(ctx context.Context, cs []control.Copy) error {
 		var items []tiers.PoolCopy
 		var sizes []int64
 		var pages []slabPage
-		// NB: the engine's backups are the writes whose sums it may
-		// report: their pages are named per item.
-		named := n.plans != nil && cs[i].Dir == control.ToL2
+		// NB: backups are the writes whose sums the pool's acks or the
+		// engine's completion may carry: their pages are named per item.
+		named := cs[i].Dir == control.ToL2
 		bad := false
 		for ; j < len(cs) && cs[j].Op == cs[i].Op; j++ {
 			var err error
@@ -603,6 +603,9 @@ func (n *Node) Drain() {
 		b.terminal++
 		if a.Stage == tiers.AckCopied {
 			b.okBytes += b.bytes[a.Index]
+			if a.HasSum && b.dir == control.ToL2 && a.Index < len(b.pages) {
+				n.sums.set(b.pages[a.Index], a.Sum)
+			}
 		} else {
 			b.failed = true
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvtier/kvtier/host"
 	"github.com/kvtier/kvtier/host/control"
+	"github.com/kvtier/kvtier/internal/crc32c"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
 )
@@ -214,4 +215,59 @@ func TestNodeCarriesPlanSums(t *testing.T) {
 	if err := n.Machine().CheckInvariants(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestNodeCarriesPoolSums: the host pool takes each page's CRC-32C as it
+// copies the page into the slab (Ack.Sum), and every spill of that page
+// carries it: the sum of the bytes the engine wrote, never one the store
+// computes over the slab later. Twenty 4-page conversations spill through
+// l3disk (which keeps the producer's sums and verifies them at every
+// read); the first one, reloaded from it, reads back with the right
+// bytes.
+func TestNodeCarriesPoolSums(t *testing.T) {
+	dir := t.TempDir()
+	s := openStack(t, stackYAML(dir, l3diskEntry(dir)), dir)
+	if host.RunsPlans(s) {
+		t.Fatal("the stack's pool runs plans; want the host pool")
+	}
+	rec := &putRecorder{Store: s.Stores[0].Store}
+	s.Stores[0].Store = rec
+	d := newDriver(t, s, host.Options{})
+	t.Cleanup(func() { d.n.Close() })
+	want := map[tiers.Key]uint32{}
+	kinds := s.Config.Payload.Kinds
+	for i := range 20 {
+		k := key(i, 4)
+		for _, h := range k {
+			for kind, spec := range kinds {
+				b := make([]byte, spec.PageBytes)
+				host.Payload(b, h, tiers.PayloadKind(kind))
+				want[tiers.Key{Hash: h, Kind: tiers.PayloadKind(kind)}] = crc32c.Checksum(b)
+			}
+		}
+		if got := d.request(control.ReqID(i+1), k); got != 0 {
+			t.Fatalf("conversation %d: %d hits on first sight", i, got)
+		}
+	}
+	if got := d.request(101, key(0, 4)); got != 4 {
+		t.Fatalf("old conversation: %d hits after reload, want 4 (stats %+v)", got, d.n.Stats())
+	}
+	if d.eng.WrongBytes != 0 {
+		t.Fatalf("%d wrong bytes", d.eng.WrongBytes)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.puts) == 0 {
+		t.Fatal("nothing spilled")
+	}
+	for _, p := range rec.puts {
+		w, ok := want[p.Key]
+		switch {
+		case !ok:
+			t.Errorf("spill of %v: not a page of the conversations", p.Key)
+		case !p.HasSum || p.Sum != w:
+			t.Errorf("spill of %v: sum %#x (has %t), want the pool's %#x", p.Key, p.Sum, p.HasSum, w)
+		}
+	}
+	t.Logf("%d spills, each with the pool's sum; stats %+v", len(rec.puts), d.n.Stats())
 }

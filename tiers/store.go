@@ -111,6 +111,14 @@ type Ack struct {
 	Stage AckStage
 	// Err is set only for AckFailed.
 	Err error
+	// Sum, when HasSum, is the CRC-32C (Castagnoli) of the page as a
+	// Pool's to-slab copy wrote it into its slab span, taken where the
+	// copy already read the bytes (an AckCopied only; a Store never sets
+	// it). The host carries it on the Put that spills the page
+	// (PutRequest.Sum), so a page changed in the slab afterwards is a
+	// miss below it, never stored under a checksum of the changed bytes.
+	Sum    uint32
+	HasSum bool
 }
 
 // ColdStart says what a store does with data left by a previous run.

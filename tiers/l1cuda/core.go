@@ -115,7 +115,12 @@ func (q *completions) end() { q.inflight.Done() }
 
 // ack queues the ack of item index of batch id and counts a copied item.
 func (q *completions) ack(id tiers.BatchID, index int, c tiers.PoolCopy, toSlab bool, err error) {
-	a := tiers.Ack{Batch: id, Index: index, Stage: tiers.AckCopied}
+	q.ackSum(id, index, c, toSlab, err, 0, false)
+}
+
+// ackSum is ack with the CRC-32C of a to-slab copy's page (Ack.Sum).
+func (q *completions) ackSum(id tiers.BatchID, index int, c tiers.PoolCopy, toSlab bool, err error, sum uint32, hasSum bool) {
+	a := tiers.Ack{Batch: id, Index: index, Stage: tiers.AckCopied, Sum: sum, HasSum: hasSum && err == nil && toSlab}
 	if err != nil {
 		a.Stage, a.Err = tiers.AckFailed, err
 	}
