@@ -6,7 +6,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-
 func TestLower(t *testing.T) {
 	base := make(chan int)
 	go func() { base <- threadNice() }()

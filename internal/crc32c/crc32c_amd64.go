@@ -11,3 +11,19 @@ var haveFold = cpu.X86.HasAVX512F && cpu.X86.HasAVX512VPCLMULQDQ && cpu.X86.HasS
 func foldAVX512(crc uint32, p []byte) uint32
 
 func fold(crc uint32, p []byte) uint32 { return foldAVX512(crc, p) }
+
+// copyFoldAVX512 is foldAVX512 over src that also copies src into dst
+// (len(dst) >= len(src)), one pass over the bytes.
+//
+//go:noescape
+func copyFoldAVX512(crc uint32, dst, src []byte) uint32
+
+func copyFold(crc uint32, dst, src []byte) uint32 { return copyFoldAVX512(crc, dst, src) }
+
+// copyFoldNTAVX512 is copyFoldAVX512 with non-temporal stores; dst must be
+// 64-byte aligned. It ends with a store fence.
+//
+//go:noescape
+func copyFoldNTAVX512(crc uint32, dst, src []byte) uint32
+
+func copyFoldNT(crc uint32, dst, src []byte) uint32 { return copyFoldNTAVX512(crc, dst, src) }
