@@ -6,6 +6,7 @@ import (
 	"runtime"
 
 	"github.com/kvtier/kvtier/internal/bgprio"
+	"github.com/kvtier/kvtier/internal/crc32c"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l3disk/diskfs"
 )
@@ -107,13 +108,15 @@ func (s *Store) gatherLoop() {
 		f := s.files[it.key.Kind]
 		pb := s.pageBytes[it.key.Kind]
 		b := buf.Bytes()
-		copy(b[HeaderSize:HeaderSize+pb], it.src)
+		crc := it.sum
+		if it.hasSum {
+			copy(b[HeaderSize:HeaderSize+pb], it.src)
+		} else {
+			// One pass: the copy and the checksum of what it copied.
+			crc = crc32c.CopyUpdate(0, b[HeaderSize:HeaderSize+pb], it.src)
+		}
 		end := f.sb.SlotBytes
 		clear(b[HeaderSize+pb : end])
-		crc := it.sum
-		if !it.hasSum {
-			crc = PayloadCRC(b[HeaderSize : HeaderSize+pb])
-		}
 		// NB: the producer's sum is written as given, never recomputed over
 		// what was copied: bytes that changed in the slab after it was
 		// taken fail every read's verification (a miss), instead of being
