@@ -71,7 +71,7 @@ See docs/serve.md and docs/engine-api.md.`,
 	recordMax := fs.String("record-max-bytes", "256MiB", "rotate the recording past this `size` (FILE.1, FILE.2, ...)")
 	recordKeep := fs.Int("record-keep", serve.DefaultRecordKeep, "recording files kept (the oldest beyond are removed)")
 	shadow := fs.String("shadow", "", "comma-separated `policies` to run as shadows beside the live one: metadata-only replays of rank 0's lookups at the live tiers' capacities, exported as kvtier_shadow_hit_tokens_total{policy,tier} (compare with kvtier ab; replaces the stack's policy.shadow)")
-	bgNice := fs.Bool("background-nice", true, "run the tiers' spill workers (copies, checksums, writes, fsyncs) on OS threads of nice 19, with GOMAXPROCS raised to twice the CPUs when $GOMAXPROCS is unset, so an engine's steps run first on busy cores")
+	bgNice := fs.Bool("background-nice", true, "run the tiers' spill workers (copies, checksums, writes, fsyncs) on OS threads of nice 19, with GOMAXPROCS raised to twice its default when $GOMAXPROCS is unset, so an engine's steps run first on busy cores")
 	traceFile := fs.String("trace", "", "write a Go execution trace of the whole run to `file` (go tool trace; for finding what a slow step waited for: docs/serve.md)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	doorsFlag := fs.String("doors", "", "the doors served on the socket, comma-separated: engine (kvtier.engine.v1), store (kvtier.store.v1, the page store of SGLang's HiCache backend); with store alone serve hosts no engine ranks (default: engine,store; with --group tcp: engine, as the node's one store door belongs to one process)")
@@ -257,11 +257,12 @@ func startTrace(path string) (stop func(), err error) {
 
 // enableBackgroundNice puts the tiers' spill workers on low-priority
 // threads (internal/bgprio) and, unless $GOMAXPROCS is set, raises
-// GOMAXPROCS to twice the CPUs: a lowered worker holds its P while it
-// runs, and the step's goroutines need Ps of their own to run first.
+// GOMAXPROCS to twice Go's default (which follows the CPU affinity and
+// the cgroup's quota): a lowered worker holds its P while it runs, and
+// the step's goroutines need Ps of their own to run first.
 func enableBackgroundNice() {
 	bgprio.Enable()
 	if os.Getenv("GOMAXPROCS") == "" {
-		runtime.GOMAXPROCS(2 * runtime.NumCPU())
+		runtime.GOMAXPROCS(2 * bgprio.CPUs())
 	}
 }

@@ -8,7 +8,7 @@
 // Go schedules goroutines on Ps; a background goroutine on a low-priority
 // thread still holds its P while it runs. Lowering threads therefore only
 // helps when there are more Ps than the background workers need: serve
-// raises GOMAXPROCS by the number of lowered workers (see Extra).
+// raises GOMAXPROCS to twice CPUs.
 package bgprio
 
 import (
@@ -28,11 +28,28 @@ var (
 	enabled  atomic.Bool
 	warnOnce sync.Once
 	lowered  atomic.Int64
+	cpus     atomic.Int64 // GOMAXPROCS when Enable was called
 )
 
 // Enable turns lowering on for the process; until it is called Lower does
-// nothing (tests and library users keep Go's scheduling as it is).
-func Enable() { enabled.Store(true) }
+// nothing (tests and library users keep Go's scheduling as it is). It
+// records GOMAXPROCS as the process's CPU budget (CPUs) before the caller
+// raises it.
+func Enable() {
+	cpus.CompareAndSwap(0, int64(runtime.GOMAXPROCS(0)))
+	enabled.Store(true)
+}
+
+// CPUs is the number of CPUs the process may use: GOMAXPROCS as it was
+// when Enable was first called (Go's default follows the CPU affinity and
+// the cgroup's quota), or GOMAXPROCS now when it was not. Size CPU-bound
+// worker pools by it, not by GOMAXPROCS, which serve raises above it.
+func CPUs() int {
+	if n := cpus.Load(); n > 0 {
+		return int(n)
+	}
+	return runtime.GOMAXPROCS(0)
+}
 
 // Enabled reports whether Enable was called.
 func Enabled() bool { return enabled.Load() }

@@ -1,6 +1,7 @@
 package bgprio
 
 import (
+	"runtime"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -55,4 +56,25 @@ func threadNice() int {
 		return -100
 	}
 	return 20 - p
+}
+
+// TestCPUs: the CPU budget is GOMAXPROCS as Enable found it, whatever
+// GOMAXPROCS is raised to afterwards.
+func TestCPUs(t *testing.T) {
+	n := runtime.GOMAXPROCS(0)
+	t.Cleanup(func() {
+		runtime.GOMAXPROCS(n)
+		enabled.Store(false)
+		cpus.Store(0)
+	})
+	cpus.Store(0)
+	if got := CPUs(); got != n {
+		t.Fatalf("before Enable: CPUs() = %d, want GOMAXPROCS %d", got, n)
+	}
+	Enable()
+	runtime.GOMAXPROCS(2 * n)
+	Enable() // a second call keeps the first budget
+	if got := CPUs(); got != n {
+		t.Fatalf("after Enable and GOMAXPROCS %d: CPUs() = %d, want %d", 2*n, got, n)
+	}
 }

@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"runtime"
 	"sync/atomic"
 
 	"github.com/kvtier/kvtier/indexes"
+	"github.com/kvtier/kvtier/internal/bgprio"
 	"github.com/kvtier/kvtier/internal/ratelog"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l3disk/diskfs"
@@ -193,11 +193,12 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 	s.written = make(chan *writeJob, maxSyncGroup)
 	s.commits = make(chan []*writeJob, 4)
 	// Gatherers copy and checksum pages (memory-bound work); one per
-	// core up to Depth, so a many-core host is not capped at one core's
-	// memcpy rate, but one core is left to the callers: with a gatherer
-	// on every P, a serve step's goroutines wait for a P behind pages
-	// being copied (each gatherer also yields after every page).
-	for range max(1, min(cfg.Depth, runtime.GOMAXPROCS(0)-1, runtime.NumCPU()-1)) {
+	// CPU up to Depth (bgprio.CPUs: the process's budget, not the raised
+	// GOMAXPROCS), so a many-core host is not capped at one core's memcpy
+	// rate, but one CPU is left to the callers: with a gatherer on every
+	// P, a serve step's goroutines wait for a P behind pages being copied
+	// (each gatherer also yields after every page).
+	for range max(1, min(cfg.Depth, bgprio.CPUs()-1)) {
 		s.gatherWG.Add(1)
 		go s.gatherLoop()
 	}
@@ -205,7 +206,7 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 		s.gatherWG.Wait()
 		close(s.gathered)
 	}()
-	for range max(1, min(runtime.GOMAXPROCS(0), runtime.NumCPU())-1) {
+	for range max(1, bgprio.CPUs()-1) {
 		s.checkWG.Add(1)
 		go s.checkLoop()
 	}

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 	"time"
 
 	"github.com/kvtier/kvtier/indexes"
+	"github.com/kvtier/kvtier/internal/bgprio"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers/l3disk/diskfs"
 )
@@ -71,7 +71,7 @@ func newFileScan(f *slabFile) fileScan {
 func verifyRange(ctx context.Context, f *slabFile, depth int, sc *fileScan, from, to int64, onChunk func(first int64)) error {
 	perChunk := max(1, scanChunk/f.sb.SlotBytes)
 	depth = max(1, min(depth, scanReaders))
-	verifiers := max(1, min(runtime.GOMAXPROCS(0), depth))
+	verifiers := max(1, min(bgprio.CPUs(), depth))
 	spare := verifiers
 	type chunk struct {
 		first, cnt int64
