@@ -125,29 +125,34 @@ func TestServeL3Faults(t *testing.T) {
 		{"torn-write", errorfs.OpWrite, errorfs.Fault{Kind: errorfs.TornWrite, Keep: 4096}},
 		{"enospc-write", errorfs.OpWrite, errorfs.Fault{Kind: errorfs.Fail, Err: unix.ENOSPC}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ctx := context.Background()
-			dir := t.TempDir()
-			c := &chance{op: tc.op, f: tc.f, p: 0.05, rng: rand.New(rand.NewPCG(seed, 1))}
-			s, sock, _ := startWith(t, Config{DataDir: dir, Stores: faultyStores(dir, c)})
-			e := dialEngine(t, sock, 0, 1)
-			if err := e.register(ctx); err != nil {
-				t.Fatal(err)
-			}
-			l3 := load(t, ctx, e, tc.name, 120, 40)
-			st := s.ranks[0].st.Stores[0].Store.Stats()
-			t.Logf("seed %d: %d faults injected; %d L3 hit pages, %d verified, store misses %d corrupt %d put failures %d",
-				seed, c.n.Load(), l3, e.verified, st.Misses, st.Corrupt, st.PutFailures)
-			if e.wrong != 0 {
-				t.Fatalf("seed %d: %d wrong pages", seed, e.wrong)
-			}
-			if c.n.Load() == 0 {
-				t.Fatalf("seed %d: no fault injected: the workload did not reach L3", seed)
-			}
-			if st.Misses+st.Corrupt+st.PutFailures == 0 {
-				t.Fatalf("seed %d: %d faults and no miss or failed put in the store's stats", seed, c.n.Load())
-			}
-		})
+		// The engine reports its pages' sums (Completion.sums, carried to
+		// the store) or not (the store computes its own).
+		for _, sums := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/sums=%t", tc.name, sums), func(t *testing.T) {
+				ctx := context.Background()
+				dir := t.TempDir()
+				c := &chance{op: tc.op, f: tc.f, p: 0.05, rng: rand.New(rand.NewPCG(seed, 1))}
+				s, sock, _ := startWith(t, Config{DataDir: dir, Stores: faultyStores(dir, c)})
+				e := dialEngine(t, sock, 0, 1)
+				e.sums = sums
+				if err := e.register(ctx); err != nil {
+					t.Fatal(err)
+				}
+				l3 := load(t, ctx, e, tc.name, 120, 40)
+				st := s.ranks[0].st.Stores[0].Store.Stats()
+				t.Logf("seed %d: %d faults injected; %d L3 hit pages, %d verified, store misses %d corrupt %d put failures %d",
+					seed, c.n.Load(), l3, e.verified, st.Misses, st.Corrupt, st.PutFailures)
+				if e.wrong != 0 {
+					t.Fatalf("seed %d: %d wrong pages", seed, e.wrong)
+				}
+				if c.n.Load() == 0 {
+					t.Fatalf("seed %d: no fault injected: the workload did not reach L3", seed)
+				}
+				if st.Misses+st.Corrupt+st.PutFailures == 0 {
+					t.Fatalf("seed %d: %d faults and no miss or failed put in the store's stats", seed, c.n.Load())
+				}
+			})
+		}
 	}
 }
 
