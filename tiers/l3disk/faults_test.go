@@ -2,6 +2,7 @@ package l3disk
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -79,66 +80,73 @@ func TestFaultMatrix(t *testing.T) {
 				}
 			}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			r := newRig(t, testIndexes()[0], 48)
-			efs := errorfs.Wrap(diskfs.OS{}, nil)
-			r.fs = efs
-			r.open(tiers.ColdStartClear)
-			base := makePages(1, 8, 0, r.geom)
-			for i, err := range r.put(base, 0) {
-				if err != nil {
-					t.Fatalf("baseline put %d: %v", i, err)
-				}
-			}
-			faulted := makePages(2, 8, 0, r.geom)
-			efs.SetInjector(tc.rule)
-			if tc.want.faultOnGet {
-				// r.get fails the test on wrong bytes.
-				if h := countHits(r.get(base, 16)); h != tc.want.baselineHits {
-					t.Fatalf("baseline hits during read fault: %d, want %d", h, tc.want.baselineHits)
-				}
-				efs.SetInjector(nil)
-				if h := countHits(r.get(base, 16)); h != tc.want.baselineHits {
-					t.Fatalf("baseline hits after read fault: %d, want %d (bad entries are dropped)", h, tc.want.baselineHits)
-				}
-			} else {
-				failed := 0
-				for _, err := range r.put(faulted, 8) {
+		// Each fault with the store's own sums and with the producer's
+		// (carried, PutRequest.Sum): the outcomes are the same.
+		for _, sums := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/sums=%t", tc.name, sums), func(t *testing.T) {
+				// A fresh rule a run: a rule counts what it saw and fired.
+				rl := rule(tc.rule.Op, tc.rule.PathContains, tc.rule.Skip, tc.rule.Count, tc.rule.Fault)
+				r := newRig(t, testIndexes()[0], 48)
+				r.sums = sums
+				efs := errorfs.Wrap(diskfs.OS{}, nil)
+				r.fs = efs
+				r.open(tiers.ColdStartClear)
+				base := makePages(1, 8, 0, r.geom)
+				for i, err := range r.put(base, 0) {
 					if err != nil {
-						failed++
-						if tc.want.wantErr != nil && !errors.Is(err, tc.want.wantErr) {
-							t.Fatalf("failed put: %v, want %v", err, tc.want.wantErr)
-						}
+						t.Fatalf("baseline put %d: %v", i, err)
 					}
 				}
-				efs.SetInjector(nil)
-				if failed != tc.want.failedPuts {
-					t.Fatalf("%d puts failed, want %d", failed, tc.want.failedPuts)
+				faulted := makePages(2, 8, 0, r.geom)
+				efs.SetInjector(rl)
+				if tc.want.faultOnGet {
+					// r.get fails the test on wrong bytes.
+					if h := countHits(r.get(base, 16)); h != tc.want.baselineHits {
+						t.Fatalf("baseline hits during read fault: %d, want %d", h, tc.want.baselineHits)
+					}
+					efs.SetInjector(nil)
+					if h := countHits(r.get(base, 16)); h != tc.want.baselineHits {
+						t.Fatalf("baseline hits after read fault: %d, want %d (bad entries are dropped)", h, tc.want.baselineHits)
+					}
+				} else {
+					failed := 0
+					for _, err := range r.put(faulted, 8) {
+						if err != nil {
+							failed++
+							if tc.want.wantErr != nil && !errors.Is(err, tc.want.wantErr) {
+								t.Fatalf("failed put: %v, want %v", err, tc.want.wantErr)
+							}
+						}
+					}
+					efs.SetInjector(nil)
+					if failed != tc.want.failedPuts {
+						t.Fatalf("%d puts failed, want %d", failed, tc.want.failedPuts)
+					}
+					if h := countHits(r.get(faulted, 16)); h != tc.want.hitsAfter {
+						t.Fatalf("%d faulted pages hit, want %d", h, tc.want.hitsAfter)
+					}
+					if h := countHits(r.get(base, 16)); h != 8 {
+						t.Fatalf("baseline pages: %d of 8 hit after the fault", h)
+					}
 				}
-				if h := countHits(r.get(faulted, 16)); h != tc.want.hitsAfter {
-					t.Fatalf("%d faulted pages hit, want %d", h, tc.want.hitsAfter)
+				if rl.Fired() == 0 {
+					t.Fatalf("fault never fired")
 				}
-				if h := countHits(r.get(base, 16)); h != 8 {
-					t.Fatalf("baseline pages: %d of 8 hit after the fault", h)
+				if ro := r.store.ReadOnly()[0] != nil; ro != tc.want.readOnly {
+					t.Fatalf("read-only = %v, want %v", ro, tc.want.readOnly)
 				}
-			}
-			if tc.rule.Fired() == 0 {
-				t.Fatalf("fault never fired")
-			}
-			if ro := r.store.ReadOnly()[0] != nil; ro != tc.want.readOnly {
-				t.Fatalf("read-only = %v, want %v", ro, tc.want.readOnly)
-			}
-			if tc.check != nil {
-				tc.check(t, r)
-			}
-			r.checkConsistent()
-			st := r.store.Stats()
-			if tc.want.hitsAfter < 8-tc.want.failedPuts || tc.want.baselineHits < 8 && tc.want.faultOnGet {
-				if st.Corrupt == 0 {
-					t.Fatalf("verification failures not counted: %+v", st)
+				if tc.check != nil {
+					tc.check(t, r)
 				}
-			}
-		})
+				r.checkConsistent()
+				st := r.store.Stats()
+				if tc.want.hitsAfter < 8-tc.want.failedPuts || tc.want.baselineHits < 8 && tc.want.faultOnGet {
+					if st.Corrupt == 0 {
+						t.Fatalf("verification failures not counted: %+v", st)
+					}
+				}
+			})
+		}
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/kvtier/kvtier/indexes"
 	"github.com/kvtier/kvtier/indexes/badger"
 	"github.com/kvtier/kvtier/indexes/lmdb"
+	"github.com/kvtier/kvtier/internal/crc32c"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l3disk/diskfs"
@@ -100,6 +101,7 @@ type rig struct {
 	store   *Store
 	fs      diskfs.FS
 	slabCap int64
+	sums    bool // put passes each page's CRC-32C as the producer's (PutRequest.Sum)
 }
 
 func testConfig(dir string, slots int64) Config {
@@ -212,6 +214,9 @@ func (r *rig) put(pages []testPage, base int) []error {
 		}
 		copy(b, p.data)
 		reqs[i] = tiers.PutRequest{Key: p.key, Src: sp}
+		if r.sums {
+			reqs[i].Sum, reqs[i].HasSum = crc32c.Checksum(p.data), true
+		}
 	}
 	id, err := r.store.Put(context.Background(), reqs)
 	if err != nil {
