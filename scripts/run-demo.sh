@@ -88,8 +88,11 @@ What the ratios mean:
     plans and copies; tens of x at p99 is queueing behind copies or GC.
   load and store GB/s / memcpy: the engine's copies through the mapped slab
     against a plain memcpy of the same pages in this process. Load near
-    1.0x is good (a load is a copy out of the slab). Store times the whole
-    store of a page through serve, not the copy alone, so it sits well
-    below load; compare it across runs and machines, not with 1.0x.
+    1.0x is good (a load is a copy out of the slab). A store is the copy
+    into the slab and the page's CRC-32C in the same pass (the sum serve's
+    tiers keep). On the shm fallback the first write of each slab page
+    through the engine's mapping can cost ~10 us a 4 KiB page (some VMs:
+    docs/perf.md), so stores sit below loads there; on hugetlbfs they
+    come near them.
 TXT
 echo "== done (logs: $log)"
