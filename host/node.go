@@ -154,8 +154,8 @@ type batch struct {
 	kind  string // "copy" or "put"
 	dir   control.Direction
 	bytes []int64 // per item
-	// pages are the L2 pages a backup plan's items write, per item (the
-	// engine's plans into the slab only: where its reported sums go).
+	// pages are the L2 pages a backup's items write, per item: where the
+	// sums of a pool's acks or of the engine's completion go.
 	pages []slabPage
 	// state per item: 0 pending, 1 gathered, 2 terminal.
 	state    []uint8
@@ -382,13 +382,10 @@ func (n *Node) copies(ctx context.Context, cs []control.Copy) error {
 		var items []tiers.PoolCopy
 		var sizes []int64
 		var pages []slabPage
-		// NB: backups are the writes whose sums the pool's acks or the
-		// engine's completion may carry: their pages are named per item.
-		named := cs[i].Dir == control.ToL2
 		bad := false
 		for ; j < len(cs) && cs[j].Op == cs[i].Op; j++ {
 			var err error
-			if items, sizes, pages, err = n.copyItems(cs[j], items, sizes, pages, named); err != nil {
+			if items, sizes, pages, err = n.copyItems(cs[j], items, sizes, pages); err != nil {
 				// A Copy the layout cannot express is a bug upstream:
 				// fail the op rather than hang on it.
 				n.log.Error("kvtier host: bad copy", "op", uint64(cs[j].Op), "err", err)
@@ -435,8 +432,10 @@ func (n *Node) copies(ctx context.Context, cs []control.Copy) error {
 
 // copyItems turns one Copy into pool items: page i of the node's L1
 // ranges moves to or from page i of each kind's L2 ranges, for the pages
-// this Node owns. With named, pages gets each item's L2 page.
-func (n *Node) copyItems(c control.Copy, items []tiers.PoolCopy, sizes []int64, pages []slabPage, named bool) ([]tiers.PoolCopy, []int64, []slabPage, error) {
+// this Node owns. For a backup (into L2), pages gets each item's L2 page:
+// where the sum a pool's ack or the engine's completion carries goes.
+func (n *Node) copyItems(c control.Copy, items []tiers.PoolCopy, sizes []int64, pages []slabPage) ([]tiers.PoolCopy, []int64, []slabPage, error) {
+	named := c.Dir == control.ToL2
 	var l1 []int64
 	for _, r := range c.L1 {
 		for p := r.Start; p < r.Start+r.Pages; p++ {

@@ -136,20 +136,6 @@ func (s *slabSums) spanSum(kind tiers.PayloadKind, sp tiers.Span) (uint32, bool)
 	return s.get(p)
 }
 
-// PlanItems returns the number of items of plan id and whether it copies
-// into the slab, while the plan is outstanding (ok false otherwise): what
-// a driver checks a completion's sums against.
-func (n *Node) PlanItems(id tiers.BatchID) (items int, toSlab, ok bool) {
-	if n.plans == nil || !n.plans.Outstanding(id) {
-		return 0, false, false
-	}
-	b := n.pool[id]
-	if b == nil {
-		return 0, false, false
-	}
-	return len(b.state), b.dir == control.ToL2, true
-}
-
 // checkPlanSums says why sums do not fit batch b, or nil.
 func checkPlanSums(id tiers.BatchID, b *batch, sums []uint32) error {
 	switch {
@@ -158,9 +144,9 @@ func checkPlanSums(id tiers.BatchID, b *batch, sums []uint32) error {
 	case b == nil:
 		return fmt.Errorf("plan %d: %d sums for a plan the node does not know: %w", id, len(sums), ErrPlanSums)
 	case b.dir != control.ToL2:
-		return fmt.Errorf("plan %d copies from the slab: %d sums, want none (sums are of bytes written to the slab): %w", id, len(sums), ErrPlanSums)
+		return fmt.Errorf("plan %d is FROM_SLAB: %d sums, want none (sums are of the bytes a TO_SLAB plan wrote): %w", id, len(sums), ErrPlanSums)
 	case len(sums) != len(b.state):
-		return fmt.Errorf("plan %d: %d sums for %d items, want one per item or none: %w", id, len(sums), len(b.state), ErrPlanSums)
+		return fmt.Errorf("plan %d: %d sums for its %d items, want one per item in item order or none: %w", id, len(sums), len(b.state), ErrPlanSums)
 	}
 	return nil
 }

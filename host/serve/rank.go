@@ -82,7 +82,6 @@ type rankNode interface {
 	TakePlans(dst []host.PlannedCopy) []host.PlannedCopy
 	PlanOutstanding(id tiers.BatchID) bool
 	CompletePlan(id tiers.BatchID, why error, sums []uint32) error
-	PlanItems(id tiers.BatchID) (items int, toSlab, ok bool)
 	FailPlans(why error) int
 
 	// What a reply and the metrics read.

@@ -106,16 +106,20 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 			errs.add(item, "", pb.ErrorCode_ERROR_CODE_UNKNOWN, "plan %d was never made or is already reported", c.GetPlan())
 			continue
 		}
-		sums := c.GetSums()
-		if !r.checkSums(errs, i, c.GetPlan(), sums) {
+		var why error
+		if !c.GetOk() {
+			why = errEngineFailed
+		}
+		err := r.node.CompletePlan(id, why, c.GetSums())
+		if errors.Is(err, host.ErrPlanSums) {
+			// A refused completion changes nothing: the plan stays
+			// outstanding for a correct report.
+			errs.add(ref{"completions[" + strconv.Itoa(i) + "].sums", -1}, "", pb.ErrorCode_ERROR_CODE_INVALID,
+				"%v; the plan is not completed, report it again", err)
 			continue
 		}
 		seen[c.GetPlan()] = true
-		var why error
-		if !c.GetOk() {
-			why, sums = errEngineFailed, nil
-		}
-		if err := r.node.CompletePlan(id, why, sums); err != nil {
+		if err != nil {
 			errs.add(item, "", pb.ErrorCode_ERROR_CODE_UNKNOWN, "plan %d: %v", c.GetPlan(), err)
 		}
 	}
@@ -203,28 +207,6 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 	r.finishStep(s, out)
 	r.contribution(out)
 	return out
-}
-
-// checkSums refuses a completion whose sums do not fit its plan (an
-// outstanding one): none, or one per item of a TO_SLAB plan. A refused
-// completion changes nothing; the plan stays outstanding.
-func (r *rank) checkSums(errs stepErrs, i int, plan uint64, sums []uint32) bool {
-	if len(sums) == 0 {
-		return true
-	}
-	items, toSlab, _ := r.node.PlanItems(tiers.BatchID(plan))
-	item := ref{"completions[" + strconv.Itoa(i) + "].sums", -1}
-	switch {
-	case !toSlab:
-		errs.add(item, "", pb.ErrorCode_ERROR_CODE_INVALID,
-			"plan %d is FROM_SLAB: %d sums, want none (sums are of the bytes a TO_SLAB plan wrote); the plan is not completed, report it again without them", plan, len(sums))
-		return false
-	case len(sums) != items:
-		errs.add(item, "", pb.ErrorCode_ERROR_CODE_INVALID,
-			"plan %d: %d sums for its %d items, want one per item in item order or none; the plan is not completed, report it again", plan, len(sums), items)
-		return false
-	}
-	return true
 }
 
 // contribution puts the rank's contribution to its next tick in the

@@ -118,7 +118,8 @@ func (q *completions) ack(id tiers.BatchID, index int, c tiers.PoolCopy, toSlab 
 	q.ackSum(id, index, c, toSlab, err, 0, false)
 }
 
-// ackSum is ack with the CRC-32C of a to-slab copy's page (Ack.Sum).
+// ackSum is ack with the CRC-32C of a to-slab copy's page (Ack.Sum), kept
+// only when hasSum and the copy into the slab succeeded.
 func (q *completions) ackSum(id tiers.BatchID, index int, c tiers.PoolCopy, toSlab bool, err error, sum uint32, hasSum bool) {
 	a := tiers.Ack{Batch: id, Index: index, Stage: tiers.AckCopied, Sum: sum, HasSum: hasSum && err == nil && toSlab}
 	if err != nil {

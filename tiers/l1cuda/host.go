@@ -116,7 +116,7 @@ func (p *HostPool) work() {
 	for j := range p.jobs {
 		for i, c := range j.batch {
 			sum, err := p.copyOne(c, j.toSlab)
-			p.ackSum(j.id, i, c, j.toSlab, err, sum, j.toSlab)
+			p.ackSum(j.id, i, c, j.toSlab, err, sum, true)
 		}
 		p.end()
 	}
