@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
-	"runtime/trace"
 	"slices"
 	"strings"
 
@@ -97,15 +96,11 @@ the same socket, the limit.`,
 			defer pprof.StopCPUProfile()
 		}
 		if *traceFile != "" {
-			f, err := os.Create(*traceFile)
+			stop, err := startTrace(*traceFile)
 			if err != nil {
-				return fmt.Errorf("bench serve: %w", err)
+				return fmt.Errorf("bench serve: --trace: %w", err)
 			}
-			defer f.Close()
-			if err := trace.Start(f); err != nil {
-				return fmt.Errorf("bench serve: %w", err)
-			}
-			defer trace.Stop()
+			defer stop()
 		}
 		if *cpuSessions != "" {
 			counts, err := parseSessionCounts(splitList(*cpuSessions))

@@ -250,7 +250,7 @@ func startTrace(path string) (stop func(), err error) {
 	return func() {
 		trace.Stop()
 		if err := f.Close(); err != nil {
-			slog.Warn("serve: trace file not closed", "path", path, "err", err)
+			slog.Warn("kvtier: trace file not closed", "path", path, "err", err)
 		}
 	}, nil
 }
