@@ -47,7 +47,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -69,18 +68,8 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock  # noqa: E402
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
 
 from kvtier.store.v1 import store_pb2 as pb  # noqa: E402
+from kvtier._serveproc import kvtier_binary, wait_listening  # noqa: E402
 from kvtier.vllm import KvtierConnector, KvtierMetadata  # noqa: E402
-
-
-def kvtier_binary(arg, tmp):
-    if arg:
-        return arg
-    found = shutil.which("kvtier")
-    if found:
-        return found
-    out = os.path.join(tmp, "kvtier")
-    subprocess.run(["go", "build", "-o", out, "./cmd/kvtier"], cwd=REPO, check=True)
-    return out
 
 
 class Req:
@@ -122,19 +111,7 @@ class Serve:
         self.proc = subprocess.Popen(pin + [self.binary, "serve", "--doors", "store", "--store-config", self.cfg,
                                       "--data-dir", self.data, "--socket", self.sock, "--log-level", "warn",
                                       "--store-lease", "5s"] + self.extra, stdout=subprocess.DEVNULL, stderr=log)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("kvtier serve exited %d (log %s)" % (self.proc.returncode, log.name))
-            sk = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sk.connect(self.sock)
-                return
-            except OSError:
-                time.sleep(0.02)
-            finally:
-                sk.close()
-        raise RuntimeError("kvtier serve did not listen within 60 s")
+        wait_listening(self.proc, self.sock, 60, log.name)
 
     def cpu_s(self):
         with open("/proc/%d/stat" % self.proc.pid) as f:
@@ -481,7 +458,7 @@ def main(argv=None):
         os.sched_setaffinity(0, mine)
     tmp = tempfile.mkdtemp(prefix="kvtier-bench-vllm-")
     try:
-        binary = kvtier_binary(args.kvtier, tmp)
+        binary = kvtier_binary(args.kvtier, tmp, REPO)
         print("kvtier.bench_vllm: load average %s, %d CPUs, torch %s (%d threads)%s" % (
             " ".join("%.2f" % x for x in os.getloadavg()), os.cpu_count(), torch.__version__, torch.get_num_threads(),
             "; serve on CPUs %s, this process on %s" % (SERVE_CPUS, sorted(os.sched_getaffinity(0)))

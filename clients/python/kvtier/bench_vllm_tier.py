@@ -34,7 +34,6 @@ import hashlib
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -57,6 +56,7 @@ import torch  # noqa: E402
 from vllm.v1.kv_offload.base import OffloadingSpec, ReqContext, make_offload_key  # noqa: E402
 from vllm.v1.kv_offload.tiering.base import JobMetadata  # noqa: E402
 
+from kvtier._serveproc import kvtier_binary, wait_listening  # noqa: E402
 from kvtier.store.v1 import store_pb2 as pb  # noqa: E402
 from kvtier.vllm_tier import KvtierTier  # noqa: E402
 
@@ -86,17 +86,6 @@ ranks: {world_size: 1, rank: 0}
 KINDS = ["k", "v"]
 
 
-def kvtier_binary(arg, tmp):
-    if arg:
-        return arg
-    found = shutil.which("kvtier")
-    if found:
-        return found
-    out = os.path.join(tmp, "kvtier")
-    subprocess.run(["go", "build", "-o", out, "./cmd/kvtier"], cwd=REPO, check=True)
-    return out
-
-
 def start_serve(binary, tmp, stack, extra=()):
     cfg = os.path.join(tmp, "store.yaml")
     with open(cfg, "w") as f:
@@ -106,20 +95,12 @@ def start_serve(binary, tmp, stack, extra=()):
     proc = subprocess.Popen([binary, "serve", "--doors", "store", "--store-config", cfg, "--data-dir",
                              os.path.join(tmp, "data"), "--socket", sock, "--log-level", "warn"] + list(extra),
                             stdout=subprocess.DEVNULL, stderr=log)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("kvtier serve exited %d (log: %s)" % (proc.returncode, log.name))
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            s.connect(sock)
-            return proc, sock
-        except OSError:
-            time.sleep(0.02)
-        finally:
-            s.close()
-    proc.kill()
-    raise RuntimeError("kvtier serve did not listen within 60 s")
+    try:
+        wait_listening(proc, sock, 60, log.name)
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc, sock
 
 
 def keys_of(prefix, n):
@@ -280,7 +261,7 @@ def main(argv=None):
     proc = None
     bench = None
     try:
-        binary = kvtier_binary(args.kvtier, tmp)
+        binary = kvtier_binary(args.kvtier, tmp, REPO)
         nblocks = args.tokens // args.block_tokens
         per_step = args.requests * nblocks
         row = args.row_kib * 1024

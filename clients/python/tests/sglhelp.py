@@ -9,15 +9,15 @@ import os
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
-import time
 
 import torch
 
 from sglang.srt.mem_cache.hicache_storage import STORAGE_BATCH_SIZE, HiCacheStorageConfig
+
+from kvtier._serveproc import wait_listening
 
 # Test geometry: 16 tokens a page, 8 layers, bfloat16; every payload kind
 # of a page is 64 KiB (MHA: 4 heads x 64 dims a kind, k and v; MLA: one
@@ -355,19 +355,7 @@ class Serve:
                                       "--data-dir", self.data, "--socket", self.sock, "--log-level", "info",
                                       "--store-lease", self.lease],
                                      stdout=subprocess.DEVNULL, stderr=self._log())
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("kvtier serve exited %d" % self.proc.returncode)
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                s.connect(self.sock)
-                return
-            except OSError:
-                time.sleep(0.02)
-            finally:
-                s.close()
-        raise RuntimeError("kvtier serve did not listen within 30 s")
+        wait_listening(self.proc, self.sock, 30)
 
     def _log(self):
         """serve's log, appended across restarts (DATA-serve.log)."""

@@ -8,7 +8,6 @@ boot_id, L3 hits again)."""
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -16,6 +15,7 @@ import time
 import pytest
 
 from enginestep import Engine, EngineRank
+from kvtier._serveproc import wait_listening
 from kvtier.client import make_namespace, pack_hashes, unpack_hashes
 from kvtier.payload import payload
 from kvtier.slab import Slab
@@ -32,19 +32,7 @@ class Serve:
         self.proc = subprocess.Popen([self.binary, "serve", "--data-dir", self.data, "--socket", self.sock,
                                       "--log-level", "error", "--doors", "engine"],
                                      stdout=subprocess.DEVNULL)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("kvtier serve exited with %d before it listened" % self.proc.returncode)
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                s.connect(self.sock)
-                return
-            except OSError:
-                time.sleep(0.02)
-            finally:
-                s.close()
-        raise RuntimeError("kvtier serve did not listen within 60 s")
+        wait_listening(self.proc, self.sock, 60)
 
     def kill(self):
         self.proc.send_signal(signal.SIGKILL)

@@ -6,14 +6,13 @@ context-parallel engine would over its own process group."""
 import os
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import tempfile
-import time
 
 import pytest
 
+from kvtier._serveproc import wait_listening
 from kvtier.client import Client, health
 from kvtier.group import GroupError, reduce_contributions
 from kvtier.pagehash import chain
@@ -32,22 +31,14 @@ def start_serve(kvtier_bin, data, *args):
         proc.wait(timeout=30)
         shutil.rmtree(sockdir, ignore_errors=True)
 
-    deadline = time.time() + 60
-    while True:
-        if proc.poll() is not None:
-            shutil.rmtree(sockdir, ignore_errors=True)
-            raise RuntimeError("kvtier serve exited with %d before it listened" % proc.returncode)
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            s.connect(sock)
-            return sock, stop
-        except OSError:
-            if time.time() > deadline:
-                stop()
-                raise RuntimeError("kvtier serve did not listen within 60 s")
-            time.sleep(0.02)
-        finally:
-            s.close()
+    try:
+        wait_listening(proc, sock, 60)
+    except RuntimeError:
+        if proc.poll() is None:
+            stop()
+        shutil.rmtree(sockdir, ignore_errors=True)
+        raise
+    return sock, stop
 
 
 @pytest.fixture
