@@ -784,7 +784,10 @@ type Completion struct {
 	// every read, so a page whose slab bytes changed after the engine wrote
 	// them reads back as a miss, never as a valid-looking copy. Empty means
 	// not given: the tiers compute their own over what they read from the
-	// slab. Must be empty for a FROM_SLAB plan; ignored when ok is false.
+	// slab. Must be empty for a FROM_SLAB plan; when ok is false they are
+	// checked as above, then ignored. A completion whose sums break these
+	// rules is refused (INVALID, item "completions[i].sums") and the plan
+	// stays outstanding: report it again.
 	// A backward-compatible addition to kvtier.engine.v1 (no version
 	// change): a server that predates it ignores it.
 	Sums          []uint32 `protobuf:"fixed32,3,rep,packed,name=sums,proto3" json:"sums,omitempty"`
