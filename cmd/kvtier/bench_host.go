@@ -50,6 +50,7 @@ the same run.`,
 	rounds := countFlag(fs, "rounds", 3, "timed `rounds` per side (the median counts)")
 	dir := fs.String("dir", os.TempDir(), "`directory` on the file system the spill and reload rows measure")
 	l3Pages := countFlag(fs, "l3-pages", 64, "`number` of pages the spill and reload rows move")
+	stepReqs := countFlag(fs, "step-requests", replay.DefaultStepRequests, "new `requests` per engine step of the host/decisions replay (the Machine ticks once a step)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
 		stdout := cmd.OutOrStdout()
@@ -57,7 +58,8 @@ the same run.`,
 			return fmt.Errorf("bench host: unexpected arguments %v: %w", fs.Args(), errUsage)
 		}
 		if err := checkRanges(roundsRange("rounds", int64(*rounds)),
-			flagRange{Flag: "l3-pages", Value: int64(*l3Pages), Min: 1, Max: 1 << 16}); err != nil {
+			flagRange{Flag: "l3-pages", Value: int64(*l3Pages), Min: 1, Max: 1 << 16},
+			flagRange{Flag: "step-requests", Value: int64(*stepReqs), Min: 1, Max: 1 << 16}); err != nil {
 			return fmt.Errorf("bench host: %w: %w", err, errUsage)
 		}
 		path := *tracePath
@@ -86,7 +88,7 @@ the same run.`,
 			}
 		}
 		var res []benchreport.Result
-		r, err := benchHostDecisions(ctx, tr, *rounds)
+		r, err := benchHostDecisions(ctx, tr, *rounds, *stepReqs)
 		if err != nil {
 			return err
 		}
@@ -123,15 +125,16 @@ the same run.`,
 
 // benchHostDecisions times the Machine's decisions (MachineReplay: every
 // op done at once) against the bare replay (HostReplay, lru) on the same
-// trace, interleaved, in page events per CPU-second.
+// trace, interleaved, in page events per CPU-second. The replay steps as an
+// engine does: step new requests a step, one tick a step.
 //
 // The second row, host/decisions-tick-floor, times the replay's ticks alone
 // (the same number, on a Machine with nothing in flight) and states them
-// in the same unit, the page events of the replay: with a tick per event
-// the Machine's ratio to the bare replay is at most
-// floor/(floor+bare) even if every decision were free, since its match and
-// insert walk the same tree the bare replay walks.
-func benchHostDecisions(ctx context.Context, tr *replay.Trace, rounds int) ([]benchreport.Result, error) {
+// in the same unit, the page events of the replay: the Machine's ratio to
+// the bare replay is at most floor/(floor+bare) even if every decision
+// were free, since its match and insert walk the same tree the bare replay
+// walks.
+func benchHostDecisions(ctx context.Context, tr *replay.Trace, rounds, step int) ([]benchreport.Result, error) {
 	o := replay.DecisionOptions()
 	var mach, bare, floor []float64
 	var hit float64
@@ -143,7 +146,7 @@ func benchHostDecisions(ctx context.Context, tr *replay.Trace, rounds int) ([]be
 		var mr replay.MachineResult
 		rate, err := cpuRate(func() (int64, error) {
 			var err error
-			mr, err = replay.MachineReplay(tr, o, 0)
+			mr, err = replay.MachineReplay(tr, o, replay.MachineConfig{StepRequests: step})
 			return mr.PageEvents, err
 		})
 		if err != nil {
@@ -170,7 +173,7 @@ func benchHostDecisions(ctx context.Context, tr *replay.Trace, rounds int) ([]be
 		floor = append(floor, rate)
 	}
 	r := benchreport.Result{Bench: "host/decisions", Value: measure.Median(mach), Unit: "page-events/cpu-s", Target: hostDecisionsTarget,
-		Note: fmt.Sprintf("%s: the Machine in metadata mode (L1 2000, L2 4000 pages, L3 on; every op done at once; a tick per event), page hit rate %.2f%%, %d ticks (%.1f per request); target also 5M page events per CPU-second; median of %d rounds interleaved with the bare replay", tr.Name, 100*hit, ticks, float64(ticks)/float64(max(tr.Requests(), 1)), rounds)}
+		Note: fmt.Sprintf("%s: the Machine in metadata mode (L1 2000, L2 4000 pages, L3 on; every op done at once; a tick per engine step of %d new requests), page hit rate %.2f%%, %d ticks (%.2f per request); target also 5M page events per CPU-second; median of %d rounds interleaved with the bare replay", tr.Name, step, 100*hit, ticks, float64(ticks)/float64(max(tr.Requests(), 1)), rounds)}
 	const bareName = "bare replay (host/replay HostReplay, lru, 4000 pages; match + insert pages per CPU-second)"
 	fl := benchreport.Result{Bench: "host/decisions-tick-floor", Value: measure.Median(floor), Unit: "page-events/cpu-s",
 		Note: fmt.Sprintf("the %d ticks of the host/decisions replay alone (contribution, reduce, tick, output; nothing in flight), as its page events per CPU-second of those ticks: the ticks cost what the bare replay costs when the ratio is 1; the Machine's ratio is at most floor/(floor+bare) however cheap its decisions", ticks)}

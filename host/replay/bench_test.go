@@ -8,7 +8,7 @@ import (
 
 // benchTrace is the shared Mooncake trace, or the built-in generated
 // workload (said in the log) when it is absent, as `kvtier bench radix`.
-func benchTrace(b *testing.B) *Trace {
+func benchTrace(b testing.TB) *Trace {
 	b.Helper()
 	tr, ok := tryShared(b, "mooncake_synthetic_trace.jsonl")
 	if !ok {
@@ -20,7 +20,7 @@ func benchTrace(b *testing.B) *Trace {
 
 // defaultWorkload is the built-in generated workload (what `kvtier
 // replay` replays without a TRACE).
-func defaultWorkload(b *testing.B) *Trace {
+func defaultWorkload(b testing.TB) *Trace {
 	b.Helper()
 	reqs, err := workload.Generate(workload.DefaultGeneratorConfig())
 	if err != nil {
@@ -113,7 +113,7 @@ func BenchmarkMachineReplay(b *testing.B) {
 	b.ReportAllocs()
 	var events int64
 	for b.Loop() {
-		r, err := MachineReplay(tr, o, 0)
+		r, err := MachineReplay(tr, o, MachineConfig{})
 		if err != nil {
 			b.Fatal(err)
 		}

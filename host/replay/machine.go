@@ -18,9 +18,12 @@ type MachineResult struct {
 	HitPages   [4]int64
 	// PageEvents counts the pages named by matches and inserts.
 	PageEvents int64
-	// Ticks counts the Machine's ticks (the driver ticks after every
-	// event, and until a held request is released).
-	Ticks uint64
+	// Steps counts the engine steps and Ticks the Machine's ticks (one a
+	// step).
+	Steps, Ticks uint64
+	// Rematches counts the requests matched again after their reload
+	// landed.
+	Rematches int
 }
 
 // HitRate is the page hit rate.
@@ -31,26 +34,60 @@ func (r MachineResult) HitRate() float64 {
 	return float64(r.HitPages[1]+r.HitPages[2]+r.HitPages[3]) / float64(r.InputPages)
 }
 
-// MachineReplay drives a control Machine with tr in metadata mode: every
-// op finishes at once and ok, the Store is a set of durable pages, the
-// group is one rank reduced with control.Reduce, a tick after every
-// event. It is the decision half of a data replay without the tiers.
-func MachineReplay(tr *Trace, o control.Options, requests int) (MachineResult, error) {
+// DefaultStepRequests is the new requests an engine step admits in a
+// MachineReplay unless told otherwise (`kvtier bench host
+// --step-requests`).
+const DefaultStepRequests = 32
+
+// MachineConfig shapes a MachineReplay.
+type MachineConfig struct {
+	// Requests replays the trace's first Requests requests (0: all).
+	Requests int
+	// StepRequests is the number of new requests each engine step admits
+	// (0: DefaultStepRequests).
+	StepRequests int
+}
+
+// maxHeldSteps bounds how many steps a request may stay held before the
+// replay calls it stuck (the Machine's ReloadTTL releases it far sooner).
+const maxHeldSteps = 1000
+
+// MachineReplay drives a control Machine with tr in metadata mode, the way
+// an engine steps: each step matches up to StepRequests new requests in
+// trace order, matches again the requests whose reload landed at the last
+// tick, prefills (inserts, finishes and releases) every request matched
+// and not held, and then ticks once. Every op finishes at once and ok, the
+// Store is a set of durable pages, and the group is one rank reduced with
+// control.Reduce. It is the decision half of a data replay without the
+// tiers.
+//
+// A held request waits in later steps while the others go on, as in an
+// engine's waiting queue; its reload lands two ticks after its match (the
+// lookup, then the get), and it is matched once more when it was Loaded or
+// Present. The requests of one step match before any of them inserts, so
+// a page two requests of one step share is a miss for both.
+func MachineReplay(tr *Trace, o control.Options, cfg MachineConfig) (MachineResult, error) {
 	m, err := control.New(o)
 	if err != nil {
 		return MachineResult{}, err
 	}
+	step := cfg.StepRequests
+	if step <= 0 {
+		step = DefaultStepRequests
+	}
 	r := &machineRun{m: m, store: make(map[pagehash.Hash]struct{}, tr.UniqueBlocks())}
 	n := tr.Requests()
-	if requests > 0 && requests < n {
-		n = requests
+	if cfg.Requests > 0 && cfg.Requests < n {
+		n = cfg.Requests
 	}
-	for i := range n {
-		key, _, _ := tr.request(i)
-		if err := r.request(control.ReqID(i+1), key); err != nil {
-			return r.res, fmt.Errorf("machine replay: request %d: %w", i+1, err)
+	for next := 0; next < n || len(r.held) > 0; {
+		if r.res.Steps > uint64(n+maxHeldSteps) {
+			return r.res, fmt.Errorf("machine replay: %d requests still held after %d steps", len(r.held), r.res.Steps)
 		}
-		r.res.Requests++
+		if err := r.step(tr, &next, n, step); err != nil {
+			return r.res, fmt.Errorf("machine replay: step %d: %w", r.res.Steps+1, err)
+		}
+		r.res.Steps++
 	}
 	r.res.Ticks = m.Ticks()
 	return r.res, nil
@@ -58,13 +95,17 @@ func MachineReplay(tr *Trace, o control.Options, requests int) (MachineResult, e
 
 // DecisionOptions are the Machine options of the host/decisions benchmark
 // (`kvtier bench host`, BenchmarkMachineReplay): L1 2000 pages, L2 4000
-// pages, L3 on, a spill queue of 1024 with 64 in flight, 16 reloads in
-// flight held at most 64 ticks, no digests, no log lines.
+// pages, L3 on, a spill queue of 1024 with 64 in flight, 64 reloads in
+// flight held at most 64 ticks, no digests, no log lines. 64 reloads are
+// two steps of DefaultStepRequests: a reload lands two ticks after its
+// match. With 16, on the Mooncake trace at a step of 32 requests, half the
+// held requests found no reload slot and the page hit rate fell from 53%
+// to 32%.
 func DecisionOptions() control.Options {
 	o := control.DefaultOptions()
 	o.L1Pages, o.L2 = 2000, control.SimpleLayout(4000, 4096)
 	o.SpillQueueCap, o.SpillInflight = 1024, 64
-	o.ReloadMaxInflight, o.ReloadTTL = 16, 64
+	o.ReloadMaxInflight, o.ReloadTTL = 2*DefaultStepRequests, 64
 	o.DigestEvery = 0
 	o.Logger = slog.New(slog.DiscardHandler)
 	return o
@@ -92,18 +133,144 @@ func IdleTicks(o control.Options, n uint64) error {
 	return nil
 }
 
+// waiter is a request that matched and waits: held for a reload, or
+// unheld and due to match again.
+type waiter struct {
+	req control.ReqID
+	key []pagehash.Hash
+	// first is the first match's result, res the last one's.
+	first, res control.MatchResult
+	// tries counts the matches after the first; since, the step it was
+	// first held, bounds the wait.
+	tries  int
+	since  uint64
+	unheld bool
+	reason control.HoldReason
+}
+
+// prefill is a request matched and not held: it inserts this step.
+type prefill struct {
+	req        control.ReqID
+	key        []pagehash.Hash
+	first, res control.MatchResult
+}
+
 type machineRun struct {
 	m     *control.Machine
 	store map[pagehash.Hash]struct{}
 	res   MachineResult
 	seen  []control.OpID
+	held  []waiter
+	fill  []prefill
 }
 
+// step runs one engine step: the requests unheld at the last tick match
+// again (or go on), up to step new ones match, the ops they issued finish,
+// every request not held prefills, and the Machine ticks.
+func (r *machineRun) step(tr *Trace, next *int, n, step int) error {
+	// The ops the last tick issued finish, and its unholds are read.
+	if err := r.drain(); err != nil {
+		return err
+	}
+	r.fill = r.fill[:0]
+	kept := r.held[:0]
+	for _, w := range r.held {
+		switch {
+		case !w.unheld:
+			if r.res.Steps-w.since > maxHeldSteps {
+				return fmt.Errorf("request %d held for %d steps", w.req, maxHeldSteps)
+			}
+			kept = append(kept, w)
+			continue
+		case w.tries > 0 || (w.reason != control.Loaded && w.reason != control.Present):
+			// Released to recompute, or the second wait: prefill with what
+			// the last match found.
+			r.fill = append(r.fill, prefill{req: w.req, key: w.key, first: w.first, res: w.res})
+			continue
+		}
+		res, err := r.match(w.req, w.key)
+		if err != nil {
+			return err
+		}
+		r.res.Rematches++
+		if res.Held {
+			// Held again (the reload left a suffix to look up): it waits
+			// once more and then prefills with this match.
+			w.tries++
+			w.unheld, w.res = false, res
+			kept = append(kept, w)
+			continue
+		}
+		r.fill = append(r.fill, prefill{req: w.req, key: w.key, first: w.first, res: res})
+	}
+	r.held = kept
+	for k := 0; k < step && *next < n; k++ {
+		i := *next
+		*next++
+		key, _, _ := tr.request(i)
+		req := control.ReqID(i + 1)
+		r.res.InputPages += int64(len(key))
+		r.res.Requests++
+		res, err := r.match(req, key)
+		if err != nil {
+			return fmt.Errorf("request %d: %w", req, err)
+		}
+		if res.Held {
+			r.held = append(r.held, waiter{req: req, key: key, first: res, res: res, since: r.res.Steps})
+			continue
+		}
+		r.fill = append(r.fill, prefill{req: req, key: key, first: res, res: res})
+	}
+	// The matches' load-backs and lookups finish before the prefills.
+	if err := r.drain(); err != nil {
+		return err
+	}
+	for _, p := range r.fill {
+		r.res.HitPages[1] += int64(p.first.L1)
+		r.res.HitPages[2] += int64(p.first.L2)
+		r.res.HitPages[3] += int64(max(0, p.res.L1+p.res.L2-p.first.L1-p.first.L2))
+		if err := r.m.Apply(control.Event{Kind: control.EvInsert, Req: p.req, Pages: len(p.key), Hashes: p.key}); err != nil {
+			return fmt.Errorf("request %d: insert: %w", p.req, err)
+		}
+		r.res.PageEvents += int64(len(p.key))
+		if err := r.m.Apply(control.Event{Kind: control.EvFinish, Req: p.req}); err != nil {
+			return fmt.Errorf("request %d: finish: %w", p.req, err)
+		}
+		if err := r.m.Apply(control.Event{Kind: control.EvRelease, Req: p.req}); err != nil {
+			return fmt.Errorf("request %d: release: %w", p.req, err)
+		}
+	}
+	return r.tick()
+}
+
+// match applies a match event and returns its result.
+func (r *machineRun) match(req control.ReqID, key []pagehash.Hash) (control.MatchResult, error) {
+	if err := r.m.Apply(control.Event{Kind: control.EvMatch, Req: req, Pages: len(key), Hashes: key}); err != nil {
+		return control.MatchResult{}, err
+	}
+	r.res.PageEvents += int64(len(key))
+	// NB: Output, not Ready: pending output accumulates until the next
+	// drain's Advance, so this match's result is the last one.
+	rd := r.m.Output()
+	return rd.Matches[len(rd.Matches)-1], nil
+}
+
+// drain finishes at once, ok, every op the Machine asked for since the last
+// drain (a local fact, applied at the next tick), and marks the held
+// requests the Machine released.
 func (r *machineRun) drain() error {
 	// NB: Output, not Ready: the contribution is taken at the tick, as
 	// host.Node does; Ready builds one per call.
 	rd := r.m.Output()
 	r.m.Advance()
+	for _, u := range rd.Unholds {
+		for i := range r.held {
+			if w := &r.held[i]; w.req == u.Req && !w.unheld {
+				w.unheld, w.reason = true, u.Reason
+				break
+			}
+		}
+	}
 	// NB: a drain sees a few ops' copies: a list beats a map.
 	r.seen = r.seen[:0]
 	for _, c := range rd.Copies {
@@ -145,82 +312,15 @@ func (r *machineRun) drain() error {
 	return nil
 }
 
-func (r *machineRun) tick() (control.Ready, error) {
+// tick finishes what is outstanding and applies the rank's own
+// contribution as the frontier.
+func (r *machineRun) tick() error {
 	if err := r.drain(); err != nil {
-		return control.Ready{}, err
+		return err
 	}
 	f, err := control.Reduce(r.m.Contribution())
 	if err != nil {
-		return control.Ready{}, err
-	}
-	if err := r.m.Tick(f); err != nil {
-		return control.Ready{}, err
-	}
-	return r.m.Output(), nil
-}
-
-func (r *machineRun) apply(e control.Event) (control.Ready, error) {
-	if err := r.m.Apply(e); err != nil {
-		return control.Ready{}, err
-	}
-	return r.m.Output(), nil
-}
-
-func (r *machineRun) request(req control.ReqID, key []pagehash.Hash) error {
-	r.res.InputPages += int64(len(key))
-	rd, err := r.apply(control.Event{Kind: control.EvMatch, Req: req, Pages: len(key), Hashes: key})
-	if err != nil {
 		return err
 	}
-	res := rd.Matches[len(rd.Matches)-1]
-	first := res
-	r.res.PageEvents += int64(len(key))
-	for try := 0; res.Held; try++ {
-		reason, err := r.waitUnhold(req)
-		if err != nil {
-			return err
-		}
-		if try > 0 || (reason != control.Loaded && reason != control.Present) {
-			break
-		}
-		if rd, err = r.apply(control.Event{Kind: control.EvMatch, Req: req, Pages: len(key), Hashes: key}); err != nil {
-			return err
-		}
-		res = rd.Matches[len(rd.Matches)-1]
-		r.res.PageEvents += int64(len(key))
-	}
-	r.res.HitPages[1] += int64(first.L1)
-	r.res.HitPages[2] += int64(first.L2)
-	r.res.HitPages[3] += int64(max(0, res.L1+res.L2-first.L1-first.L2))
-	if err := r.drain(); err != nil {
-		return err
-	}
-	if _, err := r.apply(control.Event{Kind: control.EvInsert, Req: req, Pages: len(key), Hashes: key}); err != nil {
-		return err
-	}
-	r.res.PageEvents += int64(len(key))
-	if _, err := r.tick(); err != nil {
-		return err
-	}
-	if _, err := r.apply(control.Event{Kind: control.EvFinish, Req: req}); err != nil {
-		return err
-	}
-	if _, err := r.apply(control.Event{Kind: control.EvRelease, Req: req}); err != nil {
-		return err
-	}
-	_, err = r.tick()
-	return err
-}
-
-func (r *machineRun) waitUnhold(req control.ReqID) (control.HoldReason, error) {
-	for range 1000 {
-		rd, err := r.tick()
-		if err != nil {
-			return 0, err
-		}
-		if i := slices.IndexFunc(rd.Unholds, func(u control.Unhold) bool { return u.Req == req }); i >= 0 {
-			return rd.Unholds[i].Reason, nil
-		}
-	}
-	return 0, fmt.Errorf("request %d held for 1000 ticks", req)
+	return r.m.Tick(f)
 }
