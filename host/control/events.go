@@ -250,16 +250,18 @@ func (m *Machine) insert(e Event) error {
 		r = &request{}
 		m.reqs[e.Req] = r
 	}
-	hs := slices.Clone(e.Hashes)
+	// NB: the tree copies the pages it adds, not the whole key: the
+	// event's hashes are the caller's, and most of a key is usually
+	// present already.
 	var last *radix.Node
 	var added int
 	if from != nil {
 		var err error
-		if last, added, err = m.tree.ExtendBorrowed(from, hs); err != nil {
+		if last, added, err = m.tree.Extend(from, e.Hashes); err != nil {
 			return fmt.Errorf("control: %w", err)
 		}
 	} else {
-		last, added = m.tree.InsertHashesBorrowed(hs)
+		last, added = m.tree.InsertHashes(e.Hashes)
 	}
 	if err := m.settle(); err != nil {
 		return err

@@ -278,6 +278,21 @@ func (t *Tree) ExtendBorrowed(n *Node, hs []pagehash.Hash) (last *Node, added in
 	return last, added, nil
 }
 
+// Extend is ExtendBorrowed with a copy: the new leaf keeps its own copy of
+// the pages of hs not already present, so the caller may reuse hs.
+func (t *Tree) Extend(n *Node, hs []pagehash.Hash) (last *Node, added int, err error) {
+	if n != t.root {
+		if err := t.live(n, "extend"); err != nil {
+			return nil, 0, err
+		}
+	}
+	t.clock++
+	t.ops++
+	last, added = t.extend(n, hs, true)
+	t.checkSampled()
+	return last, added, nil
+}
+
 // extend walks hs down from n and adds the rest as one new leaf.
 func (t *Tree) extend(n *Node, hs []pagehash.Hash, clone bool) (last *Node, added int) {
 	path, matched, _ := t.walkHashes(n, hs, nil)

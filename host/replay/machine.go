@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -75,7 +76,7 @@ func MachineReplay(tr *Trace, o control.Options, cfg MachineConfig) (MachineResu
 	if step <= 0 {
 		step = DefaultStepRequests
 	}
-	r := &machineRun{m: m, store: make(map[pagehash.Hash]struct{}, tr.UniqueBlocks())}
+	r := &machineRun{m: m, durable: make([]bool, tr.UniqueBlocks())}
 	n := tr.Requests()
 	if cfg.Requests > 0 && cfg.Requests < n {
 		n = cfg.Requests
@@ -156,12 +157,14 @@ type prefill struct {
 }
 
 type machineRun struct {
-	m     *control.Machine
-	store map[pagehash.Hash]struct{}
-	res   MachineResult
-	seen  []control.OpID
-	held  []waiter
-	fill  []prefill
+	m *control.Machine
+	// durable is the Store: the trace's blocks spilled, by dense index
+	// (BlockKey; as the bare replay, no map).
+	durable []bool
+	res     MachineResult
+	seen    []control.OpID
+	held    []waiter
+	fill    []prefill
 }
 
 // step runs one engine step: the requests unheld at the last tick match
@@ -288,17 +291,24 @@ func (r *machineRun) drain() error {
 		if err := r.m.Done(p.Op, control.StageDurable, true); err != nil {
 			return err
 		}
-		for _, h := range p.Hashes {
-			r.store[h] = struct{}{}
+		for i := range p.Hashes {
+			d, err := r.dense(&p.Hashes[i])
+			if err != nil {
+				return fmt.Errorf("put op %d: %w", p.Op, err)
+			}
+			r.durable[d] = true
 		}
 	}
 	for _, l := range rd.Lookups {
 		n := 0
-		for n < len(l.Hashes) {
-			if _, ok := r.store[l.Hashes[n]]; !ok {
+		for ; n < len(l.Hashes); n++ {
+			d, err := r.dense(&l.Hashes[n])
+			if err != nil {
+				return fmt.Errorf("lookup op %d: %w", l.Op, err)
+			}
+			if !r.durable[d] {
 				break
 			}
-			n++
 		}
 		if err := r.m.Longest(l.Op, n); err != nil {
 			return err
@@ -310,6 +320,16 @@ func (r *machineRun) drain() error {
 		}
 	}
 	return nil
+}
+
+// dense returns the dense index of a trace key (BlockKey), or an error for
+// a key the trace never gave the Machine.
+func (r *machineRun) dense(h *pagehash.Hash) (uint32, error) {
+	d := denseOf(h)
+	if int(d) >= len(r.durable) || binary.LittleEndian.Uint64(h[8:16]) != ^binary.LittleEndian.Uint64(h[0:8]) {
+		return 0, fmt.Errorf("page %x is no key of the trace", h[:8])
+	}
+	return d, nil
 }
 
 // tick finishes what is outstanding and applies the rank's own
