@@ -189,7 +189,7 @@ func (m *Machine) match(e Event) error {
 	nodes := slices.Clone(path)
 	if m.opts.WritePolicy == WriteThroughSelective {
 		for _, n := range nodes {
-			k := m.marks[n.ID()]
+			k := m.marks.Get(n.ID())
 			if n.Residency().Has(1) && k.l2 == 0 && n.Hits() >= m.opts.SelectiveHits {
 				m.backup(n, false, e.Req)
 			}
@@ -276,7 +276,7 @@ func (m *Machine) insert(e Event) error {
 		return nil
 	}
 	// The new pages are the leaf last: admit them to L1.
-	k := m.marks[last.ID()]
+	k := m.marks.Get(last.ID())
 	if !m.admitL1(int64(added), e.Req, last.ID()) {
 		// Not cached: the leaf leaves the tree and the lock goes back up.
 		parent := last.Parent()
@@ -343,8 +343,8 @@ func (m *Machine) release(e Event) error {
 // skipped (undrained) and the engine retries: both facts are replicated,
 // so every rank skips or flushes alike.
 func (m *Machine) flush() error {
-	if len(m.ops) > 0 || len(m.reqs) > 0 {
-		m.skip(Skip{Reason: SkipUndrained, Where: "flush", Pages: len(m.ops)})
+	if m.ops.Len() > 0 || len(m.reqs) > 0 {
+		m.skip(Skip{Reason: SkipUndrained, Where: "flush", Pages: m.ops.Len()})
 		return nil
 	}
 	m.count(cFlush)

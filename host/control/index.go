@@ -65,7 +65,7 @@ func (m *Machine) setL2(id policy.NodeID, k *mark, obj placement.ObjectID) {
 func (m *Machine) indexSet(s *nodeSet, id policy.NodeID, k *mark, has bool, kids func(*mark) *int) {
 	// NB: the root (0) has no mark; a removed parent (prune goes deepest
 	// first, so only after its children) has none either.
-	p := m.marks[k.parent]
+	p := m.marks.Get(k.parent)
 	if has {
 		s.add(id, k)
 		if p != nil {
@@ -93,8 +93,8 @@ func (m *Machine) checkIndexes() error {
 	} {
 		want := map[policy.NodeID]int{}
 		var ids []policy.NodeID
-		for _, id := range sortedKeys(m.marks) {
-			k := m.marks[id]
+		for _, id := range m.marks.AppendIDs(nil) {
+			k := m.marks.Get(id)
 			if k.node != m.tree.Node(id) {
 				return fmt.Errorf("control: node %d: marker points at another node", id)
 			}
@@ -112,12 +112,12 @@ func (m *Machine) checkIndexes() error {
 			return fmt.Errorf("control: %s set %v, markers say %v", tier.name, got, ids)
 		}
 		for i, id := range tier.set.ids {
-			if tier.set.marks[i] != m.marks[id] || tier.set.pos[id] != i {
+			if tier.set.marks[i] != m.marks.Get(id) || tier.set.pos[id] != i {
 				return fmt.Errorf("control: %s set entry %d (node %d) out of date", tier.name, i, id)
 			}
 		}
-		for _, id := range sortedKeys(m.marks) {
-			if n := tier.kids(m.marks[id]); n != want[id] {
+		for _, id := range m.marks.AppendIDs(nil) {
+			if n := tier.kids(m.marks.Get(id)); n != want[id] {
 				return fmt.Errorf("control: node %d has %d %s children, index says %d", id, want[id], tier.name, n)
 			}
 		}

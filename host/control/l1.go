@@ -87,7 +87,7 @@ func (m *Machine) evictAhead(pages int64) {
 		h = h[:len(h)-1]
 		siftDown(h, 0)
 		// NB: an earlier victim's prune may have merged this one away.
-		if n, k := m.tree.Node(v.id), m.marks[v.id]; n != nil && k != nil && k.l1 != 0 {
+		if n, k := m.tree.Node(v.id), m.marks.Get(v.id); n != nil && k != nil && k.l1 != 0 {
 			m.evictL1(n)
 			pages -= v.pages
 			m.count(cL1EvictAhead)
@@ -142,7 +142,7 @@ func (m *Machine) planInput(target int64) policy.PlanInput {
 // node with children, which cannot leave the tree alone) and leaves L1 at
 // the backup's commit; a leaf without a backup leaves the tree.
 func (m *Machine) evictL1(n *radix.Node) {
-	k := m.marks[n.ID()]
+	k := m.marks.Get(n.ID())
 	switch {
 	case n.Residency().Has(2):
 		if err := m.l1.Release(k.l1); err != nil {
@@ -189,7 +189,7 @@ func (m *Machine) loadBack(req ReqID, path []*radix.Node) int {
 	var nodes []*radix.Node
 	need := int64(0)
 	for _, n := range path[i:] {
-		k := m.marks[n.ID()]
+		k := m.marks.Get(n.ID())
 		if !n.Residency().Has(2) || k.l1 != 0 || k.loadOp != 0 {
 			break
 		}
@@ -204,7 +204,7 @@ func (m *Machine) loadBack(req ReqID, path []*radix.Node) int {
 	}
 	o := m.issue(opLoadBack, PipelineLoadBack)
 	for _, n := range nodes {
-		k := m.marks[n.ID()]
+		k := m.marks.Get(n.ID())
 		m.setL1(n.ID(), k, m.reserveL1(n.ID(), int64(n.Pages())))
 		k.loadOp = o.id
 		o.nodes = append(o.nodes, n.ID())
@@ -219,7 +219,7 @@ func (m *Machine) loadBack(req ReqID, path []*radix.Node) int {
 // resident, or, when it failed on some rank, give their L1 pages back.
 func (m *Machine) applyLoadBack(o *op, ok bool) {
 	for _, id := range o.nodes {
-		k := m.marks[id]
+		k := m.marks.Get(id)
 		n := m.tree.Node(id)
 		if k == nil || k.loadOp != o.id {
 			continue

@@ -18,7 +18,7 @@ import (
 // the op; request locks stay separate. With dropL1 the node leaves L1 at
 // the commit (write-back). It reports whether the backup started.
 func (m *Machine) backup(n *radix.Node, dropL1 bool, req ReqID) bool {
-	k := m.marks[n.ID()]
+	k := m.marks.Get(n.ID())
 	if k.l2 != 0 || n.BackupPending() || k.l1 == 0 || k.loadOp != 0 {
 		return false
 	}
@@ -71,7 +71,7 @@ func (m *Machine) reserveL2(obj placement.ObjectID, pages int64, exclude policy.
 		if deficit <= 0 {
 			break
 		}
-		k := m.marks[id]
+		k := m.marks.Get(id)
 		victims = append(victims, k.l2)
 		deficit -= int64(k.node.Pages())
 	}
@@ -101,7 +101,7 @@ func (m *Machine) l2EvictAhead(nodes []policy.NodeID, exclude policy.NodeID, pag
 			return
 		}
 		// NB: an earlier victim's prune may have merged this one away.
-		k := m.marks[id]
+		k := m.marks.Get(id)
 		if k == nil || k.l2 == 0 || !m.l2Evictable(id, k, exclude) {
 			continue
 		}
@@ -200,7 +200,7 @@ func siftDown(h []victim, i int) {
 // its L1 pages if it has them, else it leaves the tree. A durable victim
 // is just dropped: its pages stay in the Store for a later reload.
 func (m *Machine) dropL2(id policy.NodeID) {
-	k := m.marks[id]
+	k := m.marks.Get(id)
 	n := m.tree.Node(id)
 	m.setL2(id, k, 0)
 	if k.spill == spillQueued {
@@ -239,7 +239,7 @@ func (m *Machine) applyBackup(o *op, ok bool) {
 			panic(fmt.Sprintf("control: commit backup op %d: %v", o.id, err))
 		}
 		for _, d := range o.deferred {
-			if err := m.l2.Split(m.marks[d.suffix].l2, d.at, placement.ObjectID(d.prefix)); err != nil {
+			if err := m.l2.Split(m.marks.Get(d.suffix).l2, d.at, placement.ObjectID(d.prefix)); err != nil {
 				panic(fmt.Sprintf("control: deferred split of node %d: %v", d.suffix, err))
 			}
 		}
@@ -250,7 +250,7 @@ func (m *Machine) applyBackup(o *op, ok bool) {
 		m.skip(Skip{Reason: SkipFailed, Where: "backup", Op: o.id, Node: o.nodes[0]})
 	}
 	for _, id := range nodes {
-		n, k := m.tree.Node(id), m.marks[id]
+		n, k := m.tree.Node(id), m.marks.Get(id)
 		if err := m.tree.SetBackupPending(n, false); err != nil {
 			panic(fmt.Sprintf("control: clear backup marker of node %d: %v", id, err))
 		}
@@ -291,7 +291,7 @@ func (m *Machine) enqueueSpill(id policy.NodeID) {
 		return
 	}
 	m.queue = append(m.queue, id)
-	m.marks[id].spill = spillQueued
+	m.marks.Get(id).spill = spillQueued
 }
 
 // issueSpills issues queued spills in commit order while fewer than
@@ -305,7 +305,7 @@ func (m *Machine) issueSpills() {
 		}
 		id := m.queue[0]
 		m.queue = m.queue[1:]
-		n, k := m.tree.Node(id), m.marks[id]
+		n, k := m.tree.Node(id), m.marks.Get(id)
 		o := m.issue(opSpill, PipelineGather, PipelineDurable)
 		o.node0[0] = id
 		o.nodes = o.node0[:1:1]
@@ -338,7 +338,7 @@ func (m *Machine) pageSpans(obj placement.ObjectID, pages int) []tiers.Span {
 func (m *Machine) applyGather(o *op, ok bool) {
 	o.gatherFailed = !ok
 	for _, id := range o.nodes {
-		if k := m.marks[id]; k != nil && k.spillOp == o.id {
+		if k := m.marks.Get(id); k != nil && k.spillOp == o.id {
 			k.spill = spillGathered
 		}
 	}
@@ -350,7 +350,7 @@ func (m *Machine) applyGather(o *op, ok bool) {
 func (m *Machine) applyDurable(o *op, ok bool) {
 	ok = ok && !o.gatherFailed
 	for _, id := range o.nodes {
-		k := m.marks[id]
+		k := m.marks.Get(id)
 		if k == nil || k.spillOp != o.id {
 			continue
 		}

@@ -29,6 +29,7 @@ import (
 
 	"github.com/kvtier/kvtier/host/placement"
 	"github.com/kvtier/kvtier/host/radix"
+	"github.com/kvtier/kvtier/internal/idtable"
 	"github.com/kvtier/kvtier/internal/ratelog"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/policy"
@@ -165,13 +166,15 @@ type Machine struct {
 	plan policy.Planner
 	log  *ratelog.Log
 
-	tick  uint64
-	marks map[policy.NodeID]*mark
+	tick uint64
+	// marks are the nodes' marks by node id (no map lookup for the
+	// recent ones: idtable).
+	marks idtable.Table[policy.NodeID, *mark]
 	// first maps a node's first page hash to the node (the reload's
 	// duplicate recheck; the tree has no read-only lookup).
 	first     map[pagehash.Hash]policy.NodeID
 	reqs      map[ReqID]*request
-	ops       map[OpID]*op
+	ops       idtable.Table[OpID, *op] // ops in flight by id
 	nextOp    OpID
 	pipelines [NumPipelines][]OpID // ops issued, not yet applied, in issue order
 	applied   [NumPipelines]uint64
@@ -247,11 +250,11 @@ func (m *Machine) reset() error {
 		return err
 	}
 	m.tick = 0
-	m.marks = map[policy.NodeID]*mark{}
+	m.marks = idtable.New[policy.NodeID, *mark](1)
 	m.l1Set, m.l2Set = newNodeSet(), newNodeSet()
 	m.first = map[pagehash.Hash]policy.NodeID{}
 	m.reqs = map[ReqID]*request{}
-	m.ops = map[OpID]*op{}
+	m.ops = idtable.New[OpID, *op](1)
 	m.nextOp = 1
 	m.pipelines = [NumPipelines][]OpID{}
 	m.applied = [NumPipelines]uint64{}
@@ -282,7 +285,7 @@ func (m *Machine) issue(kind opKind, pipelines ...Pipeline) *op {
 		o = &op{id: m.nextOp, kind: kind}
 	}
 	m.nextOp++
-	m.ops[o.id] = o
+	m.ops.Put(o.id, o)
 	for _, l := range pipelines {
 		m.pipelines[l] = append(m.pipelines[l], o.id)
 	}
@@ -293,7 +296,7 @@ func (m *Machine) issue(kind opKind, pipelines ...Pipeline) *op {
 // reused only after the tick (recycleOps): the code that retires it may
 // still read it, and may issue new ops meanwhile.
 func (m *Machine) retire(o *op) {
-	delete(m.ops, o.id)
+	m.ops.Del(o.id)
 	m.retired = append(m.retired, o)
 }
 
@@ -326,7 +329,7 @@ func (m *Machine) Contribution() Contribution {
 		p := PipelineProgress{Base: m.applied[l], Done: m.applied[l]}
 		st := pipelineStage(Pipeline(l))
 		for _, id := range m.pipelines[l] {
-			d := m.ops[id].local[st]
+			d := m.ops.Get(id).local[st]
 			if !d.done {
 				break
 			}
@@ -408,7 +411,7 @@ func (m *Machine) localOp(kind EventKind, id OpID, stage Stage) (*op, error) {
 	refuse := func(format string, args ...any) error {
 		return &EventError{Kind: kind, Op: id, Err: fmt.Errorf(format, args...)}
 	}
-	o := m.ops[id]
+	o := m.ops.Get(id)
 	if o == nil {
 		return nil, refuse("stage %s: never issued or already applied: %w", stage, ErrUnknownOp)
 	}
@@ -503,10 +506,10 @@ func (m *Machine) digestParts() digestParts {
 	p.l2 = m.l2.Digest()
 	b = append(b, p.l2[:]...)
 	p.head, b = b, nil
-	ids := sortedKeys(m.marks)
+	ids := m.marks.AppendIDs(nil)
 	u(uint64(len(ids)))
 	for _, id := range ids {
-		k := m.marks[id]
+		k := m.marks.Get(id)
 		u(uint64(id))
 		u(uint64(k.l1))
 		u(uint64(k.l2))
@@ -516,10 +519,10 @@ func (m *Machine) digestParts() digestParts {
 		u(uint64(k.loadOp))
 	}
 	p.marks, b = b, nil
-	opIDs := sortedKeys(m.ops)
+	opIDs := m.ops.AppendIDs(nil)
 	u(uint64(len(opIDs)))
 	for _, id := range opIDs {
-		o := m.ops[id]
+		o := m.ops.Get(id)
 		u(uint64(o.id))
 		u(uint64(o.kind))
 		u(uint64(o.obj))

@@ -78,7 +78,7 @@ func (m *Machine) settle() error {
 	defer func() { o.inserted, o.splits, o.removed = o.inserted[:0], o.splits[:0], o.removed[:0] }()
 	for _, id := range o.inserted {
 		n := m.tree.Node(id)
-		m.marks[id] = &mark{parent: n.Parent().ID(), node: n}
+		m.marks.Put(id, &mark{parent: n.Parent().ID(), node: n})
 		m.index(id)
 	}
 	for _, s := range o.splits {
@@ -99,7 +99,7 @@ func (m *Machine) index(id policy.NodeID) {
 	if n := m.tree.Node(id); n != nil {
 		h := n.Hashes()[0]
 		m.first[h] = id
-		m.marks[id].first = h
+		m.marks.Get(id).first = h
 	}
 }
 
@@ -108,13 +108,13 @@ func (m *Machine) index(id policy.NodeID) {
 // commit; a queued spill queues the prefix just before the suffix; an op
 // in flight covers both halves.
 func (m *Machine) onSplit(s splitEvent) error {
-	mc := m.marks[s.suffix]
+	mc := m.marks.Get(s.suffix)
 	if mc == nil {
 		return fmt.Errorf("control: split of node %d: no markers (bug)", s.suffix)
 	}
 	mp := &mark{parent: mc.parent, node: m.tree.Node(s.prefix), spill: mc.spill, spillOp: mc.spillOp, loadOp: mc.loadOp}
 	mc.parent = s.prefix
-	m.marks[s.prefix] = mp
+	m.marks.Put(s.prefix, mp)
 	m.index(s.prefix)
 	m.index(s.suffix)
 	pobj := placement.ObjectID(s.prefix)
@@ -134,7 +134,7 @@ func (m *Machine) onSplit(s splitEvent) error {
 		m.l2Set.add(s.prefix, mp)
 		mp.l2Kids = 1
 		if mc.l2Pending {
-			o := m.ops[mc.backupOp]
+			o := m.ops.Get(mc.backupOp)
 			o.deferred = append(o.deferred, deferredSplit{suffix: s.suffix, prefix: s.prefix, at: int64(s.at)})
 			o.nodes = append(o.nodes, s.prefix)
 			mp.l2Pending, mp.backupOp, mp.dropL1 = true, mc.backupOp, mc.dropL1
@@ -147,11 +147,11 @@ func (m *Machine) onSplit(s splitEvent) error {
 		i := slices.Index(m.queue, s.suffix)
 		m.queue = slices.Insert(m.queue, i, s.prefix)
 	case spillPinned, spillGathered:
-		o := m.ops[mc.spillOp]
+		o := m.ops.Get(mc.spillOp)
 		o.nodes = append(o.nodes, s.prefix)
 	}
 	if mc.loadOp != 0 {
-		o := m.ops[mc.loadOp]
+		o := m.ops.Get(mc.loadOp)
 		o.nodes = append(o.nodes, s.prefix)
 	}
 	return nil
@@ -161,11 +161,11 @@ func (m *Machine) onSplit(s splitEvent) error {
 // prune never remove a node whose backup is pending (the tree refuses) or
 // whose spill is pinned (the victim order skips it).
 func (m *Machine) onRemove(id policy.NodeID) error {
-	k := m.marks[id]
+	k := m.marks.Get(id)
 	if k == nil {
 		return fmt.Errorf("control: removal of node %d: no markers (bug)", id)
 	}
-	delete(m.marks, id)
+	m.marks.Del(id)
 	if m.first[k.first] == id {
 		delete(m.first, k.first)
 	}
@@ -218,9 +218,9 @@ type NodeState struct {
 
 // Nodes returns every live node, by id.
 func (m *Machine) Nodes() []NodeState {
-	out := make([]NodeState, 0, len(m.marks))
-	for _, id := range sortedKeys(m.marks) {
-		n, k := m.tree.Node(id), m.marks[id]
+	out := make([]NodeState, 0, m.marks.Len())
+	for _, id := range m.marks.AppendIDs(nil) {
+		n, k := m.tree.Node(id), m.marks.Get(id)
 		out = append(out, NodeState{
 			ID: id, Parent: n.Parent().ID(), Hashes: n.Hashes(),
 			Residency: n.Residency(), BackupPending: n.BackupPending(), Locks: n.LockRefs(),
@@ -267,8 +267,8 @@ func (m *Machine) CheckInvariants() error {
 	if err := m.checkIndexes(); err != nil {
 		return err
 	}
-	if len(m.marks) != m.tree.Nodes() {
-		return fmt.Errorf("control: %d marked nodes, tree has %d", len(m.marks), m.tree.Nodes())
+	if m.marks.Len() != m.tree.Nodes() {
+		return fmt.Errorf("control: %d marked nodes, tree has %d", m.marks.Len(), m.tree.Nodes())
 	}
 	// expireHolds finds the holds through the reloads' waiters.
 	for _, id := range sortedKeys(m.reqs) {
@@ -279,8 +279,8 @@ func (m *Machine) CheckInvariants() error {
 			}
 		}
 	}
-	for _, id := range sortedKeys(m.marks) {
-		n, k := m.tree.Node(id), m.marks[id]
+	for _, id := range m.marks.AppendIDs(nil) {
+		n, k := m.tree.Node(id), m.marks.Get(id)
 		if n == nil {
 			return fmt.Errorf("control: marked node %d is not in the tree", id)
 		}

@@ -268,13 +268,13 @@ func runReplicas(t *testing.T, seed uint64, wp WritePolicy, steps int) {
 	for _, req := range sortedKeys(live) {
 		apply(fmt.Sprintf("release req=%d", req))
 	}
-	for i := 0; i < 40 && len(reps[0].m.ops) > 0; i++ {
+	for i := 0; i < 40 && reps[0].m.ops.Len() > 0; i++ {
 		for _, r := range reps {
 			r.work(t, 1, 0)
 		}
 		tick()
 	}
-	if n := len(reps[0].m.ops); n > 0 {
+	if n := reps[0].m.ops.Len(); n > 0 {
 		t.Fatalf("%d ops still in flight after the drain", n)
 	}
 	t.Logf("tick %d, stats %v", reps[0].m.Ticks(), reps[0].m.Stats())

@@ -175,7 +175,7 @@ func (m *Machine) applyReload(o *op, ok bool) error {
 	if added != rl.c {
 		return fmt.Errorf("control: reload attached %d pages, reserved %d (bug)", added, rl.c)
 	}
-	k := m.marks[last.ID()]
+	k := m.marks.Get(last.ID())
 	if err := m.l2.Commit(rl.obj); err != nil {
 		return fmt.Errorf("control: commit reload object: %w", err)
 	}

@@ -220,8 +220,8 @@ func (h *harness) ack(t *testing.T, td *datadriven.TestData) string {
 		}
 	}
 	var lines []string
-	for _, id := range sortedKeys(h.m.ops) {
-		o := h.m.ops[id]
+	for _, id := range h.m.ops.AppendIDs(nil) {
+		o := h.m.ops.Get(id)
 		if len(only) > 0 && !only[id] {
 			continue
 		}

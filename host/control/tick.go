@@ -35,7 +35,7 @@ func (m *Machine) Tick(f Frontier) error {
 		m.pipelines[l] = m.pipelines[l][:copy(m.pipelines[l], m.pipelines[l][n:])]
 		m.applied[l] = p.Done
 		for i, id := range ids {
-			o := m.ops[id]
+			o := m.ops.Get(id)
 			switch l {
 			case PipelineBackup:
 				m.applyBackup(o, p.OK[i])
@@ -86,7 +86,7 @@ func (m *Machine) checkFrontier(f *Frontier) error {
 		}
 		if Pipeline(l) == PipelineLookup {
 			for i, v := range p.Values {
-				o := m.ops[m.pipelines[l][i]]
+				o := m.ops.Get(m.pipelines[l][i])
 				if v < 0 || v > len(o.hashes) {
 					return fmt.Errorf("control: frontier lookup op %d: %d pages of %d: %w", o.id, v, len(o.hashes), ErrFrontier)
 				}

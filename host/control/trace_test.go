@@ -184,7 +184,7 @@ func TestMooncakeTrace(t *testing.T) {
 			t.Errorf("no hit served from L%d", tier)
 		}
 	}
-	for i := 0; i < 10 && len(m.ops) > 0; i++ {
+	for i := 0; i < 10 && m.ops.Len() > 0; i++ {
 		r.tick(t)
 	}
 	if err := m.CheckInvariants(); err != nil {

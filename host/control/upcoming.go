@@ -66,7 +66,7 @@ func (m *Machine) upcoming(e Event) error {
 	limit := int64(UpcomingL2Share * float64(m.l2Pages))
 	for _, n := range path {
 		id := n.ID()
-		k := m.marks[id]
+		k := m.marks.Get(id)
 		if k == nil || k.l2 == 0 || m.protected(id) {
 			continue
 		}

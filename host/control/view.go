@@ -31,7 +31,7 @@ func (m *Machine) MatchedL1(req ReqID, dst []PageRef) []PageRef {
 	}
 	for i := len(path) - 1; i >= 0; i-- {
 		n := path[i]
-		k := m.marks[n.ID()]
+		k := m.marks.Get(n.ID())
 		if k == nil || k.l1 == 0 || k.loadOp != 0 || !n.Residency().Has(1) {
 			return dst
 		}
@@ -62,7 +62,7 @@ func (m *Machine) Loading(req ReqID) bool {
 		return false
 	}
 	for n := r.lock; n != nil && n != m.tree.Root(); n = n.Parent() {
-		if k := m.marks[n.ID()]; k != nil && k.loadOp != 0 {
+		if k := m.marks.Get(n.ID()); k != nil && k.loadOp != 0 {
 			return true
 		}
 	}

@@ -34,7 +34,7 @@ type SelfChecker interface {
 // Check costs O(nodes + pages); builds with the invariants tag run it
 // after mutating calls (see checkSampled).
 func (t *Tree) Check() error {
-	c := checker{t: t, seen: make(map[policy.NodeID]bool, t.byID.len())}
+	c := checker{t: t, seen: make(map[policy.NodeID]bool, t.byID.Len())}
 	if t.root.id != 0 || t.root.parent != nil || len(t.root.hashes) != 0 {
 		return fmt.Errorf("radix invariant: root must be id 0 with no parent and no pages, found id %d, %d pages", t.root.id, len(t.root.hashes))
 	}
@@ -47,8 +47,8 @@ func (t *Tree) Check() error {
 	if c.tierPages != t.tierPages {
 		return fmt.Errorf("radix invariant: per-tier page counts %v, nodes hold %v", t.tierPages, c.tierPages)
 	}
-	if len(c.seen) != t.byID.len() {
-		return fmt.Errorf("radix invariant: id table has %d nodes, tree reaches %d", t.byID.len(), len(c.seen))
+	if len(c.seen) != t.byID.Len() {
+		return fmt.Errorf("radix invariant: id table has %d nodes, tree reaches %d", t.byID.Len(), len(c.seen))
 	}
 	if sc, ok := t.ev.(SelfChecker); ok {
 		if msg := sc.Check(); msg != "" {
@@ -92,7 +92,7 @@ func (c *checker) node(n *Node) (int32, error) {
 			return 0, fmt.Errorf("radix invariant: node id %d appears twice", n.id)
 		}
 		c.seen[n.id] = true
-		if t.byID.get(n.id) != n {
+		if t.byID.Get(n.id) != n {
 			return 0, fmt.Errorf("radix invariant: id table entry of node %d is not the node in the tree", n.id)
 		}
 		if n.removed {

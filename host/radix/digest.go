@@ -29,7 +29,7 @@ func (t *Tree) Digest() [sha256.Size]byte {
 	put(t.clock)
 	put(uint64(t.nextID))
 	put(uint64(t.opts.PageTokens))
-	put(uint64(t.byID.len()))
+	put(uint64(t.byID.Len()))
 	t.digestNode(d, put, t.root)
 	var out [sha256.Size]byte
 	d.Sum(out[:0])

@@ -136,7 +136,7 @@ func (t *Tree) EvictPages(need int, dst []Victim) ([]Victim, int, error) {
 		if !ok {
 			break
 		}
-		n := t.byID.get(id)
+		n := t.byID.Get(id)
 		if n == nil || !n.evictable {
 			return dst, freed, fmt.Errorf("radix: evict %d pages: %s named node %d (in tree: %t): %w",
 				need, t.ev.Name(), id, n != nil, ErrBadVictim)
@@ -180,7 +180,7 @@ func (t *Tree) EvictPages(need int, dst []Victim) ([]Victim, int, error) {
 func (t *Tree) remove(n *Node, notifyParent bool) {
 	p := n.parent
 	p.removeChild(n)
-	t.byID.del(n.id)
+	t.byID.Del(n.id)
 	t.addPages(n.residency, -len(n.hashes))
 	n.removed = true
 	n.evictable = false

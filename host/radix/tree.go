@@ -29,12 +29,12 @@
 package radix
 
 import (
-	"github.com/kvtier/kvtier/internal/invariants"
-
 	"errors"
 	"fmt"
 	"slices"
 
+	"github.com/kvtier/kvtier/internal/idtable"
+	"github.com/kvtier/kvtier/internal/invariants"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/policy"
 )
@@ -71,7 +71,7 @@ type Tree struct {
 	clock uint64
 	// nextID is the id of the next node created; the root is id 0.
 	nextID    policy.NodeID
-	byID      idTable
+	byID      idtable.Table[policy.NodeID, *Node]
 	pages     int
 	tierPages [MaxTiers]int
 	// ops counts mutating calls, for sampling invariant checks.
@@ -112,7 +112,7 @@ func New(opts Options, ev policy.Evictor) (*Tree, error) {
 		ev:         ev,
 		root:       root,
 		nextID:     1,
-		byID:       newIDTable(1),
+		byID:       idtable.New[policy.NodeID, *Node](1),
 	}, nil
 }
 
@@ -138,10 +138,10 @@ func (t *Tree) TierPages(tier int) int {
 }
 
 // Nodes returns the number of nodes, not counting the root.
-func (t *Tree) Nodes() int { return t.byID.len() }
+func (t *Tree) Nodes() int { return t.byID.Len() }
 
 // Node returns the live node with id, or nil.
-func (t *Tree) Node(id policy.NodeID) *Node { return t.byID.get(id) }
+func (t *Tree) Node(id policy.NodeID) *Node { return t.byID.Get(id) }
 
 // info describes n for the evictor at the current logical time.
 func (t *Tree) info(n *Node) policy.NodeInfo {
@@ -350,7 +350,7 @@ func (t *Tree) addLeaf(parent *Node, hs []pagehash.Hash, tokens []uint32) *Node 
 	t.nextID++
 	wasLeaf := parent.IsLeaf()
 	parent.addChild(n)
-	t.byID.add(n)
+	t.addID(n)
 	t.addPages(n.residency, len(hs))
 	t.ev.Insert(t.info(n))
 	if parent != t.root {
@@ -483,7 +483,7 @@ func (t *Tree) split(c *Node, k int) *Node {
 	c.parent = p
 	c.depth += k
 	p.kids = append(make([]*Node, 0, 1), c)
-	t.byID.add(p)
+	t.addID(p)
 	t.ev.Insert(t.info(p))
 	t.ev.Update(t.info(c))
 	return p
@@ -513,11 +513,19 @@ func (t *Tree) checkSampled() {
 	if !invariants.Enabled {
 		return
 	}
-	every := uint64(t.byID.len()/32 + 1)
+	every := uint64(t.byID.Len()/32 + 1)
 	if t.ops%every != 0 {
 		return
 	}
 	if err := t.Check(); err != nil {
-		panic(fmt.Sprintf("%v (after call %d, clock %d, %d nodes, %d pages)", err, t.ops, t.clock, t.byID.len(), t.pages))
+		panic(fmt.Sprintf("%v (after call %d, clock %d, %d nodes, %d pages)", err, t.ops, t.clock, t.byID.Len(), t.pages))
+	}
+}
+
+// addID records n in the id table; n's id is the highest so far (nextID),
+// so a refusal is a broken invariant.
+func (t *Tree) addID(n *Node) {
+	if !t.byID.Add(n.id, n) {
+		panic(fmt.Sprintf("radix: node id %d not above the ids before it", n.id))
 	}
 }
