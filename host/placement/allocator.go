@@ -203,7 +203,7 @@ func (a *Allocator) Reset() {
 		f.reset()
 		var first int64
 		for _, r := range kl.Regions {
-			f.root = f.insertNode(f.root, f.newNode(first, r.Pages))
+			f.insert(f.newNode(first, r.Pages))
 			f.count++
 			f.pages += r.Pages
 			first += r.Pages

@@ -20,7 +20,10 @@ type freeList struct {
 	// bounds are the first pages of the kind's regions after the first: a
 	// range never crosses one, so two ranges meeting there never coalesce.
 	bounds []int64
-	path   []int32
+	// path and stack are scratch for the tree walks: path holds the
+	// ancestors of a node being changed, stack the nodes a split or merge
+	// relinks.
+	path, stack []int32
 }
 
 type freeNode struct {
@@ -86,77 +89,139 @@ func (f *freeList) fix(i int32) {
 	n.maxPages = m
 }
 
+// NB: the treap operations below are iterative: they walk down once,
+// relinking as they go, and then recompute the subtree maxima of the nodes
+// they touched bottom up, stopping where a maximum did not change. The
+// recursive versions paid a call and a refix per level, also for nodes
+// whose maxima could not have changed. A treap's shape is fixed by
+// its keys and (distinct) priorities, so the shape, like the ranges, is
+// exactly what the recursive versions built.
+
+// fixUp recomputes the maxima of path's nodes, deepest (last) first, each
+// the parent of the next deeper one, after the subtree below the last one
+// changed. Once a maximum is unchanged, the ones above it are too.
+func (f *freeList) fixUp(path []int32) {
+	for i := len(path) - 1; i >= 0; i-- {
+		old := f.nodes[path[i]].maxPages
+		f.fix(path[i])
+		if f.nodes[path[i]].maxPages == old {
+			return
+		}
+	}
+}
+
+// fixAll recomputes the maxima of nodes, deepest (last) first: nodes a
+// split or merge relinked, whose maxima may change either way.
+func (f *freeList) fixAll(nodes []int32) {
+	for i := len(nodes) - 1; i >= 0; i-- {
+		f.fix(nodes[i])
+	}
+}
+
 // split returns the subtrees of t with keys < key and >= key.
-func (f *freeList) split(t int32, key int64) (int32, int32) {
-	if t == nilNode {
-		return nilNode, nilNode
+func (f *freeList) split(t int32, key int64) (l, r int32) {
+	// The nodes of t on the way down to key are dealt out in order to the
+	// right spine of l (keys below key) and the left spine of r.
+	lLink, rLink := &l, &r
+	f.stack = f.stack[:0]
+	for t != nilNode {
+		f.stack = append(f.stack, t)
+		n := &f.nodes[t]
+		if n.start < key {
+			*lLink, lLink = t, &n.right
+			t = n.right
+		} else {
+			*rLink, rLink = t, &n.left
+			t = n.left
+		}
 	}
-	if f.nodes[t].start < key {
-		l, r := f.split(f.nodes[t].right, key)
-		f.nodes[t].right = l
-		f.fix(t)
-		return t, r
-	}
-	l, r := f.split(f.nodes[t].left, key)
-	f.nodes[t].left = r
-	f.fix(t)
-	return l, t
+	*lLink, *rLink = nilNode, nilNode
+	f.fixAll(f.stack)
+	return l, r
 }
 
 // merge joins a and b, every key of a below every key of b.
 func (f *freeList) merge(a, b int32) int32 {
-	if a == nilNode {
-		return b
+	// Zip the right spine of a and the left spine of b by priority.
+	var t int32
+	link := &t
+	f.stack = f.stack[:0]
+	for a != nilNode && b != nilNode {
+		if f.nodes[a].prio > f.nodes[b].prio {
+			f.stack = append(f.stack, a)
+			*link, link = a, &f.nodes[a].right
+			a = f.nodes[a].right
+		} else {
+			f.stack = append(f.stack, b)
+			*link, link = b, &f.nodes[b].left
+			b = f.nodes[b].left
+		}
 	}
-	if b == nilNode {
-		return a
-	}
-	if f.nodes[a].prio > f.nodes[b].prio {
-		f.nodes[a].right = f.merge(f.nodes[a].right, b)
-		f.fix(a)
-		return a
-	}
-	f.nodes[b].left = f.merge(a, f.nodes[b].left)
-	f.fix(b)
-	return b
-}
-
-func (f *freeList) insertNode(t, i int32) int32 {
-	if t == nilNode {
-		return i
-	}
-	if f.nodes[i].prio > f.nodes[t].prio {
-		l, r := f.split(t, f.nodes[i].start)
-		f.nodes[i].left, f.nodes[i].right = l, r
-		f.fix(i)
-		return i
-	}
-	if f.nodes[i].start < f.nodes[t].start {
-		f.nodes[t].left = f.insertNode(f.nodes[t].left, i)
+	if a != nilNode {
+		*link = a
 	} else {
-		f.nodes[t].right = f.insertNode(f.nodes[t].right, i)
+		*link = b
 	}
-	f.fix(t)
+	f.fixAll(f.stack)
 	return t
 }
 
-func (f *freeList) deleteKey(t int32, key int64) int32 {
-	if t == nilNode {
-		return nilNode
+// insert links node i, whose start is not in the tree, into the tree.
+func (f *freeList) insert(i int32) {
+	nd := &f.nodes[i]
+	// Down past the nodes of higher priority, whose subtrees gain i; i
+	// takes the place of the subtree below them, split by its key.
+	link := &f.root
+	for t := *link; t != nilNode && nd.prio <= f.nodes[t].prio; t = *link {
+		n := &f.nodes[t]
+		n.maxPages = max(n.maxPages, nd.pages)
+		if nd.start < n.start {
+			link = &n.left
+		} else {
+			link = &n.right
+		}
 	}
-	n := &f.nodes[t]
-	switch {
-	case key < n.start:
-		n.left = f.deleteKey(n.left, key)
-	case key > n.start:
-		n.right = f.deleteKey(n.right, key)
-	default:
-		m := f.merge(n.left, n.right)
-		f.spare = append(f.spare, t)
-		return m
+	nd.left, nd.right = f.split(*link, nd.start)
+	f.fix(i)
+	*link = i
+}
+
+// delete unlinks the node keyed key, which is in the tree, and puts it on
+// the spare list.
+func (f *freeList) delete(key int64) {
+	link := &f.root
+	f.path = f.path[:0]
+	for {
+		t := *link
+		n := &f.nodes[t]
+		if key == n.start {
+			f.spare = append(f.spare, t)
+			*link = f.merge(n.left, n.right)
+			f.fixUp(f.path)
+			return
+		}
+		f.path = append(f.path, t)
+		if key < n.start {
+			link = &n.left
+		} else {
+			link = &n.right
+		}
 	}
-	f.fix(t)
-	return t
+}
+
+// deleteMin unlinks the lowest-addressed node and puts it on the spare
+// list.
+func (f *freeList) deleteMin() {
+	link := &f.root
+	f.path = f.path[:0]
+	for f.nodes[*link].left != nilNode {
+		f.path = append(f.path, *link)
+		link = &f.nodes[*link].left
+	}
+	t := *link
+	f.spare = append(f.spare, t)
+	*link = f.nodes[t].right
+	f.fixUp(f.path)
 }
 
 // setRange changes the node keyed oldStart to [start, start+pages). The
@@ -179,9 +244,8 @@ func (f *freeList) setRange(oldStart, start, pages int64) {
 	}
 	n := &f.nodes[f.path[len(f.path)-1]]
 	n.start, n.pages = start, pages
-	for i := len(f.path) - 1; i >= 0; i-- {
-		f.fix(f.path[i])
-	}
+	f.fix(f.path[len(f.path)-1])
+	f.fixUp(f.path[:len(f.path)-1])
 }
 
 // firstFit returns the lowest-addressed node of at least n pages.
@@ -253,7 +317,7 @@ func (f *freeList) take(n int64, kind uint8, dst []Range) []Range {
 		nd := f.nodes[t]
 		dst = append(dst, Range{Kind: kind, Start: nd.start, Pages: n})
 		if nd.pages == n {
-			f.root = f.deleteKey(f.root, nd.start)
+			f.delete(nd.start)
 			f.count--
 		} else {
 			f.setRange(nd.start, nd.start+n, nd.pages-n)
@@ -264,7 +328,7 @@ func (f *freeList) take(n int64, kind uint8, dst []Range) []Range {
 		nd := f.nodes[f.min()]
 		if nd.pages <= n {
 			dst = append(dst, Range{Kind: kind, Start: nd.start, Pages: nd.pages})
-			f.root = f.deleteKey(f.root, nd.start)
+			f.deleteMin()
 			f.count--
 			n -= nd.pages
 			continue
@@ -297,7 +361,7 @@ func (f *freeList) give(start, pages int64) bool {
 	switch {
 	case joinLeft && joinRight:
 		p, s := f.nodes[pred], f.nodes[succ]
-		f.root = f.deleteKey(f.root, s.start)
+		f.delete(s.start)
 		f.count--
 		f.setRange(p.start, p.start, p.pages+pages+s.pages)
 	case joinLeft:
@@ -307,7 +371,7 @@ func (f *freeList) give(start, pages int64) bool {
 		s := f.nodes[succ]
 		f.setRange(s.start, start, s.pages+pages)
 	default:
-		f.root = f.insertNode(f.root, f.newNode(start, pages))
+		f.insert(f.newNode(start, pages))
 		f.count++
 	}
 	return true
