@@ -3,7 +3,6 @@ package control
 import (
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/kvtier/kvtier/host/radix"
 	"github.com/kvtier/kvtier/pagehash"
@@ -186,7 +185,9 @@ func (m *Machine) match(e Event) error {
 	if err := m.moveLock(r, last); err != nil {
 		return err
 	}
-	nodes := slices.Clone(path)
+	// NB: path is m.pathB's array; nothing below walks the tree with it
+	// again (only match, applyReload and upcoming do), so it is used as is.
+	nodes := path
 	if m.opts.WritePolicy == WriteThroughSelective {
 		for _, n := range nodes {
 			k := m.marks.Get(n.ID())
