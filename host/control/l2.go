@@ -323,14 +323,15 @@ func (m *Machine) issueSpills() {
 func (m *Machine) pageSpans(obj placement.ObjectID, pages int) []tiers.Span {
 	// NB: sized for every page of every kind, so that PageSpans, which
 	// appends a kind's runs and expands them in place, never grows it.
-	spans := make([]tiers.Span, 0, pages*len(m.opts.L2.Kinds))
+	room := m.arena.spanRoom(pages * len(m.opts.L2.Kinds))
+	spans := room
 	for kind := range m.opts.L2.Kinds {
 		var err error
 		if spans, err = m.l2.PageSpans(obj, tiers.PayloadKind(kind), spans); err != nil {
 			panic(fmt.Sprintf("control: spans of object %d: %v", obj, err))
 		}
 	}
-	return spans
+	return m.arena.keepSpans(room, spans)
 }
 
 // applyGather releases the eviction pin of a spill at the gathered

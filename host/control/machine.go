@@ -213,6 +213,10 @@ type Machine struct {
 	counts map[string]uint64
 	events [numCounters]uint64
 	out    pending
+	// spare is the output handed out at the last Advance (Advance swaps
+	// them), arena the arrays its spans and ranges are cut from.
+	spare pending
+	arena arena
 	pathB  []*radix.Node
 }
 

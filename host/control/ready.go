@@ -230,6 +230,12 @@ type Unhold struct {
 // Ready is what the Machine asks its driver to do, and the local
 // contribution it offers for the next tick. The driver consumes it and
 // calls Advance.
+//
+// A Ready's slices, and the slices inside its items (a copy's ranges, a
+// put's or a get's spans), are the Machine's buffers: they stay valid
+// until the second Advance after the one that handed them out, so a driver
+// that takes the output, calls Advance and then carries it out (host.Node)
+// reads them intact. A driver that keeps any of them longer copies them.
 type Ready struct {
 	// Tick is the Machine's tick (the number of Tick calls so far).
 	Tick uint64
@@ -278,17 +284,17 @@ func (m *Machine) Ready() Ready {
 	p := &m.out
 	return Ready{
 		Tick:         m.tick,
-		Matches:      p.matches,
-		Placements:   p.placements,
-		Copies:       p.copies,
-		Puts:         p.puts,
-		Lookups:      p.lookups,
-		Gets:         p.gets,
-		Deletes:      p.deletes,
-		Touches:      p.touches,
-		Holds:        p.holds,
-		Unholds:      p.unholds,
-		Skips:        p.skips,
+		Matches:      capped(p.matches),
+		Placements:   capped(p.placements),
+		Copies:       capped(p.copies),
+		Puts:         capped(p.puts),
+		Lookups:      capped(p.lookups),
+		Gets:         capped(p.gets),
+		Deletes:      capped(p.deletes),
+		Touches:      capped(p.touches),
+		Holds:        capped(p.holds),
+		Unholds:      capped(p.unholds),
+		Skips:        capped(p.skips),
 		Contribution: m.Contribution(),
 		Digest:       p.digest,
 	}
@@ -302,27 +308,105 @@ func (m *Machine) Output() Ready {
 	p := &m.out
 	return Ready{
 		Tick:       m.tick,
-		Matches:    p.matches,
-		Placements: p.placements,
-		Copies:     p.copies,
-		Puts:       p.puts,
-		Lookups:    p.lookups,
-		Gets:       p.gets,
-		Deletes:    p.deletes,
-		Touches:    p.touches,
-		Holds:      p.holds,
-		Unholds:    p.unholds,
-		Skips:      p.skips,
+		Matches:    capped(p.matches),
+		Placements: capped(p.placements),
+		Copies:     capped(p.copies),
+		Puts:       capped(p.puts),
+		Lookups:    capped(p.lookups),
+		Gets:       capped(p.gets),
+		Deletes:    capped(p.deletes),
+		Touches:    capped(p.touches),
+		Holds:      capped(p.holds),
+		Unholds:    capped(p.unholds),
+		Skips:      capped(p.skips),
 		Digest:     p.digest,
 	}
 }
 
 // Advance drops the output Ready returned: the driver has acted on it.
-func (m *Machine) Advance() { m.out = pending{} }
+//
+// NB: the output is double-buffered: Advance hands the pending output over
+// and goes on in the buffers of the output before it, truncated, so that a
+// steady driver allocates no new arrays for its output.
+func (m *Machine) Advance() {
+	m.out, m.spare = m.spare, m.out
+	m.out.truncate()
+	m.arena.flip()
+}
+
+// truncate empties the output, keeping its arrays.
+func (p *pending) truncate() {
+	*p = pending{
+		matches: p.matches[:0], placements: p.placements[:0], copies: p.copies[:0],
+		puts: p.puts[:0], lookups: p.lookups[:0], gets: p.gets[:0], deletes: p.deletes[:0],
+		touches: p.touches[:0], holds: p.holds[:0], unholds: p.unholds[:0], skips: p.skips[:0],
+	}
+}
 
 // HasReady reports whether there is output to consume.
 func (m *Machine) HasReady() bool {
 	p := &m.out
 	return len(p.matches)+len(p.placements)+len(p.copies)+len(p.puts)+len(p.lookups)+len(p.gets)+
 		len(p.deletes)+len(p.touches)+len(p.holds)+len(p.unholds)+len(p.skips) > 0 || p.digest != nil
+}
+
+// capped limits s to its length, so that a driver's append never writes
+// into the Machine's buffer.
+func capped[T any](s []T) []T { return s[:len(s):len(s)] }
+
+// arena cuts the ranges of the copies and the spans of the puts and gets
+// of an output from reused arrays, double-buffered as the output is.
+type arena struct {
+	ranges [2][]placement.Range
+	spans  [2][]tiers.Span
+	cur    int
+}
+
+// flip moves to the other buffers, emptied: the output they held was
+// handed out two Advances ago.
+func (a *arena) flip() {
+	a.cur ^= 1
+	a.ranges[a.cur] = a.ranges[a.cur][:0]
+	a.spans[a.cur] = a.spans[a.cur][:0]
+}
+
+// rangeRoom returns an empty slice with room for n ranges at the end of
+// the current buffer (a fresh buffer when it has none: the slices already
+// cut keep the old one).
+func (a *arena) rangeRoom(n int) []placement.Range {
+	b := a.ranges[a.cur]
+	if cap(b)-len(b) < n {
+		b = make([]placement.Range, 0, max(2*cap(b), n, 256))
+		a.ranges[a.cur] = b
+	}
+	return b[len(b):len(b)]
+}
+
+// keepRanges records that rs, appended to a slice rangeRoom returned, is in
+// use, and returns it capped; rs that outgrew the room is its own array.
+func (a *arena) keepRanges(room, rs []placement.Range) []placement.Range {
+	if len(rs) > 0 && cap(rs) == cap(room) && &rs[:1][0] == &room[:1][0] {
+		b := a.ranges[a.cur]
+		a.ranges[a.cur] = b[:len(b)+len(rs)]
+	}
+	return capped(rs)
+}
+
+// spanRoom is rangeRoom for spans.
+func (a *arena) spanRoom(n int) []tiers.Span {
+	b := a.spans[a.cur]
+	if cap(b)-len(b) < n {
+		b = make([]tiers.Span, 0, max(2*cap(b), n, 1024))
+		a.spans[a.cur] = b
+	}
+	return b[len(b):len(b)]
+}
+
+// keepSpans is keepRanges for spans.
+func (a *arena) keepSpans(room, ss []tiers.Span) []tiers.Span {
+	if len(ss) > 0 && cap(ss) == cap(room) && &ss[:1][0] == &room[:1][0] {
+		b := a.spans[a.cur]
+		a.spans[a.cur] = b[:len(b)+len(ss)]
+	}
+	return capped(ss)
 }
