@@ -379,7 +379,7 @@ func (a *arena) rangeRoom(n int) []placement.Range {
 		b = make([]placement.Range, 0, max(2*cap(b), n, 256))
 		a.ranges[a.cur] = b
 	}
-	return b[len(b):len(b)]
+	return b[len(b):]
 }
 
 // keepRanges records that rs, appended to a slice rangeRoom returned, is in
@@ -399,7 +399,7 @@ func (a *arena) spanRoom(n int) []tiers.Span {
 		b = make([]tiers.Span, 0, max(2*cap(b), n, 1024))
 		a.spans[a.cur] = b
 	}
-	return b[len(b):len(b)]
+	return b[len(b):]
 }
 
 // keepSpans is keepRanges for spans.
