@@ -37,11 +37,20 @@ the tail when only part is needed). A request longer than the capacity
 inserts only the leading blocks that fit; the rest count as NOT ADMITTED.
 With --lookahead N, the present pages of the next N requests (the engine's
 waiting queue) are locked against eviction while each request is replayed;
-the running request still comes first (docs/policies.md).`,
+the running request still comes first (docs/policies.md).
+
+With --data the trace runs with bytes through a whole opened stack, every
+hit read from L1 and verified, and the engine steps: each step admits up
+to --step-requests new requests (fewer when their pages and those of the
+requests waiting on a reload would not fit in L1), matches them and the
+requests whose reload landed, ticks so the load-backs commit, prefills
+them all and ticks again. Requests of one step match before any of them
+inserts, as in an engine's batch.`,
 		Example: `  kvtier replay --policy lru --vs s3fifo,slru
   kvtier replay docs.jsonl --policy lru --vs s3fifo --sweep --plot plots/docs
   kvtier replay docs.jsonl --policy lru --lookahead 32 --capacity 1M,3M,inf --json
-  kvtier replay --data --requests 2000 --cold-start load`,
+  kvtier replay --data --requests 2000 --cold-start load
+  kvtier replay --data --requests 2000 --step-requests 1`,
 	}
 	fs := cmd.Flags()
 	configPath := fs.String("config", "", "stack config YAML (default: the embedded default stack)")
@@ -66,6 +75,9 @@ the running request still comes first (docs/policies.md).`,
 		}
 		if df.data && fs.Changed("lookahead") {
 			return fmt.Errorf("replay: --lookahead applies to the metadata replay, not to --data: %w", errUsage)
+		}
+		if !df.data && fs.Changed("step-requests") {
+			return fmt.Errorf("replay: --step-requests applies to --data (the metadata replay has no engine steps): %w", errUsage)
 		}
 		if df.data {
 			return runReplayData(ctx, fs, df, positional, *configPath, *asJSON, stdout, stderr)

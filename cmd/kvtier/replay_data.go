@@ -31,6 +31,7 @@ type dataFlags struct {
 	requests  *int
 	coldStart string
 	store     string
+	step      *int
 }
 
 func addDataFlags(fs *pflag.FlagSet) *dataFlags {
@@ -40,6 +41,7 @@ func addDataFlags(fs *pflag.FlagSet) *dataFlags {
 	d.requests = countFlag(fs, "requests", 0, "with --data: replay only the first `number` requests (default: all)")
 	fs.StringVar(&d.coldStart, "cold-start", "clear", "with --data: what the stores do with a previous run's data: clear or load")
 	fs.StringVar(&d.store, "store", "", "with --data: the store tier that is L3 (default: the first store)")
+	d.step = countFlag(fs, "step-requests", replay.DefaultStepRequests, "with --data: the most new `requests` an engine step admits, 1 to 65536 (fewer when their pages would not fit in L1); the Machine ticks twice a step, once to load the matched prefixes back into L1 and once after the inserts")
 	return d
 }
 
@@ -53,11 +55,14 @@ func runReplayData(ctx context.Context, fs *pflag.FlagSet, df *dataFlags, positi
 	if *df.requests < 0 {
 		return fmt.Errorf("replay: --requests %d: want 0 (all) or more: %w", *df.requests, errUsage)
 	}
+	if err := (flagRange{Flag: "step-requests", Value: int64(*df.step), Min: 1, MinWhy: "a step admits at least one request", Max: 1 << 16, MaxWhy: "a bound on one step's batch"}).check(); err != nil {
+		return fmt.Errorf("replay: %w: %w", err, errUsage)
+	}
 	cold := tiers.ColdStart(df.coldStart)
 	if cold != tiers.ColdStartClear && cold != tiers.ColdStartLoad {
 		return fmt.Errorf("replay: --cold-start %q: want clear or load: %w", df.coldStart, errUsage)
 	}
-	cfg := datareplay.DataConfig{Dir: df.dir, ColdStart: cold, Requests: *df.requests, Store: df.store}
+	cfg := datareplay.DataConfig{Dir: df.dir, ColdStart: cold, Requests: *df.requests, Store: df.store, StepRequests: *df.step}
 	if cfg.Dir == "" {
 		tmp, err := os.MkdirTemp("", "kvtier-replay-data-")
 		if err != nil {
@@ -142,8 +147,8 @@ func writeDataTable(w io.Writer, tr *replay.Trace, r datareplay.DataResult) erro
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("replay: write table: %w", err)
 	}
-	fmt.Fprintf(w, "\nverified pages %d, wrong bytes %d; bytes l1->l2 %d, l2->l3 %d, l3->l2 %d, l2->l1 %d; skips %s; failed ops %s; %d ticks in %.2fs\n",
-		r.VerifiedPages, r.WrongBytes, r.Bytes.L1ToL2, r.Bytes.L2ToL3, r.Bytes.L3ToL2, r.Bytes.L2ToL1, formatCounts(r.Skips), formatCounts(r.FailedOps), r.Ticks, r.Seconds)
+	fmt.Fprintf(w, "\nverified pages %d, wrong bytes %d; bytes l1->l2 %d, l2->l3 %d, l3->l2 %d, l2->l1 %d; skips %s; failed ops %s; %d steps, %d ticks in %.2fs\n",
+		r.VerifiedPages, r.WrongBytes, r.Bytes.L1ToL2, r.Bytes.L2ToL3, r.Bytes.L3ToL2, r.Bytes.L2ToL1, formatCounts(r.Skips), formatCounts(r.FailedOps), r.Steps, r.Ticks, r.Seconds)
 	return nil
 }
 

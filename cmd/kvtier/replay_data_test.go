@@ -20,12 +20,12 @@ func TestReplayData(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &got); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	for _, k := range []string{"mode", "policy", "geometry", "requests", "input_tokens", "hit_tokens", "hit_rate", "hit_tokens_by_tier", "verified_pages", "wrong_bytes", "skips", "bytes", "seconds"} {
+	for _, k := range []string{"mode", "policy", "geometry", "requests", "input_tokens", "hit_tokens", "hit_rate", "hit_tokens_by_tier", "verified_pages", "wrong_bytes", "skips", "bytes", "steps", "ticks", "seconds"} {
 		if _, ok := got[k]; !ok {
 			t.Errorf("no %q in %s", k, out)
 		}
 	}
-	if got["mode"] != "data" || got["wrong_bytes"] != 0.0 || got["requests"] != 36.0 || got["hit_tokens"] == 0.0 {
+	if got["mode"] != "data" || got["wrong_bytes"] != 0.0 || got["requests"] != 36.0 || got["hit_tokens"] == 0.0 || got["steps"] == 0.0 {
 		t.Errorf("result %s", out)
 	}
 	by := got["bytes"].(map[string]any)
@@ -38,7 +38,7 @@ func TestReplayData(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"10 of 36 requests", "geometry: kv 16KiB pages", "l1", "l3", "wrong bytes 0"} {
+	for _, want := range []string{"10 of 36 requests", "geometry: kv 16KiB pages", "l1", "l3", "wrong bytes 0", " steps, "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
@@ -78,10 +78,17 @@ func TestReplayDataRefusesFlags(t *testing.T) {
 		{[]string{"--capacity", "3M"}, "--capacity has no meaning with --data"},
 		{[]string{"--cold-start", "warm"}, `--cold-start "warm"`},
 		{[]string{"--requests", "-1"}, "requests"},
+		{[]string{"--step-requests", "0"}, "--step-requests 0: must be at least 1"},
+		{[]string{"--step-requests", "65537"}, "--step-requests 65537: at most 65536"},
 	} {
 		_, _, err := runCLI(t, append([]string{"replay", trace, "--data"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) || !errors.Is(err, errUsage) {
 			t.Errorf("%v: %v, want a usage error containing %q", c.args, err, c.want)
 		}
+	}
+	// The metadata replay has no engine steps.
+	_, _, err := runCLI(t, "replay", trace, "--step-requests", "8")
+	if err == nil || !strings.Contains(err.Error(), "--step-requests applies to --data") || !errors.Is(err, errUsage) {
+		t.Errorf("--step-requests without --data: %v, want a usage error", err)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
@@ -45,6 +44,11 @@ type DataConfig struct {
 	ColdStart tiers.ColdStart
 	// Requests replays only the first Requests requests (0: all).
 	Requests int
+	// StepRequests is the most new requests an engine step admits (0:
+	// replay.DefaultStepRequests; 1: one request a step). A step admits
+	// fewer when their pages and those of the requests still held would
+	// not fit in L1.
+	StepRequests int
 	// Machine supplies the Machine options a stack does not decide
 	// (queues, TTLs); zero value: control.DefaultOptions with the spill
 	// queue and reload caps of a trace run.
@@ -101,7 +105,11 @@ type DataResult struct {
 	FailedOps map[string]int64 `json:"failed_ops"`
 	// Bytes by path.
 	Bytes DataBytes `json:"bytes"`
-	// Ticks is the number of frontier ticks.
+	// Steps is the number of engine steps (each admits at most
+	// StepRequests new requests, and the held requests whose reload
+	// landed match again), Ticks the number of frontier ticks: two a
+	// step, and those that let the last spills land.
+	Steps uint64 `json:"steps"`
 	Ticks uint64 `json:"ticks"`
 	// HitSequence is each request's hit pages (not in JSON; tests compare
 	// runs).
@@ -110,11 +118,20 @@ type DataResult struct {
 	Seconds float64 `json:"seconds"`
 }
 
-// DataTraceOptions returns the Machine options a data replay starts from.
+// DataTraceOptions returns the Machine options a data replay starts from:
+// a spill queue of 1024 with 64 in flight, 64 reloads in flight held at
+// most 64 ticks, no digests, no log lines.
+//
+// NB: 64 reloads are two steps of replay.DefaultStepRequests, as in
+// replay.DecisionOptions: a step's held requests start their reloads
+// together (the lookup lands at the step's first tick, the get at its
+// second). With 16, on the first 2000 requests of the generated workload
+// at 32 requests a step, 527 reloads found no slot, L3 hits fell from 814
+// to 599 pages and the hit rate from 43.3% to 41.6%.
 func DataTraceOptions() control.Options {
 	o := control.DefaultOptions()
 	o.SpillQueueCap, o.SpillInflight = 1024, 64
-	o.ReloadMaxInflight, o.ReloadTTL = 16, 64
+	o.ReloadMaxInflight, o.ReloadTTL = 2*replay.DefaultStepRequests, 64
 	o.DigestEvery = 0
 	o.Logger = slog.New(slog.DiscardHandler)
 	return o
@@ -133,9 +150,15 @@ func LoadDataStack(yaml, dir string) (*config.Stack, stack.Registries, error) {
 // payload (host.Payload of its hash), and every prefix hit, from any tier,
 // is read from L1 where the engine would read it and compared byte for
 // byte. The Machine decides everything; the Node carries it out; the
-// group is host.Solo (world size 1, through the frontier).
+// group is host.Solo (world size 1, through the frontier). The engine
+// steps: each step admits up to StepRequests new requests, as many as L1
+// holds, and ticks twice (see dataRun.step); the tiers settle before
+// every tick, so a run is deterministic.
 func RunData(ctx context.Context, tr *replay.Trace, cfg DataConfig) (res DataResult, err error) {
 	res = DataResult{Mode: "data", HitTokensByTier: map[string]int64{}, HitPagesByTier: map[string]int64{}}
+	if cfg.StepRequests < 0 {
+		return res, fmt.Errorf("replay --data: %d requests a step: want 0 (the default, %d) or more", cfg.StepRequests, replay.DefaultStepRequests)
+	}
 	st := cfg.Stack
 	var regs stack.Registries
 	if cfg.Dir == "" {
@@ -183,9 +206,16 @@ func RunData(ctx context.Context, tr *replay.Trace, cfg DataConfig) (res DataRes
 			}()
 		}
 	}
+	step := cfg.StepRequests
+	if step == 0 {
+		step = replay.DefaultStepRequests
+	}
 	base := DataTraceOptions()
 	if cfg.Machine != nil {
 		base = *cfg.Machine
+	} else {
+		// Two steps of reloads, for steps longer than the default too.
+		base.ReloadMaxInflight = max(base.ReloadMaxInflight, 2*step)
 	}
 	mo, err := assemble.MachineOptions(s, base, cfg.Store, "data mode")
 	if err != nil {
@@ -201,38 +231,48 @@ func RunData(ctx context.Context, tr *replay.Trace, cfg DataConfig) (res DataRes
 	}
 	res.Policy = st.Policy.Evictor
 	res.Geometry = geometry(st, s, mo, cfg.Store)
-	d := &dataRun{ctx: ctx, node: node, m: m, eng: eng}
 	n := tr.Requests()
 	if cfg.Requests > 0 && cfg.Requests < n {
 		n = cfg.Requests
 	}
+	d := &dataRun{ctx: ctx, node: node, m: m, eng: eng, tr: tr, l1Pages: int(mo.L1Pages)}
+	res.HitSequence = make([]int, n)
 	start := time.Now()
 	var tierPages [4]int64
 	var tierTokens [4]int64
-	for i := range n {
+	done := 0
+	for next := 0; next < n || len(d.held) > 0; {
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		key, input, _ := tr.Request(i)
-		hits, err := d.request(control.ReqID(i+1), key)
-		if err != nil {
-			return res, fmt.Errorf("replay --data: request %d: %w", i+1, err)
+		// NB: no bound on the steps here: with L1 full of requests that
+		// wait on reloads a step may admit none, so a run may take several
+		// steps a request. step bounds each request's wait (maxHeldSteps),
+		// and a step with nothing admitted and nothing held admits one.
+		if err := d.step(&next, n, step, res.Steps); err != nil {
+			return res, fmt.Errorf("replay --data: step %d: %w", res.Steps+1, err)
 		}
-		res.Requests++
-		res.InputTokens += int64(input)
-		tot := 0
-		prevTok := int64(0)
-		for t := 1; t <= 3; t++ {
-			tot += hits[t]
-			tierPages[t] += int64(hits[t])
-			tok := min(int64(tot)*workload.BlockTokens, int64(input))
-			tierTokens[t] += tok - prevTok
-			prevTok = tok
-		}
-		res.HitTokens += prevTok
-		res.HitSequence = append(res.HitSequence, tot)
-		if cfg.Progress != nil {
-			cfg.Progress(i + 1)
+		res.Steps++
+		for _, p := range d.fill {
+			res.Requests++
+			res.InputTokens += int64(p.input)
+			tot := 0
+			prevTok := int64(0)
+			for t := 1; t <= 3; t++ {
+				tot += p.hits[t]
+				tierPages[t] += int64(p.hits[t])
+				tok := min(int64(tot)*workload.BlockTokens, int64(p.input))
+				tierTokens[t] += tok - prevTok
+				prevTok = tok
+			}
+			res.HitTokens += prevTok
+			res.HitSequence[p.req-1] = tot
+			done++
+			if cfg.Progress != nil {
+				// NB: once a request, not once a step: a caller may wait
+				// for an exact count (TestDataSIGKILL kills at 300).
+				cfg.Progress(done)
+			}
 		}
 	}
 	// Let the last spills land so bytes and durability are complete.
@@ -287,90 +327,201 @@ func geometry(st *config.Stack, s *stack.Stack, mo control.Options, store string
 	return b.String()
 }
 
-// dataRun is the one-rank driver of a data replay.
+// maxHeldSteps bounds how many steps a request may stay held before the
+// replay calls it stuck (the Machine's ReloadTTL releases it far sooner).
+const maxHeldSteps = 1000
+
+// dataReq is a request of a data replay between its first match and its
+// prefill: held for a reload, unheld and due to match again, or matched
+// and prefilling this step.
+type dataReq struct {
+	req   control.ReqID
+	key   []pagehash.Hash
+	input int
+	// first is the first match's result, res the last one's.
+	first, res control.MatchResult
+	// tries counts the matches after the first; since, the step it was
+	// first held, bounds the wait.
+	tries  int
+	since  uint64
+	unheld bool
+	reason control.HoldReason
+	// hits are the verified hit pages by tier (index 1..3), set when it
+	// prefills.
+	hits [4]int
+}
+
+// dataRun is the one-rank driver of a data replay. It steps as an engine
+// does (replay.MachineReplay's step structure, with the Node carrying the
+// ops out and a tick between the matches and the engine's reads).
 type dataRun struct {
 	ctx  context.Context
 	node *host.Node
 	m    *control.Machine
 	eng  *host.SimEngine
+	tr   *replay.Trace
 	refs []control.PageRef
+	// l1Pages is the L1's size in pages: a step's budget.
+	l1Pages int
+	// held waits for a reload; fill prefills this step (and holds the
+	// step's results for RunData once the step is over).
+	held []dataReq
+	fill []dataReq
+	// unholds are the releases seen since the step began, marked on held
+	// when the next step begins (held is rewritten in place meanwhile).
+	unholds []control.Unhold
 }
 
+// apply hands e to the Node and keeps the unholds its Ready carries.
 func (d *dataRun) apply(e control.Event) (control.Ready, error) {
-	return d.node.Apply(d.ctx, e)
+	rd, err := d.node.Apply(d.ctx, e)
+	d.unholds = append(d.unholds, rd.Unholds...)
+	return rd, err
 }
 
-func (d *dataRun) tick() (control.Ready, error) {
+// tick settles the tiers' acks and store results, so that every answer is
+// in before the frontier (the run is deterministic), ticks, and keeps the
+// tick's unholds.
+func (d *dataRun) tick() error {
 	if err := d.node.Settle(d.ctx); err != nil {
-		return control.Ready{}, err
+		return err
 	}
-	return d.node.Tick(d.ctx)
+	rd, err := d.node.Tick(d.ctx)
+	d.unholds = append(d.unholds, rd.Unholds...)
+	return err
 }
 
-// request runs one request: match (waiting out a reload hold, then
-// matching again), the tick that commits its load-backs, the engine's read
-// of its prefix from L1 (verified), insert, finish, release. It returns
-// the verified hit pages by tier (index 1..3).
-func (d *dataRun) request(req control.ReqID, key []pagehash.Hash) ([4]int, error) {
-	var hits [4]int
+// markUnheld marks the held requests the kept unholds release.
+func (d *dataRun) markUnheld() {
+	for _, u := range d.unholds {
+		for i := range d.held {
+			if w := &d.held[i]; w.req == u.Req && !w.unheld {
+				w.unheld, w.reason = true, u.Reason
+				break
+			}
+		}
+	}
+	d.unholds = d.unholds[:0]
+}
+
+// match applies a match event and returns its result.
+func (d *dataRun) match(req control.ReqID, key []pagehash.Hash) (control.MatchResult, error) {
 	rd, err := d.apply(control.Event{Kind: control.EvMatch, Req: req, Pages: len(key), Hashes: key})
 	if err != nil {
-		return hits, err
+		return control.MatchResult{}, err
 	}
-	res := rd.Matches[len(rd.Matches)-1]
-	first := res
-	for try := 0; res.Held; try++ {
-		reason, err := d.waitUnhold(req)
-		if err != nil {
-			return hits, err
-		}
-		if try > 0 || (reason != control.Loaded && reason != control.Present) {
-			break
-		}
-		if rd, err = d.apply(control.Event{Kind: control.EvMatch, Req: req, Pages: len(key), Hashes: key}); err != nil {
-			return hits, err
-		}
-		res = rd.Matches[len(rd.Matches)-1]
-	}
-	if _, err := d.tick(); err != nil {
-		return hits, err
-	}
-	d.refs = d.m.MatchedL1(req, d.refs[:0])
-	good, err := d.eng.Verify(d.refs)
-	if err != nil {
-		return hits, err
-	}
-	claimed := max(res.L1+res.L2, first.L1+first.L2)
-	got := min(good, claimed)
-	hits[1] = min(first.L1, got)
-	hits[2] = min(first.L2, got-hits[1])
-	hits[3] = got - hits[1] - hits[2]
-	if _, err := d.apply(control.Event{Kind: control.EvInsert, Req: req, Pages: len(key), Hashes: key}); err != nil {
-		return hits, err
-	}
-	if _, err := d.tick(); err != nil {
-		return hits, err
-	}
-	if _, err := d.apply(control.Event{Kind: control.EvFinish, Req: req}); err != nil {
-		return hits, err
-	}
-	if _, err := d.apply(control.Event{Kind: control.EvRelease, Req: req}); err != nil {
-		return hits, err
-	}
-	_, err = d.tick()
-	return hits, err
+	return rd.Matches[len(rd.Matches)-1], nil
 }
 
-// waitUnhold ticks until req is released and returns why.
-func (d *dataRun) waitUnhold(req control.ReqID) (control.HoldReason, error) {
-	for range 1000 {
-		rd, err := d.tick()
-		if err != nil {
-			return 0, err
+// step runs one engine step (steps counts the steps before it): the
+// requests unheld since the last step match again (or go on), up to step
+// new requests match while the pages of the requests admitted and not done
+// fit in L1, a tick commits the matches' load-backs into L1, the
+// engine reads and verifies every prefilling request's prefix from L1,
+// each of them inserts, finishes and releases, and a tick ends the step.
+// A held request waits in later steps while the others go on, as in an
+// engine's waiting queue; it is matched once more when its reload was
+// Loaded or Present, and a request held again waits once more and then
+// prefills with that match.
+//
+// NB: the requests of one step all match before any of them inserts, so a
+// prefix that two requests of one step share and no tier holds yet is a
+// miss for both, as in an engine's batch (the second's insert finds the
+// first's pages already in the tree).
+func (d *dataRun) step(next *int, n, step int, steps uint64) error {
+	d.markUnheld()
+	d.fill = d.fill[:0]
+	// used counts the L1 pages of the requests admitted and not done: the
+	// whole key of each, held or prefilling (its prefix loaded back, its
+	// new pages inserted and not evictable before their copy to L2 lands
+	// at the step's last tick).
+	used := 0
+	kept := d.held[:0]
+	for _, w := range d.held {
+		used += len(w.key)
+		switch {
+		case !w.unheld:
+			if steps-w.since > maxHeldSteps {
+				return fmt.Errorf("request %d held for %d steps", w.req, maxHeldSteps)
+			}
+			kept = append(kept, w)
+			continue
+		case w.tries > 0 || (w.reason != control.Loaded && w.reason != control.Present):
+			// Released to recompute, or the second wait: prefill with what
+			// the last match found.
+			d.fill = append(d.fill, w)
+			continue
 		}
-		if i := slices.IndexFunc(rd.Unholds, func(u control.Unhold) bool { return u.Req == req }); i >= 0 {
-			return rd.Unholds[i].Reason, nil
+		res, err := d.match(w.req, w.key)
+		if err != nil {
+			return fmt.Errorf("request %d: match again: %w", w.req, err)
+		}
+		w.res = res
+		if res.Held {
+			w.tries++
+			w.unheld = false
+			kept = append(kept, w)
+			continue
+		}
+		d.fill = append(d.fill, w)
+	}
+	d.held = kept
+	for k := 0; k < step && *next < n; k++ {
+		key, input, _ := d.tr.Request(*next)
+		// NB: an engine admits a request to its batch only while the KV of
+		// the batch and of the requests it waits on fits its memory (vLLM
+		// allocates a request's blocks, loads included, when it schedules
+		// it); here, while their pages fit in L1. Without this the
+		// built-in stack's L1 of 256 pages takes 32 requests of the shared
+		// trace (about 900 pages) at once, most inserts find no L1 room,
+		// and the hit rate of its first 1000 requests falls from 17.3% to
+		// 4.8% (memstore L3). With nothing admitted a request goes in
+		// whatever its length.
+		if used > 0 && used+len(key) > d.l1Pages {
+			break
+		}
+		used += len(key)
+		req := control.ReqID(*next + 1)
+		*next++
+		res, err := d.match(req, key)
+		if err != nil {
+			return fmt.Errorf("request %d: match: %w", req, err)
+		}
+		w := dataReq{req: req, key: key, input: input, first: res, res: res, since: steps}
+		if res.Held {
+			d.held = append(d.held, w)
+			continue
+		}
+		d.fill = append(d.fill, w)
+	}
+	// The load-backs of the step's matches commit: MatchedL1 then names
+	// the L1 pages the engine reads.
+	if err := d.tick(); err != nil {
+		return err
+	}
+	for i := range d.fill {
+		p := &d.fill[i]
+		d.refs = d.m.MatchedL1(p.req, d.refs[:0])
+		good, err := d.eng.Verify(d.refs)
+		if err != nil {
+			return fmt.Errorf("request %d: verify: %w", p.req, err)
+		}
+		claimed := max(p.res.L1+p.res.L2, p.first.L1+p.first.L2)
+		got := min(good, claimed)
+		p.hits[1] = min(p.first.L1, got)
+		p.hits[2] = min(p.first.L2, got-p.hits[1])
+		p.hits[3] = got - p.hits[1] - p.hits[2]
+	}
+	for _, p := range d.fill {
+		if _, err := d.apply(control.Event{Kind: control.EvInsert, Req: p.req, Pages: len(p.key), Hashes: p.key}); err != nil {
+			return fmt.Errorf("request %d: insert: %w", p.req, err)
+		}
+		if _, err := d.apply(control.Event{Kind: control.EvFinish, Req: p.req}); err != nil {
+			return fmt.Errorf("request %d: finish: %w", p.req, err)
+		}
+		if _, err := d.apply(control.Event{Kind: control.EvRelease, Req: p.req}); err != nil {
+			return fmt.Errorf("request %d: release: %w", p.req, err)
 		}
 	}
-	return 0, fmt.Errorf("request %d held for 1000 ticks", req)
+	return d.tick()
 }
