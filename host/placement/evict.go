@@ -67,22 +67,24 @@ func (a *Allocator) EvictToFit(id ObjectID, pages int64, kinds Kinds, victims []
 		a.checkInvariants("evict-to-fit")
 		return 0, nil
 	}
-	seen := make(map[ObjectID]struct{}, len(victims))
+	// NB: a victim listed twice is found by marking each victim with the
+	// number of this call, not with a set built per call.
+	a.evictions++
 	fitAt := -1
 	for i, v := range victims {
-		o, ok := a.objects[v]
+		o := a.objects[v]
 		switch {
 		case v == id:
 			return 0, fmt.Errorf("reserve object %d: victim %d is the object itself: %w", id, i, ErrInvalid)
-		case !ok:
+		case o == nil:
 			return 0, fmt.Errorf("reserve object %d: victim %d (object %d): %w", id, i, v, ErrUnknownObject)
 		case !o.committed:
 			return 0, fmt.Errorf("reserve object %d: victim %d (object %d): %w", id, i, v, ErrNotCommitted)
 		}
-		if _, dup := seen[v]; dup {
+		if o.victimOf == a.evictions {
 			return 0, fmt.Errorf("reserve object %d: victim %d (object %d) listed twice: %w", id, i, v, ErrInvalid)
 		}
-		seen[v] = struct{}{}
+		o.victimOf = a.evictions
 		if fitAt >= 0 {
 			continue // keep validating the rest; it is cheap and catches bugs early
 		}
@@ -112,8 +114,7 @@ func (a *Allocator) EvictToFit(id ObjectID, pages int64, kinds Kinds, victims []
 		return 0, e
 	}
 	for _, v := range victims[:fitAt] {
-		o := a.objects[v]
-		a.drop(&o)
+		a.drop(a.objects[v])
 	}
 	a.place(id, pages, kinds)
 	a.checkInvariants("evict-to-fit")
