@@ -166,95 +166,137 @@ func (f *freeList) merge(a, b int32) int32 {
 	return t
 }
 
+// NB: give and take find the node they change with one walk from the
+// root that records its path in f.path; the change is then made, and the
+// maxima above it fixed, from that path, without a second walk.
+
+// linkTo returns the link that holds f.path[d]: the root, or a child
+// link of f.path[d-1].
+func (f *freeList) linkTo(d int) *int32 {
+	if d == 0 {
+		return &f.root
+	}
+	p := &f.nodes[f.path[d-1]]
+	if p.left == f.path[d] {
+		return &p.left
+	}
+	return &p.right
+}
+
+// unlinkAt removes f.path[d] from the tree and puts it on the spare list.
+func (f *freeList) unlinkAt(d int) {
+	t := f.path[d]
+	f.spare = append(f.spare, t)
+	*f.linkTo(d) = f.merge(f.nodes[t].left, f.nodes[t].right)
+	f.fixUp(f.path[:d])
+}
+
+// setAt changes f.path[d] to [start, start+pages); the new start must
+// keep the key order.
+func (f *freeList) setAt(d int, start, pages int64) {
+	n := &f.nodes[f.path[d]]
+	n.start, n.pages = start, pages
+	f.fixUp(f.path[:d+1])
+}
+
 // insert links node i, whose start is not in the tree, into the tree.
 func (f *freeList) insert(i int32) {
+	f.findPath(f.nodes[i].start)
+	f.insertOnPath(i)
+}
+
+// insertOnPath links node i into the tree; f.path is the walk from the
+// root to where i's start would be (findPath's).
+func (f *freeList) insertOnPath(i int32) {
 	nd := &f.nodes[i]
-	// Down past the nodes of higher priority, whose subtrees gain i; i
-	// takes the place of the subtree below them, split by its key.
-	link := &f.root
-	for t := *link; t != nilNode && nd.prio <= f.nodes[t].prio; t = *link {
-		n := &f.nodes[t]
+	// Down the path past the nodes of higher priority, whose subtrees gain
+	// i; i takes the place of the subtree below them, split by its key.
+	d := 0
+	for ; d < len(f.path) && nd.prio <= f.nodes[f.path[d]].prio; d++ {
+		n := &f.nodes[f.path[d]]
 		n.maxPages = max(n.maxPages, nd.pages)
-		if nd.start < n.start {
-			link = &n.left
-		} else {
-			link = &n.right
-		}
+	}
+	var link *int32
+	switch {
+	case d < len(f.path):
+		link = f.linkTo(d)
+	case d == 0:
+		link = &f.root
+	case nd.start < f.nodes[f.path[d-1]].start:
+		link = &f.nodes[f.path[d-1]].left
+	default:
+		link = &f.nodes[f.path[d-1]].right
 	}
 	nd.left, nd.right = f.split(*link, nd.start)
 	f.fix(i)
 	*link = i
 }
 
+// findPath walks from the root towards key, recording the nodes it passes
+// in f.path, root first. It returns the positions in f.path of the node
+// with the largest start below key and of the one with the smallest start
+// above it (-1 where there is none), and whether the last node of the path
+// starts at key. Without one that does, the walk ends where key would be
+// inserted, and those two nodes are key's neighbours in address order.
+func (f *freeList) findPath(key int64) (pred, succ int, exact bool) {
+	pred, succ = -1, -1
+	f.path = f.path[:0]
+	for t := f.root; t != nilNode; {
+		f.path = append(f.path, t)
+		n := &f.nodes[t]
+		switch {
+		case n.start < key:
+			pred = len(f.path) - 1
+			t = n.right
+		case n.start > key:
+			succ = len(f.path) - 1
+			t = n.left
+		default:
+			return pred, succ, true
+		}
+	}
+	return pred, succ, false
+}
+
 // delete unlinks the node keyed key, which is in the tree, and puts it on
 // the spare list.
 func (f *freeList) delete(key int64) {
-	link := &f.root
-	f.path = f.path[:0]
-	for {
-		t := *link
-		n := &f.nodes[t]
-		if key == n.start {
-			f.spare = append(f.spare, t)
-			*link = f.merge(n.left, n.right)
-			f.fixUp(f.path)
-			return
-		}
-		f.path = append(f.path, t)
-		if key < n.start {
-			link = &n.left
-		} else {
-			link = &n.right
-		}
-	}
+	f.findPath(key)
+	f.unlinkAt(len(f.path) - 1)
 }
 
-// deleteMin unlinks the lowest-addressed node and puts it on the spare
-// list.
-func (f *freeList) deleteMin() {
-	link := &f.root
+// minPath records in f.path the walk from the root to the lowest-addressed
+// node, which it returns; the tree is not empty.
+func (f *freeList) minPath() int32 {
 	f.path = f.path[:0]
-	for f.nodes[*link].left != nilNode {
-		f.path = append(f.path, *link)
-		link = &f.nodes[*link].left
+	t := f.root
+	for {
+		f.path = append(f.path, t)
+		if f.nodes[t].left == nilNode {
+			return t
+		}
+		t = f.nodes[t].left
 	}
-	t := *link
-	f.spare = append(f.spare, t)
-	*link = f.nodes[t].right
-	f.fixUp(f.path)
 }
 
 // setRange changes the node keyed oldStart to [start, start+pages). The
 // caller guarantees the key order is unchanged (the new start stays between
 // the neighbours).
 func (f *freeList) setRange(oldStart, start, pages int64) {
-	f.path = f.path[:0]
-	t := f.root
-	for t != nilNode {
-		f.path = append(f.path, t)
-		n := &f.nodes[t]
-		if oldStart == n.start {
-			break
-		}
-		if oldStart < n.start {
-			t = n.left
-		} else {
-			t = n.right
-		}
-	}
-	n := &f.nodes[f.path[len(f.path)-1]]
-	n.start, n.pages = start, pages
-	f.fix(f.path[len(f.path)-1])
-	f.fixUp(f.path[:len(f.path)-1])
+	f.findPath(oldStart)
+	f.setAt(len(f.path)-1, start, pages)
 }
 
-// firstFit returns the lowest-addressed node of at least n pages.
+// firstFit returns the lowest-addressed node of at least n pages, and
+// records in f.path the walk from the root to it.
 func (f *freeList) firstFit(n int64) (int32, bool) {
+	f.path = f.path[:0]
 	t := f.root
 	if t == nilNode || f.nodes[t].maxPages < n {
 		return nilNode, false
 	}
 	for {
+		f.path = append(f.path, t)
 		nd := &f.nodes[t]
 		if nd.left != nilNode && f.nodes[nd.left].maxPages >= n {
 			t = nd.left
@@ -267,47 +309,6 @@ func (f *freeList) firstFit(n int64) (int32, bool) {
 	}
 }
 
-// neighbours returns the node with the largest start below key, whether a
-// node starts exactly at key, and the node with the smallest start above key
-// (nilNode where there is none).
-func (f *freeList) neighbours(key int64) (pred int32, exact bool, succ int32) {
-	pred, succ = nilNode, nilNode
-	t := f.root
-	for t != nilNode {
-		n := &f.nodes[t]
-		switch {
-		case n.start < key:
-			pred = t
-			t = n.right
-		case n.start > key:
-			succ = t
-			t = n.left
-		default:
-			exact = true
-			// The successor is the leftmost node of the right subtree.
-			for r := n.right; r != nilNode; r = f.nodes[r].left {
-				succ = r
-			}
-			for l := n.left; l != nilNode; l = f.nodes[l].right {
-				pred = l
-			}
-			return pred, exact, succ
-		}
-	}
-	return pred, exact, succ
-}
-
-func (f *freeList) min() int32 {
-	t := f.root
-	if t == nilNode {
-		return nilNode
-	}
-	for f.nodes[t].left != nilNode {
-		t = f.nodes[t].left
-	}
-	return t
-}
-
 // take removes n pages, first fit, appending the ranges it took to dst: one
 // range when a free range of n pages exists, else the lowest-addressed free
 // ranges in address order. The caller has checked that n pages are free.
@@ -317,24 +318,24 @@ func (f *freeList) take(n int64, kind uint8, dst []Range) []Range {
 		nd := f.nodes[t]
 		dst = append(dst, Range{Kind: kind, Start: nd.start, Pages: n})
 		if nd.pages == n {
-			f.delete(nd.start)
+			f.unlinkAt(len(f.path) - 1)
 			f.count--
 		} else {
-			f.setRange(nd.start, nd.start+n, nd.pages-n)
+			f.setAt(len(f.path)-1, nd.start+n, nd.pages-n)
 		}
 		return dst
 	}
 	for n > 0 {
-		nd := f.nodes[f.min()]
+		nd := f.nodes[f.minPath()]
 		if nd.pages <= n {
 			dst = append(dst, Range{Kind: kind, Start: nd.start, Pages: nd.pages})
-			f.deleteMin()
+			f.unlinkAt(len(f.path) - 1)
 			f.count--
 			n -= nd.pages
 			continue
 		}
 		dst = append(dst, Range{Kind: kind, Start: nd.start, Pages: n})
-		f.setRange(nd.start, nd.start+n, nd.pages-n)
+		f.setAt(len(f.path)-1, nd.start+n, nd.pages-n)
 		n = 0
 	}
 	return dst
@@ -344,9 +345,16 @@ func (f *freeList) take(n int64, kind uint8, dst []Range) []Range {
 // neighbours inside the same region. It reports false, changing nothing,
 // if the range overlaps a free range (a double free).
 func (f *freeList) give(start, pages int64) bool {
-	pred, exact, succ := f.neighbours(start)
+	pi, si, exact := f.findPath(start)
 	if exact {
 		return false
+	}
+	pred, succ := nilNode, nilNode
+	if pi >= 0 {
+		pred = f.path[pi]
+	}
+	if si >= 0 {
+		succ = f.path[si]
 	}
 	end := start + pages
 	if pred != nilNode && f.nodes[pred].start+f.nodes[pred].pages > start {
@@ -365,13 +373,11 @@ func (f *freeList) give(start, pages int64) bool {
 		f.count--
 		f.setRange(p.start, p.start, p.pages+pages+s.pages)
 	case joinLeft:
-		p := f.nodes[pred]
-		f.setRange(p.start, p.start, p.pages+pages)
+		f.setAt(pi, f.nodes[pred].start, f.nodes[pred].pages+pages)
 	case joinRight:
-		s := f.nodes[succ]
-		f.setRange(s.start, start, s.pages+pages)
+		f.setAt(si, start, f.nodes[succ].pages+pages)
 	default:
-		f.insert(f.newNode(start, pages))
+		f.insertOnPath(f.newNode(start, pages))
 		f.count++
 	}
 	return true
