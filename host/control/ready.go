@@ -233,7 +233,7 @@ type Unhold struct {
 //
 // A Ready's slices, and the slices inside its items (a copy's ranges, a
 // put's or a get's spans), are the Machine's buffers: they stay valid
-// until the second Advance after the one that handed them out, so a driver
+// until the next Advance after the one that handed them out, so a driver
 // that takes the output, calls Advance and then carries it out (host.Node)
 // reads them intact. A driver that keeps any of them longer copies them.
 type Ready struct {
@@ -326,8 +326,9 @@ func (m *Machine) Output() Ready {
 // Advance drops the output Ready returned: the driver has acted on it.
 //
 // NB: the output is double-buffered: Advance hands the pending output over
-// and goes on in the buffers of the output before it, truncated, so that a
-// steady driver allocates no new arrays for its output.
+// and goes on in the buffers of the output it handed over before,
+// truncated, so that a steady driver allocates no new arrays for its
+// output.
 func (m *Machine) Advance() {
 	m.out, m.spare = m.spare, m.out
 	m.out.truncate()
@@ -355,7 +356,8 @@ func (m *Machine) HasReady() bool {
 func capped[T any](s []T) []T { return s[:len(s):len(s)] }
 
 // arena cuts the ranges of the copies and the spans of the puts and gets
-// of an output from reused arrays, double-buffered as the output is.
+// of an output from reused arrays, double-buffered as the output is: the
+// buffers Advance goes on in held the output it handed over before.
 type arena struct {
 	ranges [2][]placement.Range
 	spans  [2][]tiers.Span
@@ -363,7 +365,7 @@ type arena struct {
 }
 
 // flip moves to the other buffers, emptied: the output they held was
-// handed out two Advances ago.
+// handed out at the Advance before this one.
 func (a *arena) flip() {
 	a.cur ^= 1
 	a.ranges[a.cur] = a.ranges[a.cur][:0]
