@@ -217,7 +217,7 @@ type Machine struct {
 	// them), arena the arrays its spans and ranges are cut from.
 	spare pending
 	arena arena
-	pathB  []*radix.Node
+	pathB []*radix.Node
 }
 
 // New returns a fresh Machine.
