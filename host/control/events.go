@@ -202,7 +202,7 @@ func (m *Machine) match(e Event) error {
 	}
 	res.L2 = m.loadBack(e.Req, nodes)
 	if pages < len(e.Hashes) {
-		m.startReload(e.Req, r, e.Hashes, pages)
+		m.startReload(e.Req, r, e.Hashes, pages, path)
 	}
 	res.Held = r.held
 	m.out.matches = append(m.out.matches, res)

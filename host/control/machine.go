@@ -138,9 +138,14 @@ type request struct {
 // reload is one reload in flight: a lookup, then a get.
 type reload struct {
 	key pagehash.Hash
-	// full is the request's key up to the end of the suffix; m is the
-	// number of pages matched when the lookup was issued.
-	full    []pagehash.Hash
+	// The request's key at its match, in two parts: pre holds its first
+	// m pages, the pages matched when the lookup was issued, as the hash
+	// arrays of the nodes that held them (a tree never writes a node's
+	// hashes, so they keep what they held even if the nodes leave), and
+	// suf is a copy of the rest, the pages the reload looks up and gets.
+	// NB: no copy of the matched prefix, usually most of the key.
+	pre     [][]pagehash.Hash
+	suf     []pagehash.Hash
 	m       int
 	c       int
 	obj     placement.ObjectID
@@ -218,6 +223,8 @@ type Machine struct {
 	spare pending
 	arena arena
 	pathB []*radix.Node
+	// keyBuf is where a landing reload's key is put back together.
+	keyBuf []pagehash.Hash
 }
 
 // New returns a fresh Machine.
@@ -584,8 +591,13 @@ func (m *Machine) digestParts() digestParts {
 	for _, k := range keys {
 		r := m.reloads[k]
 		b = append(b, k[:]...)
-		u(uint64(len(r.full)))
-		for _, h := range r.full {
+		u(uint64(r.keyLen()))
+		for _, seg := range r.pre {
+			for _, h := range seg {
+				b = append(b, h[:]...)
+			}
+		}
+		for _, h := range r.suf {
 			b = append(b, h[:]...)
 		}
 		u(uint64(r.m))

@@ -15,7 +15,10 @@ import (
 // already in flight (same first page: the hash is prefix-chained, so it
 // names the position) is joined, not duplicated; reloads in flight are
 // capped.
-func (m *Machine) startReload(req ReqID, r *request, hashes []pagehash.Hash, m0 int) {
+//
+// path is the match's walk: its nodes hold hashes[:m0], and the reload
+// keeps their hash arrays rather than a copy of the prefix (reload.pre).
+func (m *Machine) startReload(req ReqID, r *request, hashes []pagehash.Hash, m0 int, path []*radix.Node) {
 	if !m.opts.L3 {
 		return
 	}
@@ -34,9 +37,13 @@ func (m *Machine) startReload(req ReqID, r *request, hashes []pagehash.Hash, m0 
 		m.skip(Skip{Reason: SkipCapacity, Where: "reload", Req: req, Pages: len(hashes) - m0})
 		return
 	}
-	rl := &reload{key: key, full: slices.Clone(hashes), m: m0, waiters: []ReqID{req}}
+	pre := make([][]pagehash.Hash, len(path))
+	for i, n := range path {
+		pre[i] = n.Hashes()
+	}
+	rl := &reload{key: key, pre: pre, suf: slices.Clone(hashes[m0:]), m: m0, waiters: []ReqID{req}}
 	o := m.issue(opLookup, PipelineLookup)
-	o.hashes, o.depth = rl.full[m0:], m0
+	o.hashes, o.depth = rl.suf, m0
 	o.reload = key
 	rl.op = o.id
 	m.reloads[key] = rl
@@ -109,7 +116,7 @@ func (m *Machine) applyLookup(o *op, c int) {
 	}
 	g := m.issue(opReload, PipelineReload)
 	g.obj, g.reload = obj, rl.key
-	g.hashes, g.depth = rl.full[rl.m:rl.m+c], rl.m
+	g.hashes, g.depth = rl.suf[:c], rl.m
 	rl.c, rl.obj, rl.op = c, obj, g.id
 	m.out.gets = append(m.out.gets, Get{Op: g.id, Hashes: g.hashes, Spans: m.pageSpans(obj, c), Depth: g.depth})
 	m.count(cReloadGet)
@@ -150,7 +157,8 @@ func (m *Machine) applyReload(o *op, ok bool) error {
 		return abort(Missed, cReloadAbortedNoWaiters)
 	}
 	want := rl.m + rl.c
-	path, got := m.tree.MatchHashes(rl.full[:want], m.pathB)
+	m.keyBuf = rl.appendKey(m.keyBuf[:0], want)
+	path, got := m.tree.MatchHashes(m.keyBuf, m.pathB)
 	m.pathB = path[:0]
 	if err := m.settle(); err != nil {
 		return err
@@ -165,7 +173,7 @@ func (m *Machine) applyReload(o *op, ok bool) error {
 	if len(path) > 0 {
 		anchor = path[len(path)-1]
 	}
-	last, added, err := m.tree.ExtendBorrowed(anchor, rl.full[rl.m:want])
+	last, added, err := m.tree.ExtendBorrowed(anchor, rl.suf[:rl.c])
 	if err != nil {
 		return fmt.Errorf("control: attach reload: %w", err)
 	}
@@ -222,3 +230,18 @@ func (rl *reload) firstWaiter() ReqID {
 	}
 	return rl.waiters[0]
 }
+
+// appendKey appends the reload's key up to page n (pre, then suf) to dst.
+func (rl *reload) appendKey(dst []pagehash.Hash, n int) []pagehash.Hash {
+	for _, seg := range rl.pre {
+		if len(seg) >= n {
+			return append(dst, seg[:n]...)
+		}
+		dst = append(dst, seg...)
+		n -= len(seg)
+	}
+	return append(dst, rl.suf[:min(n, len(rl.suf))]...)
+}
+
+// keyLen is the length of the reload's key (the request's, at its match).
+func (rl *reload) keyLen() int { return rl.m + len(rl.suf) }

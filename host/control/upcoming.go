@@ -122,9 +122,10 @@ func (m *Machine) prefetch(hashes []pagehash.Hash, m0 int) {
 		m.count(cPrefetchBusy)
 		return
 	}
-	rl := &reload{key: key, full: slices.Clone(hashes), m: m0, prefetch: true}
+	full := slices.Clone(hashes)
+	rl := &reload{key: key, pre: [][]pagehash.Hash{full[:m0:m0]}, suf: full[m0:], m: m0, prefetch: true}
 	o := m.issue(opLookup, PipelineLookup)
-	o.hashes, o.depth = rl.full[m0:], m0
+	o.hashes, o.depth = rl.suf, m0
 	o.reload = key
 	rl.op = o.id
 	m.reloads[key] = rl
