@@ -219,9 +219,7 @@ func (a *Allocator) Reset() {
 		f.reset()
 		var first int64
 		for _, r := range kl.Regions {
-			f.insert(f.newNode(first, r.Pages))
-			f.count++
-			f.pages += r.Pages
+			f.appendRange(first, r.Pages)
 			first += r.Pages
 		}
 	}

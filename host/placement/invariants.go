@@ -10,8 +10,8 @@ import (
 // CheckInvariants verifies the allocator's state from scratch and returns
 // the first violation, naming what was expected and what was found: free
 // ranges sorted, inside the kind's page space, not crossing a region
-// boundary, coalesced; the subtree maxima of the free lists right; object
-// ranges the object's length per kind; no page both free and owned, or
+// boundary, coalesced; the free lists' blocks neither empty nor overfull,
+// their maxima right; object ranges the object's length per kind; no page both free and owned, or
 // owned twice; every page of every kind either free or owned; the
 // committed count right. It costs O(pages + ranges log ranges); tests call
 // it, and builds with the invariants tag call it after every operation.
@@ -57,12 +57,8 @@ func (a *Allocator) CheckInvariants() error {
 		if count != f.count || freePages != f.pages {
 			return fmt.Errorf("kind %d: free list holds %d ranges of %d pages, counters say %d ranges of %d pages", k, count, freePages, f.count, f.pages)
 		}
-		if f.root != nilNode {
-			if m, err := f.checkMax(f.root); err != nil {
-				return fmt.Errorf("kind %d: %w", k, err)
-			} else if m != f.nodes[f.root].maxPages {
-				return fmt.Errorf("kind %d: root max %d, want %d", k, f.nodes[f.root].maxPages, m)
-			}
+		if err := f.checkBlocks(); err != nil {
+			return fmt.Errorf("kind %d: %w", k, err)
 		}
 		ids := make([]ObjectID, 0, len(a.objects))
 		for id := range a.objects {
@@ -140,26 +136,22 @@ func (a *Allocator) CheckInvariants() error {
 	return nil
 }
 
-func (f *freeList) checkMax(t int32) (int64, error) {
-	n := f.nodes[t]
-	m := n.pages
-	for _, c := range []int32{n.left, n.right} {
-		if c == nilNode {
-			continue
+// checkBlocks checks that no block is empty or over blockMax ranges and
+// that every block's maximum is its largest range's pages.
+func (f *freeList) checkBlocks() error {
+	for i, b := range f.blocks {
+		if len(b.ranges) == 0 || len(b.ranges) > blockMax {
+			return fmt.Errorf("free list block %d holds %d ranges, want 1..%d", i, len(b.ranges), blockMax)
 		}
-		if f.nodes[c].prio > n.prio {
-			return 0, fmt.Errorf("free list heap order broken at range %d", f.nodes[c].start)
+		m := int64(0)
+		for _, r := range b.ranges {
+			m = max(m, r.pages)
 		}
-		cm, err := f.checkMax(c)
-		if err != nil {
-			return 0, err
+		if m != b.maxPages {
+			return fmt.Errorf("free list block %d at page %d: max %d, want %d", i, b.ranges[0].start, b.maxPages, m)
 		}
-		if cm != f.nodes[c].maxPages {
-			return 0, fmt.Errorf("free list node at %d: subtree max %d, want %d", f.nodes[c].start, f.nodes[c].maxPages, cm)
-		}
-		m = max(m, cm)
 	}
-	return m, nil
+	return nil
 }
 
 // checkInvariants panics with the violation when invariant checks are
