@@ -118,8 +118,9 @@ type Stats struct {
 // allocator allocates nothing, and so that the last object looked up can
 // be remembered (see get). They used to be map values, to spare the cache
 // miss of the pointer; with BenchmarkMachinePattern's 12,000 live objects
-// (l2=400000) the two cost the same, with the Machine's 250 (l2=4000) the
-// pointers and the remembered object made it 15% faster.
+// (l2=400000) the two cost the same (1364 and 1370 ns a step), with the
+// Machine's 250 (l2=4000) the pointers and the remembered object made it
+// 22% faster (1039 to 806 ns).
 type object struct {
 	id        ObjectID
 	pages     int64
