@@ -1,6 +1,9 @@
 package placement
 
-import "slices"
+import (
+	"slices"
+	"sort"
+)
 
 // freeList is the set of free page ranges of one payload kind, in address
 // order, cut into blocks of at most blockMax ranges. Each block knows its
@@ -41,6 +44,7 @@ type freeBlock struct {
 	ranges []freeRange
 }
 
+// freeRange is the free pages [start, start+pages).
 type freeRange struct {
 	start, pages int64
 }
@@ -108,25 +112,10 @@ func (f *freeList) refreshMax(bi int) {
 // the block's length).
 func (f *freeList) find(key int64) (bi, i int) {
 	// The first block whose first range starts above key, less one.
-	bi = max(0, search(len(f.blocks), func(j int) bool { return f.blocks[j].ranges[0].start > key })-1)
+	bi = max(0, sort.Search(len(f.blocks), func(j int) bool { return f.blocks[j].ranges[0].start > key })-1)
 	rs := f.blocks[bi].ranges
-	i = search(len(rs), func(j int) bool { return rs[j].start >= key })
+	i = sort.Search(len(rs), func(j int) bool { return rs[j].start >= key })
 	return bi, i
-}
-
-// search returns the smallest j in [0, n) for which pred(j) is true, or n;
-// pred is false and then true over [0, n).
-func search(n int, pred func(j int) bool) int {
-	lo, hi := 0, n
-	for lo < hi {
-		mid := int(uint(lo+hi) >> 1)
-		if pred(mid) {
-			hi = mid
-		} else {
-			lo = mid + 1
-		}
-	}
-	return lo
 }
 
 // insertAt inserts r at position i of block bi, splitting a full block.
