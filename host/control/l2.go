@@ -175,7 +175,12 @@ type victim struct {
 }
 
 func (a victim) less(b victim) bool {
-	return cmp.Or(cmp.Compare(a.last, b.last), cmp.Compare(a.id, b.id)) < 0
+	// NB: not cmp.Or of two Compares, which computes both: the heaps of
+	// evict ahead and of L2 victims compare on every sift.
+	if a.last != b.last {
+		return a.last < b.last
+	}
+	return a.id < b.id
 }
 
 func siftDown(h []victim, i int) {
