@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime/pprof"
 	"slices"
 	"strings"
 
@@ -40,7 +39,7 @@ the same socket, the limit.`,
 	l3 := fs.String("l3", "l3disk", "the ranks' L3: l3disk (the embedded demo stack), memstore (in RAM) or none")
 	asJSON := fs.Bool("json", false, "print one JSON object per line")
 	copies := fs.Bool("copies", true, "run the engine's copies in the bench process (false: report plans done without copying, the control plane alone)")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to `file`")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to `file`; with a serve subprocess (--process, --cpu-sessions, --shadow) each round's serve also writes its own to FILE.serve.N")
 	bgNice := fs.Bool("background-nice", true, "serve's --background-nice: the tiers' spill workers on nice-19 threads (in process: GOMAXPROCS raised for the whole bench)")
 	traceFile := fs.String("trace", "", "write a Go execution trace of the run to `file` (go tool trace; -pprof=sched shows what steps waited for); with --process each round's serve also writes its own to FILE.serve.N")
 	pageBytes := fs.String("page-bytes", "", "page `size` per payload kind (e.g. 2816KiB, the seed's geometry); the stack is sized in pages: an L1 of 2x --max-pages, an L2 of 6x, an L3 of 16x per rank (empty: the embedded demo stack)")
@@ -83,17 +82,13 @@ the same socket, the limit.`,
 			return fmt.Errorf("bench serve: --page-bytes %s with --max-pages %d and --sessions %d needs %s of memory (L1 and L2 of %d pages a session), %s has %s: %w",
 				*pageBytes, *maxPages, *sessions, quantity.Size(need), 8**maxPages, machineOf(ctx).MemSource, quantity.Size(machineOf(ctx).MemAvailable), errUsage)
 		}
-		o := serveRound{sessions: *sessions, perStep: *perStep, requests: *requests, dir: *dir, copies: *copies, pageBytes: int64(pb), maxPages: *maxPages, traceFile: *traceFile, bgNice: *bgNice}
+		o := serveRound{sessions: *sessions, perStep: *perStep, requests: *requests, dir: *dir, copies: *copies, pageBytes: int64(pb), maxPages: *maxPages, traceFile: *traceFile, cpuProfile: *cpuProfile, bgNice: *bgNice}
 		if *cpuProfile != "" {
-			f, err := os.Create(*cpuProfile)
+			stop, err := startCPUProfile(*cpuProfile)
 			if err != nil {
 				return fmt.Errorf("bench serve: %w", err)
 			}
-			defer f.Close()
-			if err := pprof.StartCPUProfile(f); err != nil {
-				return fmt.Errorf("bench serve: %w", err)
-			}
-			defer pprof.StopCPUProfile()
+			defer stop()
 		}
 		if *traceFile != "" {
 			stop, err := startTrace(*traceFile)
@@ -168,6 +163,7 @@ type serveRound struct {
 	pageBytes                             int64  // 0: the embedded demo stack
 	process                               bool   // rounds: serve in a child process
 	traceFile                             string // with process: each child serve writes FILE.serve.N
+	cpuProfile                            string // with process: each child serve writes FILE.serve.N
 	bgNice                                bool   // serve's --background-nice
 }
 

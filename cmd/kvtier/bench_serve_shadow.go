@@ -126,8 +126,14 @@ func (o serveRound) runChild(ctx context.Context, exe, l3 string, shadow []strin
 	if !o.bgNice {
 		args = append(args, "--background-nice=false")
 	}
-	if o.traceFile != "" {
-		args = append(args, "--trace", fmt.Sprintf("%s.serve.%d", o.traceFile, childTraces.Add(1)))
+	if o.traceFile != "" || o.cpuProfile != "" {
+		n := childTraces.Add(1)
+		if o.traceFile != "" {
+			args = append(args, "--trace", fmt.Sprintf("%s.serve.%d", o.traceFile, n))
+		}
+		if o.cpuProfile != "" {
+			args = append(args, "--cpuprofile", fmt.Sprintf("%s.serve.%d", o.cpuProfile, n))
+		}
 	}
 	cmd := exec.CommandContext(ctx, exe, args...)
 	cmd.Env = append(os.Environ(), asMainEnv+"=1")
@@ -291,5 +297,6 @@ func (l *limitedWriter) String() string {
 	return l.b.String()
 }
 
-// childTraces numbers the serve subprocesses' trace files of one bench.
+// childTraces numbers the serve subprocesses' trace and profile files of
+// one bench.
 var childTraces atomic.Int64

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"runtime/trace"
 	"strings"
 	"time"
@@ -73,6 +74,7 @@ See docs/serve.md and docs/engine-api.md.`,
 	shadow := fs.String("shadow", "", "comma-separated `policies` to run as shadows beside the live one: metadata-only replays of rank 0's lookups at the live tiers' capacities, exported as kvtier_shadow_hit_tokens_total{policy,tier} (compare with kvtier ab; replaces the stack's policy.shadow)")
 	bgNice := fs.Bool("background-nice", true, "run the tiers' spill workers (copies, checksums, writes, fsyncs) on OS threads of nice 19, with GOMAXPROCS raised to twice its default when $GOMAXPROCS is unset, so an engine's steps run first on busy cores")
 	traceFile := fs.String("trace", "", "write a Go execution trace of the whole run to `file` (go tool trace; for finding what a slow step waited for: docs/serve.md)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to `file` (go tool pprof; what a step's CPU goes to: docs/serve.md)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	doorsFlag := fs.String("doors", "", "the doors served on the socket, comma-separated: engine (kvtier.engine.v1), store (kvtier.store.v1, the page store of SGLang's HiCache backend); with store alone serve hosts no engine ranks (default: engine,store; with --group tcp: engine, as the node's one store door belongs to one process)")
 	storeCfg := fs.String("store-config", "", "the store door's stack config `file` (a slab and stores, no pool; {{DIR}} = --data-dir; default: the embedded demo store stack under DIR/store)")
@@ -147,6 +149,13 @@ See docs/serve.md and docs/engine-api.md.`,
 			stop, err := startTrace(*traceFile)
 			if err != nil {
 				return fmt.Errorf("serve: --trace: %w", err)
+			}
+			defer stop()
+		}
+		if *cpuProfile != "" {
+			stop, err := startCPUProfile(*cpuProfile)
+			if err != nil {
+				return fmt.Errorf("serve: --cpuprofile: %w", err)
 			}
 			defer stop()
 		}
@@ -251,6 +260,25 @@ func startTrace(path string) (stop func(), err error) {
 		trace.Stop()
 		if err := f.Close(); err != nil {
 			slog.Warn("kvtier: trace file not closed", "path", path, "err", err)
+		}
+	}, nil
+}
+
+// startCPUProfile writes a CPU profile to path until the returned function
+// is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			slog.Warn("kvtier: profile file not closed", "path", path, "err", err)
 		}
 	}, nil
 }
