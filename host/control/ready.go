@@ -359,56 +359,55 @@ func capped[T any](s []T) []T { return s[:len(s):len(s)] }
 // of an output from reused arrays, double-buffered as the output is: the
 // buffers Advance goes on in held the output it handed over before.
 type arena struct {
-	ranges [2][]placement.Range
-	spans  [2][]tiers.Span
-	cur    int
+	ranges arenaBuf[placement.Range]
+	spans  arenaBuf[tiers.Span]
 }
 
 // flip moves to the other buffers, emptied: the output they held was
 // handed out at the Advance before this one.
 func (a *arena) flip() {
-	a.cur ^= 1
-	a.ranges[a.cur] = a.ranges[a.cur][:0]
-	a.spans[a.cur] = a.spans[a.cur][:0]
+	a.ranges.flip()
+	a.spans.flip()
 }
 
-// rangeRoom returns an empty slice with room for n ranges at the end of
-// the current buffer (a fresh buffer when it has none: the slices already
-// cut keep the old one).
-func (a *arena) rangeRoom(n int) []placement.Range {
-	b := a.ranges[a.cur]
-	if cap(b)-len(b) < n {
-		b = make([]placement.Range, 0, max(2*cap(b), n, 256))
-		a.ranges[a.cur] = b
-	}
-	return b[len(b):]
-}
-
-// keepRanges records that rs, appended to a slice rangeRoom returned, is in
-// use, and returns it capped; rs that outgrew the room is its own array.
+// rangeRoom and keepRanges cut ranges (room, keep); spanRoom and keepSpans
+// cut spans.
+func (a *arena) rangeRoom(n int) []placement.Range { return a.ranges.room(n, 256) }
 func (a *arena) keepRanges(room, rs []placement.Range) []placement.Range {
-	if len(rs) > 0 && cap(rs) == cap(room) && &rs[:1][0] == &room[:1][0] {
-		b := a.ranges[a.cur]
-		a.ranges[a.cur] = b[:len(b)+len(rs)]
-	}
-	return capped(rs)
+	return a.ranges.keep(room, rs)
+}
+func (a *arena) spanRoom(n int) []tiers.Span                  { return a.spans.room(n, 1024) }
+func (a *arena) keepSpans(room, ss []tiers.Span) []tiers.Span { return a.spans.keep(room, ss) }
+
+// arenaBuf is one double-buffered array of an arena.
+type arenaBuf[T any] struct {
+	b   [2][]T
+	cur int
 }
 
-// spanRoom is rangeRoom for spans.
-func (a *arena) spanRoom(n int) []tiers.Span {
-	b := a.spans[a.cur]
+func (a *arenaBuf[T]) flip() {
+	a.cur ^= 1
+	a.b[a.cur] = a.b[a.cur][:0]
+}
+
+// room returns an empty slice with room for n items at the end of the
+// current buffer (a fresh buffer, of at least least items, when it has none:
+// the slices already cut keep the old one).
+func (a *arenaBuf[T]) room(n, least int) []T {
+	b := a.b[a.cur]
 	if cap(b)-len(b) < n {
-		b = make([]tiers.Span, 0, max(2*cap(b), n, 1024))
-		a.spans[a.cur] = b
+		b = make([]T, 0, max(2*cap(b), n, least))
+		a.b[a.cur] = b
 	}
 	return b[len(b):]
 }
 
-// keepSpans is keepRanges for spans.
-func (a *arena) keepSpans(room, ss []tiers.Span) []tiers.Span {
-	if len(ss) > 0 && cap(ss) == cap(room) && &ss[:1][0] == &room[:1][0] {
-		b := a.spans[a.cur]
-		a.spans[a.cur] = b[:len(b)+len(ss)]
+// keep records that s, appended to a slice room returned, is in use, and
+// returns it capped; an s that outgrew the room is its own array.
+func (a *arenaBuf[T]) keep(room, s []T) []T {
+	if len(s) > 0 && cap(s) == cap(room) && &s[:1][0] == &room[:1][0] {
+		b := a.b[a.cur]
+		a.b[a.cur] = b[:len(b)+len(s)]
 	}
-	return capped(ss)
+	return capped(s)
 }

@@ -266,21 +266,18 @@ func (t *Tree) Finished(last *Node, r policy.RequestInfo) {
 // it is InsertHashesBorrowed of n's whole key followed by hs, without
 // walking down from the root again. It bumps the clock once.
 func (t *Tree) ExtendBorrowed(n *Node, hs []pagehash.Hash) (last *Node, added int, err error) {
-	if n != t.root {
-		if err := t.live(n, "extend"); err != nil {
-			return nil, 0, err
-		}
-	}
-	t.clock++
-	t.ops++
-	last, added = t.extend(n, hs, false)
-	t.checkSampled()
-	return last, added, nil
+	return t.extendLive(n, hs, false)
 }
 
 // Extend is ExtendBorrowed with a copy: the new leaf keeps its own copy of
 // the pages of hs not already present, so the caller may reuse hs.
 func (t *Tree) Extend(n *Node, hs []pagehash.Hash) (last *Node, added int, err error) {
+	return t.extendLive(n, hs, true)
+}
+
+// extendLive is Extend (clone) or ExtendBorrowed: n must be the root or
+// live; the clock is bumped once.
+func (t *Tree) extendLive(n *Node, hs []pagehash.Hash, clone bool) (last *Node, added int, err error) {
 	if n != t.root {
 		if err := t.live(n, "extend"); err != nil {
 			return nil, 0, err
@@ -288,7 +285,7 @@ func (t *Tree) Extend(n *Node, hs []pagehash.Hash) (last *Node, added int, err e
 	}
 	t.clock++
 	t.ops++
-	last, added = t.extend(n, hs, true)
+	last, added = t.extend(n, hs, clone)
 	t.checkSampled()
 	return last, added, nil
 }
