@@ -281,23 +281,9 @@ type pending struct {
 // Ready returns the pending output and the current contribution. It
 // changes nothing; Advance consumes the output.
 func (m *Machine) Ready() Ready {
-	p := &m.out
-	return Ready{
-		Tick:         m.tick,
-		Matches:      capped(p.matches),
-		Placements:   capped(p.placements),
-		Copies:       capped(p.copies),
-		Puts:         capped(p.puts),
-		Lookups:      capped(p.lookups),
-		Gets:         capped(p.gets),
-		Deletes:      capped(p.deletes),
-		Touches:      capped(p.touches),
-		Holds:        capped(p.holds),
-		Unholds:      capped(p.unholds),
-		Skips:        capped(p.skips),
-		Contribution: m.Contribution(),
-		Digest:       p.digest,
-	}
+	rd := m.Output()
+	rd.Contribution = m.Contribution()
+	return rd
 }
 
 // Output is Ready without the contribution (its Contribution is zero): a
