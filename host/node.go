@@ -191,7 +191,6 @@ type Node struct {
 	acks []tiers.Ack
 
 	stats Stats
-	out   control.Ready // the last Ready handed to the driver
 
 	// The store worker (storeops.go). jobs, nextJob, jobCtx, closed:
 	// the owner goroutine only; jobQ, jobDone, jobRunning: under jobMu.
@@ -354,7 +353,6 @@ func (n *Node) run(ctx context.Context, e control.Event) (control.Ready, error) 
 			}
 		}
 	}
-	n.out = rd
 	return rd, nil
 }
 

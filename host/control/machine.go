@@ -218,11 +218,12 @@ type Machine struct {
 	counts map[string]uint64
 	events [numCounters]uint64
 	out    pending
-	// spare is the output handed out at the last Advance (Advance swaps
-	// them), arena the arrays its spans and ranges are cut from.
-	spare pending
-	arena arena
-	pathB []*radix.Node
+	// spareWork holds the work lists handed out at the last Advance
+	// (Advance swaps them with the output's), arena the arrays the
+	// output's spans and ranges are cut from.
+	spareWork pending
+	arena     arena
+	pathB     []*radix.Node
 	// keyBuf is where a landing reload's key is put back together.
 	keyBuf []pagehash.Hash
 }

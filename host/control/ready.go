@@ -231,11 +231,14 @@ type Unhold struct {
 // contribution it offers for the next tick. The driver consumes it and
 // calls Advance.
 //
-// A Ready's slices, and the slices inside its items (a copy's ranges, a
-// put's or a get's spans), are the Machine's buffers: they stay valid
-// until the next Advance after the one that handed them out, so a driver
-// that takes the output, calls Advance and then carries it out (host.Node)
-// reads them intact. A driver that keeps any of them longer copies them.
+// A Ready's Matches, Placements, Holds, Unholds and Skips are the
+// driver's to keep: a driver may go on applying events while it walks
+// them (serve matches a request again for each of a Ready's Unholds). Its
+// work — Copies, Puts, Lookups, Gets, Deletes, Touches, and the ranges and
+// spans inside them — is in the Machine's reused arrays: it stays valid
+// until the next Advance after the one that handed it out, so a driver
+// that takes the output, calls Advance and then carries the work out
+// (host.Node.run) reads it intact; one that keeps it longer copies it.
 type Ready struct {
 	// Tick is the Machine's tick (the number of Tick calls so far).
 	Tick uint64
@@ -294,40 +297,37 @@ func (m *Machine) Output() Ready {
 	p := &m.out
 	return Ready{
 		Tick:       m.tick,
-		Matches:    capped(p.matches),
-		Placements: capped(p.placements),
-		Copies:     capped(p.copies),
-		Puts:       capped(p.puts),
-		Lookups:    capped(p.lookups),
-		Gets:       capped(p.gets),
-		Deletes:    capped(p.deletes),
-		Touches:    capped(p.touches),
-		Holds:      capped(p.holds),
-		Unholds:    capped(p.unholds),
-		Skips:      capped(p.skips),
+		Matches:    p.matches,
+		Placements: p.placements,
+		Copies:     p.copies,
+		Puts:       p.puts,
+		Lookups:    p.lookups,
+		Gets:       p.gets,
+		Deletes:    p.deletes,
+		Touches:    p.touches,
+		Holds:      p.holds,
+		Unholds:    p.unholds,
+		Skips:      p.skips,
 		Digest:     p.digest,
 	}
 }
 
 // Advance drops the output Ready returned: the driver has acted on it.
 //
-// NB: the output is double-buffered: Advance hands the pending output over
-// and goes on in the buffers of the output it handed over before,
-// truncated, so that a steady driver allocates no new arrays for its
-// output.
+// NB: matches, placements, holds, unholds and skips start afresh: a
+// driver may walk them while it applies more events (serve matches a
+// request again for each of a Ready's Unholds), and a first version that
+// reused them would have had serve walk unholds a later Apply wrote over.
 func (m *Machine) Advance() {
-	m.out, m.spare = m.spare, m.out
-	m.out.truncate()
+	// The work lists (copies, puts, lookups, gets, deletes, touches) are
+	// double-buffered with the arena: only host.Node.run and the replays
+	// read them, at once.
+	w := m.spareWork
+	m.spareWork = pending{copies: m.out.copies, puts: m.out.puts, lookups: m.out.lookups,
+		gets: m.out.gets, deletes: m.out.deletes, touches: m.out.touches}
+	m.out = pending{copies: w.copies[:0], puts: w.puts[:0], lookups: w.lookups[:0],
+		gets: w.gets[:0], deletes: w.deletes[:0], touches: w.touches[:0]}
 	m.arena.flip()
-}
-
-// truncate empties the output, keeping its arrays.
-func (p *pending) truncate() {
-	*p = pending{
-		matches: p.matches[:0], placements: p.placements[:0], copies: p.copies[:0],
-		puts: p.puts[:0], lookups: p.lookups[:0], gets: p.gets[:0], deletes: p.deletes[:0],
-		touches: p.touches[:0], holds: p.holds[:0], unholds: p.unholds[:0], skips: p.skips[:0],
-	}
 }
 
 // HasReady reports whether there is output to consume.
@@ -338,12 +338,12 @@ func (m *Machine) HasReady() bool {
 }
 
 // capped limits s to its length, so that a driver's append never writes
-// into the Machine's buffer.
+// into the arena.
 func capped[T any](s []T) []T { return s[:len(s):len(s)] }
 
 // arena cuts the ranges of the copies and the spans of the puts and gets
-// of an output from reused arrays, double-buffered as the output is: the
-// buffers Advance goes on in held the output it handed over before.
+// of an output from reused arrays, double-buffered: the buffers Advance
+// goes on in held the spans of the output it handed over before.
 type arena struct {
 	ranges arenaBuf[placement.Range]
 	spans  arenaBuf[tiers.Span]

@@ -12,9 +12,11 @@ import (
 // of matches, inserts, finishes, releases and ticks, every op done at once,
 // and checks that each Ready, snapshotted when Advance handed it out, is
 // unchanged — its slices and the ranges and spans inside them — through
-// the next step's events and tick, up to the next Advance: the buffer
-// reuse (Advance, arena) never writes into output a driver may still be
-// reading.
+// the next step's events and tick, up to the next Advance, and that its
+// matches, placements, holds, unholds and skips stay unchanged after that
+// too: the reused arrays never hold work a driver may still be carrying
+// out, and a driver may walk a Ready's unholds while it applies more
+// events (serve does).
 func TestOutputLivesUntilTheNextAdvance(t *testing.T) {
 	for seed := uint64(1); seed <= 8; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 11))
@@ -28,6 +30,12 @@ func TestOutputLivesUntilTheNextAdvance(t *testing.T) {
 		durable := map[pagehash.Hash]bool{}
 		var prev Ready
 		prevSnap := fmt.Sprintf("%+v", prev)
+		type kept struct {
+			rd   Ready
+			snap string
+			step int
+		}
+		var older []kept
 		req := ReqID(0)
 		for step := range 200 {
 			for range 1 + rng.IntN(3) {
@@ -65,9 +73,25 @@ func TestOutputLivesUntilTheNextAdvance(t *testing.T) {
 			if got := fmt.Sprintf("%+v", rd); got != snap {
 				t.Fatalf("seed %d step %d: a Ready changed after its Advance:\nwas %s\nnow %s", seed, step, snap, got)
 			}
+			for _, k := range older {
+				if got := ownSlices(k.rd); got != k.snap {
+					t.Fatalf("seed %d step %d: the own slices of step %d's Ready changed:\nwas %s\nnow %s", seed, step, k.step, k.snap, got)
+				}
+			}
+			older = append(older, kept{rd, ownSlices(rd), step})
+			if len(older) > 8 {
+				older = older[1:]
+			}
 			prev, prevSnap = rd, snap
 		}
 	}
+}
+
+// ownSlices renders the slices of a Ready that are the driver's to keep,
+// leaving out the work (copies, puts, lookups, gets, deletes, touches),
+// which lives until the next Advance only.
+func ownSlices(rd Ready) string {
+	return fmt.Sprintf("%+v %+v %+v %+v %+v", rd.Matches, rd.Placements, rd.Holds, rd.Unholds, rd.Skips)
 }
 
 // carryOut finishes every op of rd at once and ok, with a Store that
