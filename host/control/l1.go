@@ -243,7 +243,7 @@ func (m *Machine) applyLoadBack(o *op, ok bool) {
 // copyRanges returns the ranges of a copy's L1 and L2 objects, cut from
 // one array.
 func (m *Machine) copyRanges(l1, l2 placement.ObjectID) ([]placement.Range, []placement.Range) {
-	room := m.arena.rangeRoom(8)
+	room := m.arena.ranges.room(8)
 	rs, err := m.l1.AppendRanges(room, l1)
 	if err != nil {
 		panic(fmt.Sprintf("control: L1 object %d: %v", l1, err))
@@ -252,7 +252,7 @@ func (m *Machine) copyRanges(l1, l2 placement.ObjectID) ([]placement.Range, []pl
 	if rs, err = m.l2.AppendRanges(rs, l2); err != nil {
 		panic(fmt.Sprintf("control: L2 object %d: %v", l2, err))
 	}
-	rs = m.arena.keepRanges(room, rs)
+	rs = m.arena.ranges.keep(room, rs)
 	return rs[:n:n], rs[n:]
 }
 

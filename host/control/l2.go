@@ -328,7 +328,7 @@ func (m *Machine) issueSpills() {
 func (m *Machine) pageSpans(obj placement.ObjectID, pages int) []tiers.Span {
 	// NB: sized for every page of every kind, so that PageSpans, which
 	// appends a kind's runs and expands them in place, never grows it.
-	room := m.arena.spanRoom(pages * len(m.opts.L2.Kinds))
+	room := m.arena.spans.room(pages * len(m.opts.L2.Kinds))
 	spans := room
 	for kind := range m.opts.L2.Kinds {
 		var err error
@@ -336,7 +336,7 @@ func (m *Machine) pageSpans(obj placement.ObjectID, pages int) []tiers.Span {
 			panic(fmt.Sprintf("control: spans of object %d: %v", obj, err))
 		}
 	}
-	return m.arena.keepSpans(room, spans)
+	return m.arena.spans.keep(room, spans)
 }
 
 // applyGather releases the eviction pin of a spill at the gathered

@@ -356,15 +356,6 @@ func (a *arena) flip() {
 	a.spans.flip()
 }
 
-// rangeRoom and keepRanges cut ranges (room, keep); spanRoom and keepSpans
-// cut spans.
-func (a *arena) rangeRoom(n int) []placement.Range { return a.ranges.room(n, 256) }
-func (a *arena) keepRanges(room, rs []placement.Range) []placement.Range {
-	return a.ranges.keep(room, rs)
-}
-func (a *arena) spanRoom(n int) []tiers.Span                  { return a.spans.room(n, 1024) }
-func (a *arena) keepSpans(room, ss []tiers.Span) []tiers.Span { return a.spans.keep(room, ss) }
-
 // arenaBuf is one double-buffered array of an arena.
 type arenaBuf[T any] struct {
 	b   [2][]T
@@ -377,12 +368,12 @@ func (a *arenaBuf[T]) flip() {
 }
 
 // room returns an empty slice with room for n items at the end of the
-// current buffer (a fresh buffer, of at least least items, when it has none:
+// current buffer (a fresh buffer, of at least 256 items, when it has none:
 // the slices already cut keep the old one).
-func (a *arenaBuf[T]) room(n, least int) []T {
+func (a *arenaBuf[T]) room(n int) []T {
 	b := a.b[a.cur]
 	if cap(b)-len(b) < n {
-		b = make([]T, 0, max(2*cap(b), n, least))
+		b = make([]T, 0, max(2*cap(b), n, 256))
 		a.b[a.cur] = b
 	}
 	return b[len(b):]
