@@ -248,37 +248,30 @@ func serveSocketIn(dir string) string { return filepath.Join(dir, "kvtier.sock")
 // startTrace writes a Go execution trace to path until the returned
 // function is called.
 func startTrace(path string) (stop func(), err error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, err
-	}
-	if err := trace.Start(f); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return func() {
-		trace.Stop()
-		if err := f.Close(); err != nil {
-			slog.Warn("kvtier: trace file not closed", "path", path, "err", err)
-		}
-	}, nil
+	return startRecording(path, trace.Start, trace.Stop)
 }
 
 // startCPUProfile writes a CPU profile to path until the returned function
 // is called.
 func startCPUProfile(path string) (stop func(), err error) {
+	return startRecording(path, pprof.StartCPUProfile, pprof.StopCPUProfile)
+}
+
+// startRecording creates path, starts a recorder writing to it, and
+// returns what stops the recorder and closes the file.
+func startRecording(path string, start func(io.Writer) error, end func()) (stop func(), err error) {
 	f, err := os.Create(path)
 	if err != nil {
 		return nil, err
 	}
-	if err := pprof.StartCPUProfile(f); err != nil {
+	if err := start(f); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return func() {
-		pprof.StopCPUProfile()
+		end()
 		if err := f.Close(); err != nil {
-			slog.Warn("kvtier: profile file not closed", "path", path, "err", err)
+			slog.Warn("kvtier: recording not closed", "path", path, "err", err)
 		}
 	}, nil
 }
