@@ -117,16 +117,16 @@ type Stats struct {
 // their release (see newObject) with their spill arrays, so that a warm
 // allocator allocates nothing, and so that the last object looked up can
 // be remembered (see get). They used to be map values, to spare the cache
-// miss of the pointer; with BenchmarkMachinePattern's 12,000 live objects
-// (l2=400000) the two cost the same (1364 and 1370 ns a step), with the
-// Machine's 250 (l2=4000) the pointers and the remembered object made it
-// 22% faster (1039 to 806 ns).
+// miss of the pointer; on BenchmarkMachinePattern the two cost the same
+// with 12,000 live objects (l2=400000), and with the Machine's 250
+// (l2=4000) the pointers and the remembered object were faster (figures:
+// docs/perf.md, "L2").
 type object struct {
 	id        ObjectID
 	pages     int64
 	kinds     Kinds
 	committed bool
-	// victimOf is the evictToFit call (Allocator.evictions) that last
+	// victimOf is the EvictToFit call (Allocator.evictions) that last
 	// listed the object as a victim: it finds a victim listed twice.
 	victimOf uint64
 	n        int // ranges in use: inline[:n] up to inlineRanges, else spill[:n]

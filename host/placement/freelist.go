@@ -14,16 +14,15 @@ import (
 //
 // NB: this replaced a treap, O(log n) per operation. The free lists the
 // host sees hold tens of ranges (the host/decisions L2 of 4000 pages: 10
-// to 80), where walking the treap's nodes cost twice what moving part of
-// a block's kilobyte array does: BenchmarkMachinePattern/l2=4000 went from
-// 1349 to 734 ns a step, l2=400000 (about 12,000 objects) from 1736 to
-// 1247. A block splits in two when full and merges with a neighbour when
-// the two fit in half a block, so an operation is O(n/blockMax +
-// blockMax); first fit scans every block maximum when no range is large
-// enough, which the treap did not: with 100,000 one-page free ranges, a
-// two-page reserve and its release take 1.7 us against the treap's 0.47.
-// The state, the in-order list of ranges, does not depend on how it is
-// stored, so neither does any decision.
+// to 80), where walking the treap's nodes cost more than moving part of a
+// block's kilobyte array does (BenchmarkMachinePattern; the figures are in
+// docs/perf.md, "L2"). A block splits in two when full and merges with a
+// neighbour when the two fit in half a block, so an operation is
+// O(n/blockMax + blockMax). First fit scans every block maximum when no
+// range is large enough, which the treap did not: a slab cut into
+// hundreds of thousands of one-page holes pays for it. The state, the
+// in-order list of ranges, does not depend on how it is stored, so
+// neither does any decision.
 type freeList struct {
 	// blocks hold the ranges in address order; none is empty.
 	blocks []freeBlock
@@ -224,28 +223,22 @@ func (f *freeList) take(n int64, kind uint8, dst []Range) []Range {
 // if the range overlaps a free range (a double free).
 func (f *freeList) give(start, pages int64) bool {
 	if len(f.blocks) == 0 {
-		f.blocks = append(f.blocks, freeBlock{ranges: f.newBlockArray()})
-		f.insertAt(0, 0, freeRange{start, pages})
-		f.pages += pages
+		f.appendRange(start, pages)
 		return true
 	}
 	bi, i := f.find(start)
-	// The neighbours: pred at (pb, pi) below start, succ at (sb, si) at or
-	// above it; a block index of -1 or len(f.blocks) means there is none.
-	pb, pi := bi, i-1
-	if pi < 0 {
-		pb, pi = bi-1, 0
-		if pb >= 0 {
-			pi = len(f.blocks[pb].ranges) - 1
-		}
-	}
+	// The neighbours: pred below start, at (bi, i-1), succ at or above it,
+	// at (sb, si). pred is never in an earlier block: find's block starts
+	// at or below start, so i is 0 there only when its first range starts
+	// at start itself (a double free, which succ catches), or when it is
+	// the first block and nothing lies below start.
 	sb, si := bi, i
 	if si == len(f.blocks[bi].ranges) {
 		sb, si = bi+1, 0
 	}
 	var pred, succ *freeRange
-	if pb >= 0 {
-		pred = &f.blocks[pb].ranges[pi]
+	if i > 0 {
+		pred = &f.blocks[bi].ranges[i-1]
 	}
 	if sb < len(f.blocks) {
 		succ = &f.blocks[sb].ranges[si]
@@ -266,10 +259,10 @@ func (f *freeList) give(start, pages int64) bool {
 	switch {
 	case joinLeft && joinRight:
 		// Grow pred first: deleting succ may move pred's block.
-		f.setAt(pb, pi, pred.start, pred.pages+pages+succ.pages)
+		f.setAt(bi, i-1, pred.start, pred.pages+pages+succ.pages)
 		f.deleteAt(sb, si)
 	case joinLeft:
-		f.setAt(pb, pi, pred.start, pred.pages+pages)
+		f.setAt(bi, i-1, pred.start, pred.pages+pages)
 	case joinRight:
 		f.setAt(sb, si, start, succ.pages+pages)
 	default:
