@@ -125,9 +125,11 @@ type DataResult struct {
 // NB: 64 reloads are two steps of replay.DefaultStepRequests, as in
 // replay.DecisionOptions: a step's held requests start their reloads
 // together (the lookup lands at the step's first tick, the get at its
-// second). With 16, on the first 2000 requests of the generated workload
-// at 32 requests a step, 527 reloads found no slot, L3 hits fell from 814
-// to 599 pages and the hit rate from 43.3% to 41.6%.
+// second). With 16 (RunData with a Machine whose ReloadMaxInflight is
+// 16), on the first 2000 requests of the generated workload at 32 requests
+// a step, 527 reloads found no slot, L3 hits fell from 814 to 599 pages
+// and the hit rate from 43.3% to 41.6% (`kvtier replay --data --requests
+// 2000` gives the 64 side).
 func DataTraceOptions() control.Options {
 	o := control.DefaultOptions()
 	o.SpillQueueCap, o.SpillInflight = 1024, 64
@@ -240,15 +242,15 @@ func RunData(ctx context.Context, tr *replay.Trace, cfg DataConfig) (res DataRes
 	start := time.Now()
 	var tierPages [4]int64
 	var tierTokens [4]int64
-	done := 0
 	for next := 0; next < n || len(d.held) > 0; {
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
 		// NB: no bound on the steps here: with L1 full of requests that
 		// wait on reloads a step may admit none, so a run may take several
-		// steps a request. step bounds each request's wait (maxHeldSteps),
-		// and a step with nothing admitted and nothing held admits one.
+		// steps a request. dataRun.step bounds each request's wait
+		// (replay.MaxHeldSteps), and a step with nothing admitted and
+		// nothing held admits one.
 		if err := d.step(&next, n, step, res.Steps); err != nil {
 			return res, fmt.Errorf("replay --data: step %d: %w", res.Steps+1, err)
 		}
@@ -267,11 +269,10 @@ func RunData(ctx context.Context, tr *replay.Trace, cfg DataConfig) (res DataRes
 			}
 			res.HitTokens += prevTok
 			res.HitSequence[p.req-1] = tot
-			done++
 			if cfg.Progress != nil {
 				// NB: once a request, not once a step: a caller may wait
 				// for an exact count (TestDataSIGKILL kills at 300).
-				cfg.Progress(done)
+				cfg.Progress(res.Requests)
 			}
 		}
 	}
@@ -326,10 +327,6 @@ func geometry(st *config.Stack, s *stack.Stack, mo control.Options, store string
 	}
 	return b.String()
 }
-
-// maxHeldSteps bounds how many steps a request may stay held before the
-// replay calls it stuck (the Machine's ReloadTTL releases it far sooner).
-const maxHeldSteps = 1000
 
 // dataReq is a request of a data replay between its first match and its
 // prefill: held for a reload, unheld and due to match again, or matched
@@ -441,14 +438,12 @@ func (d *dataRun) step(next *int, n, step int, steps uint64) error {
 		used += len(w.key)
 		switch {
 		case !w.unheld:
-			if steps-w.since > maxHeldSteps {
-				return fmt.Errorf("request %d held for %d steps", w.req, maxHeldSteps)
+			if steps-w.since > replay.MaxHeldSteps {
+				return fmt.Errorf("request %d held for %d steps", w.req, replay.MaxHeldSteps)
 			}
 			kept = append(kept, w)
 			continue
-		case w.tries > 0 || (w.reason != control.Loaded && w.reason != control.Present):
-			// Released to recompute, or the second wait: prefill with what
-			// the last match found.
+		case !replay.RematchDue(w.tries, w.reason):
 			d.fill = append(d.fill, w)
 			continue
 		}
@@ -475,7 +470,8 @@ func (d *dataRun) step(next *int, n, step int, steps uint64) error {
 		// built-in stack's L1 of 256 pages takes 32 requests of the shared
 		// trace (about 900 pages) at once, most inserts find no L1 room,
 		// and the hit rate of its first 1000 requests falls from 17.3% to
-		// 4.8% (memstore L3). With nothing admitted a request goes in
+		// 4.8% (the tests' memstore L3 stack, memstoreYAML, with this
+		// budget taken out). With nothing admitted a request goes in
 		// whatever its length.
 		if used > 0 && used+len(key) > d.l1Pages {
 			break

@@ -60,7 +60,7 @@ func TestDataSteps(t *testing.T) {
 				t.Fatalf("hits by tier %v: want L1 and L2 hits", res.HitPagesByTier)
 			}
 			// NB: the end of the run may tick to let the last spills land.
-			if res.Ticks > 2*res.Steps+64 {
+			if res.Ticks < 2*res.Steps || res.Ticks > 2*res.Steps+64 {
 				t.Fatalf("%d ticks for %d steps: want two a step (and at most 64 to land the spills)", res.Ticks, res.Steps)
 			}
 			// The last requests held over a step add a few.

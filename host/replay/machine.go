@@ -49,9 +49,19 @@ type MachineConfig struct {
 	StepRequests int
 }
 
-// maxHeldSteps bounds how many steps a request may stay held before the
-// replay calls it stuck (the Machine's ReloadTTL releases it far sooner).
-const maxHeldSteps = 1000
+// MaxHeldSteps bounds how many steps a request may stay held before a
+// stepping replay (this one, the data replay) calls it stuck: the
+// Machine's ReloadTTL releases it far sooner.
+const MaxHeldSteps = 1000
+
+// RematchDue reports whether a request the Machine released from its hold
+// matches again before it prefills: once, and only when its reload landed
+// (Loaded) or its pages were already there (Present); a request released to
+// recompute, or held again after its rematch, prefills with what its last
+// match found.
+func RematchDue(tries int, reason control.HoldReason) bool {
+	return tries == 0 && (reason == control.Loaded || reason == control.Present)
+}
 
 // MachineReplay drives a control Machine with tr in metadata mode, the way
 // an engine steps: each step matches up to StepRequests new requests in
@@ -73,7 +83,10 @@ func MachineReplay(tr *Trace, o control.Options, cfg MachineConfig) (MachineResu
 		return MachineResult{}, err
 	}
 	step := cfg.StepRequests
-	if step <= 0 {
+	switch {
+	case step < 0:
+		return MachineResult{}, fmt.Errorf("machine replay: %d requests a step: want 0 (the default, %d) or more", step, DefaultStepRequests)
+	case step == 0:
 		step = DefaultStepRequests
 	}
 	r := &machineRun{m: m, durable: make([]bool, tr.UniqueBlocks())}
@@ -82,7 +95,7 @@ func MachineReplay(tr *Trace, o control.Options, cfg MachineConfig) (MachineResu
 		n = cfg.Requests
 	}
 	// NB: every step admits a new request while any is left, and step
-	// fails a request held maxHeldSteps steps: the loop ends.
+	// fails a request held MaxHeldSteps steps: the loop ends.
 	for next := 0; next < n || len(r.held) > 0; {
 		if err := r.step(tr, &next, n, step); err != nil {
 			return r.res, fmt.Errorf("machine replay: step %d: %w", r.res.Steps+1, err)
@@ -133,8 +146,8 @@ func IdleTicks(o control.Options, n uint64) error {
 	return nil
 }
 
-// waiter is a request that matched and waits: held for a reload, or
-// unheld and due to match again.
+// waiter is a request between its first match and its prefill: held for a
+// reload, unheld and due to match again, or prefilling this step.
 type waiter struct {
 	req control.ReqID
 	key []pagehash.Hash
@@ -148,13 +161,6 @@ type waiter struct {
 	reason control.HoldReason
 }
 
-// prefill is a request matched and not held: it inserts this step.
-type prefill struct {
-	req        control.ReqID
-	key        []pagehash.Hash
-	first, res control.MatchResult
-}
-
 type machineRun struct {
 	m *control.Machine
 	// durable is the Store: the trace's blocks spilled, by dense index
@@ -162,8 +168,8 @@ type machineRun struct {
 	durable []bool
 	res     MachineResult
 	seen    []control.OpID
-	held    []waiter
-	fill    []prefill
+	// held wait for a reload; fill prefill this step.
+	held, fill []waiter
 }
 
 // step runs one engine step: the requests unheld at the last tick match
@@ -179,15 +185,13 @@ func (r *machineRun) step(tr *Trace, next *int, n, step int) error {
 	for _, w := range r.held {
 		switch {
 		case !w.unheld:
-			if r.res.Steps-w.since > maxHeldSteps {
-				return fmt.Errorf("request %d held for %d steps", w.req, maxHeldSteps)
+			if r.res.Steps-w.since > MaxHeldSteps {
+				return fmt.Errorf("request %d held for %d steps", w.req, MaxHeldSteps)
 			}
 			kept = append(kept, w)
 			continue
-		case w.tries > 0 || (w.reason != control.Loaded && w.reason != control.Present):
-			// Released to recompute, or the second wait: prefill with what
-			// the last match found.
-			r.fill = append(r.fill, prefill{req: w.req, key: w.key, first: w.first, res: w.res})
+		case !RematchDue(w.tries, w.reason):
+			r.fill = append(r.fill, w)
 			continue
 		}
 		res, err := r.match(w.req, w.key)
@@ -203,7 +207,8 @@ func (r *machineRun) step(tr *Trace, next *int, n, step int) error {
 			kept = append(kept, w)
 			continue
 		}
-		r.fill = append(r.fill, prefill{req: w.req, key: w.key, first: w.first, res: res})
+		w.res = res
+		r.fill = append(r.fill, w)
 	}
 	r.held = kept
 	for k := 0; k < step && *next < n; k++ {
@@ -212,7 +217,6 @@ func (r *machineRun) step(tr *Trace, next *int, n, step int) error {
 		key, _, _ := tr.request(i)
 		req := control.ReqID(i + 1)
 		r.res.InputPages += int64(len(key))
-		r.res.Requests++
 		res, err := r.match(req, key)
 		if err != nil {
 			return fmt.Errorf("request %d: %w", req, err)
@@ -221,13 +225,14 @@ func (r *machineRun) step(tr *Trace, next *int, n, step int) error {
 			r.held = append(r.held, waiter{req: req, key: key, first: res, res: res, since: r.res.Steps})
 			continue
 		}
-		r.fill = append(r.fill, prefill{req: req, key: key, first: res, res: res})
+		r.fill = append(r.fill, waiter{req: req, key: key, first: res, res: res})
 	}
 	// The matches' load-backs and lookups finish before the prefills.
 	if err := r.drain(); err != nil {
 		return err
 	}
 	for _, p := range r.fill {
+		r.res.Requests++
 		r.res.HitPages[1] += int64(p.first.L1)
 		r.res.HitPages[2] += int64(p.first.L2)
 		r.res.HitPages[3] += int64(max(0, p.res.L1+p.res.L2-p.first.L1-p.first.L2))

@@ -62,12 +62,23 @@ func TestMachineReplaySteps(t *testing.T) {
 	}
 }
 
-// TestMachineReplayBadOptions: options the Machine refuses are an error,
-// not a replay.
+// TestMachineReplayBadOptions: options the Machine refuses, or a negative
+// step, are an error, not a replay.
 func TestMachineReplayBadOptions(t *testing.T) {
-	o := DecisionOptions()
-	o.L1Pages = 0
-	if _, err := MachineReplay(defaultWorkload(t), o, MachineConfig{Requests: 10}); err == nil {
-		t.Fatal("a Machine with no L1 replayed")
+	tr := defaultWorkload(t)
+	noL1 := DecisionOptions()
+	noL1.L1Pages = 0
+	for _, tc := range []struct {
+		name string
+		o    func() (MachineResult, error)
+	}{
+		{"a Machine with no L1", func() (MachineResult, error) { return MachineReplay(tr, noL1, MachineConfig{Requests: 10}) }},
+		{"a negative step", func() (MachineResult, error) {
+			return MachineReplay(tr, DecisionOptions(), MachineConfig{Requests: 10, StepRequests: -1})
+		}},
+	} {
+		if r, err := tc.o(); err == nil {
+			t.Errorf("%s replayed: %+v", tc.name, r)
+		}
 	}
 }
