@@ -1058,6 +1058,14 @@ type GetRequest struct {
 	// check ends before the reply and a failed page is GET_STATUS_CORRUPT.
 	// A serve that checks no hits (--store-verify=false) ignores it.
 	CheckAtRelease bool `protobuf:"varint,5,opt,name=check_at_release,json=checkAtRelease,proto3" json:"check_at_release,omitempty"`
+	// client_verifies: the client checks every hit itself, over the bytes
+	// it copies out (its copy and the CRC32C in one pass): the door reads
+	// no hit's bytes, GetPage.sums carries each hit's CRC32C per payload
+	// kind, and the client lists in ReleaseRequest.corrupt the hits whose
+	// copy did not match (the door drops those pages). It takes precedence
+	// over check_at_release. See docs/store-api.md, "Checksums carried by
+	// the client".
+	ClientVerifies bool `protobuf:"varint,6,opt,name=client_verifies,json=clientVerifies,proto3" json:"client_verifies,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -1127,13 +1135,25 @@ func (x *GetRequest) GetCheckAtRelease() bool {
 	return false
 }
 
+func (x *GetRequest) GetClientVerifies() bool {
+	if x != nil {
+		return x.ClientVerifies
+	}
+	return false
+}
+
 type GetPage struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Status GetStatus              `protobuf:"varint,1,opt,name=status,proto3,enum=kvtier.pagestore.v1.GetStatus" json:"status,omitempty"`
 	// tier is where the page was when the call started (a hit).
 	Tier Tier `protobuf:"varint,2,opt,name=tier,proto3,enum=kvtier.pagestore.v1.Tier" json:"tier,omitempty"`
 	// spans has one span per payload kind, in RegisterReply.kinds order.
-	Spans         []*Span `protobuf:"bytes,3,rep,name=spans,proto3" json:"spans,omitempty"`
+	Spans []*Span `protobuf:"bytes,3,rep,name=spans,proto3" json:"spans,omitempty"`
+	// sums (client_verifies gets, HIT only) has the CRC32C (Castagnoli) of
+	// each payload kind's bytes, in RegisterReply.kinds order: a copy of
+	// the span whose CRC32C differs is not the page (a miss; list it in
+	// ReleaseRequest.corrupt).
+	Sums          []uint32 `protobuf:"fixed32,4,rep,packed,name=sums,proto3" json:"sums,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1185,6 +1205,13 @@ func (x *GetPage) GetTier() Tier {
 func (x *GetPage) GetSpans() []*Span {
 	if x != nil {
 		return x.Spans
+	}
+	return nil
+}
+
+func (x *GetPage) GetSums() []uint32 {
+	if x != nil {
+		return x.Sums
 	}
 	return nil
 }
@@ -1252,10 +1279,17 @@ func (x *GetReply) GetPages() []*GetPage {
 }
 
 type ReleaseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	BootId        string                 `protobuf:"bytes,2,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
-	Lease         uint64                 `protobuf:"varint,3,opt,name=lease,proto3" json:"lease,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Session string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	BootId  string                 `protobuf:"bytes,2,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
+	Lease   uint64                 `protobuf:"varint,3,opt,name=lease,proto3" json:"lease,omitempty"`
+	// corrupt (client_verifies gets): the positions, in the GetRequest's
+	// keys, of the hits whose copy failed the client's check against
+	// GetPage.sums. The door drops those pages, so no later get is served
+	// them. A position past the get's keys is refused (INVALID_ARGUMENT,
+	// naming it) and the lease stays held; one that is not a pinned hit
+	// has nothing to drop.
+	Corrupt       []uint32 `protobuf:"varint,4,rep,packed,name=corrupt,proto3" json:"corrupt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1309,6 +1343,13 @@ func (x *ReleaseRequest) GetLease() uint64 {
 		return x.Lease
 	}
 	return 0
+}
+
+func (x *ReleaseRequest) GetCorrupt() []uint32 {
+	if x != nil {
+		return x.Corrupt
+	}
+	return nil
 }
 
 type ReleaseReply struct {
@@ -1548,7 +1589,17 @@ type CommitRequest struct {
 	Lease   uint64                 `protobuf:"varint,3,opt,name=lease,proto3" json:"lease,omitempty"`
 	// written has one entry per key of the BatchSet: true for a RESERVED
 	// page the client wrote whole; false abandons the reservation.
-	Written       []bool `protobuf:"varint,4,rep,packed,name=written,proto3" json:"written,omitempty"`
+	Written []bool `protobuf:"varint,4,rep,packed,name=written,proto3" json:"written,omitempty"`
+	// sums: none, or the CRC32C (Castagnoli) of every key's payload kinds
+	// as the client wrote them, key by key in the BatchSet's order and
+	// kind by kind in RegisterReply.kinds order (len(written) x kinds
+	// entries; those of pages not written are ignored). With them the door
+	// reads no committed byte: the pages are readable at once and the sums
+	// are what every later read is verified against, in the slab and below
+	// it. A sum that does not match what the client wrote makes the page a
+	// miss for every reader, never wrong bytes. Without them the door
+	// computes them, off the call.
+	Sums          []uint32 `protobuf:"fixed32,5,rep,packed,name=sums,proto3" json:"sums,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1607,6 +1658,13 @@ func (x *CommitRequest) GetLease() uint64 {
 func (x *CommitRequest) GetWritten() []bool {
 	if x != nil {
 		return x.Written
+	}
+	return nil
+}
+
+func (x *CommitRequest) GetSums() []uint32 {
+	if x != nil {
+		return x.Sums
 	}
 	return nil
 }
@@ -2236,7 +2294,7 @@ const file_store_v1_store_proto_rawDesc = "" +
 	"\vExistsReply\x12\x17\n" +
 	"\aboot_id\x18\x01 \x01(\tR\x06bootId\x12\x18\n" +
 	"\apresent\x18\x02 \x01(\rR\apresent\x12/\n" +
-	"\x05tiers\x18\x03 \x03(\x0e2\x19.kvtier.pagestore.v1.TierR\x05tiers\"\x9e\x01\n" +
+	"\x05tiers\x18\x03 \x03(\x0e2\x19.kvtier.pagestore.v1.TierR\x05tiers\"\xc7\x01\n" +
 	"\n" +
 	"GetRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x17\n" +
@@ -2244,19 +2302,22 @@ const file_store_v1_store_proto_rawDesc = "" +
 	"\x04keys\x18\x03 \x03(\tR\x04keys\x12\x1f\n" +
 	"\vdeadline_ms\x18\x04 \x01(\rR\n" +
 	"deadlineMs\x12(\n" +
-	"\x10check_at_release\x18\x05 \x01(\bR\x0echeckAtRelease\"\xa1\x01\n" +
+	"\x10check_at_release\x18\x05 \x01(\bR\x0echeckAtRelease\x12'\n" +
+	"\x0fclient_verifies\x18\x06 \x01(\bR\x0eclientVerifies\"\xb5\x01\n" +
 	"\aGetPage\x126\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x1e.kvtier.pagestore.v1.GetStatusR\x06status\x12-\n" +
 	"\x04tier\x18\x02 \x01(\x0e2\x19.kvtier.pagestore.v1.TierR\x04tier\x12/\n" +
-	"\x05spans\x18\x03 \x03(\v2\x19.kvtier.pagestore.v1.SpanR\x05spans\"m\n" +
+	"\x05spans\x18\x03 \x03(\v2\x19.kvtier.pagestore.v1.SpanR\x05spans\x12\x12\n" +
+	"\x04sums\x18\x04 \x03(\aR\x04sums\"m\n" +
 	"\bGetReply\x12\x17\n" +
 	"\aboot_id\x18\x01 \x01(\tR\x06bootId\x12\x14\n" +
 	"\x05lease\x18\x02 \x01(\x04R\x05lease\x122\n" +
-	"\x05pages\x18\x03 \x03(\v2\x1c.kvtier.pagestore.v1.GetPageR\x05pages\"Y\n" +
+	"\x05pages\x18\x03 \x03(\v2\x1c.kvtier.pagestore.v1.GetPageR\x05pages\"s\n" +
 	"\x0eReleaseRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12\x14\n" +
-	"\x05lease\x18\x03 \x01(\x04R\x05lease\"A\n" +
+	"\x05lease\x18\x03 \x01(\x04R\x05lease\x12\x18\n" +
+	"\acorrupt\x18\x04 \x03(\rR\acorrupt\"A\n" +
 	"\fReleaseReply\x12\x17\n" +
 	"\aboot_id\x18\x01 \x01(\tR\x06bootId\x12\x18\n" +
 	"\acorrupt\x18\x02 \x03(\rR\acorrupt\"S\n" +
@@ -2271,12 +2332,13 @@ const file_store_v1_store_proto_rawDesc = "" +
 	"\bSetReply\x12\x17\n" +
 	"\aboot_id\x18\x01 \x01(\tR\x06bootId\x12\x14\n" +
 	"\x05lease\x18\x02 \x01(\x04R\x05lease\x122\n" +
-	"\x05pages\x18\x03 \x03(\v2\x1c.kvtier.pagestore.v1.SetPageR\x05pages\"r\n" +
+	"\x05pages\x18\x03 \x03(\v2\x1c.kvtier.pagestore.v1.SetPageR\x05pages\"\x86\x01\n" +
 	"\rCommitRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12\x14\n" +
 	"\x05lease\x18\x03 \x01(\x04R\x05lease\x12\x18\n" +
-	"\awritten\x18\x04 \x03(\bR\awritten\">\n" +
+	"\awritten\x18\x04 \x03(\bR\awritten\x12\x12\n" +
+	"\x04sums\x18\x05 \x03(\aR\x04sums\">\n" +
 	"\vCommitReply\x12\x17\n" +
 	"\aboot_id\x18\x01 \x01(\tR\x06bootId\x12\x16\n" +
 	"\x06stored\x18\x02 \x03(\bR\x06stored\"A\n" +

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	pb "github.com/kvtier/kvtier/api/storev1"
+	"github.com/kvtier/kvtier/internal/crc32c"
 )
 
 // FuzzDoor drives an in-process door (real slab, memstore below) with
@@ -95,11 +96,31 @@ func FuzzDoor(f *testing.F) {
 				for j := range w {
 					w[j] = mask&(1<<(j%8)) != 0
 				}
-				_, _ = h.d.Commit(ctx, &pb.CommitRequest{Session: l.ses, Lease: l.id, Written: w})
-			case 3: // get (odd selector: checked at release, and released at once)
+				// sel: 1 hands the client's sums, 2 with one of them
+				// wrong (a page under a wrong sum is never a hit), 3 with
+				// the wrong count (refused).
+				var sums []uint32
+				switch sel := next() % 4; sel {
+				case 1, 2:
+					nk := len(testKinds)
+					sums = make([]uint32, len(l.keys)*nk)
+					for j, p := range l.res {
+						for k, sp := range p.GetSpans() {
+							sums[j*nk+k] = crc32c.Checksum(page(l.keys[j], k, int64(sp.GetLength())))
+						}
+					}
+					if sel == 2 && len(sums) > 0 {
+						sums[int(next())%len(sums)] ^= 0x10
+					}
+				case 3:
+					sums = make([]uint32, 1)
+				}
+				_, _ = h.d.Commit(ctx, &pb.CommitRequest{Session: l.ses, Lease: l.id, Written: w, Sums: sums})
+			case 3: // get (selector 1: checked at release, 2: checked by the client; both released at once)
 				ks := keysOf(next(), next())
-				atRelease := next()%2 == 1
-				r, err := h.d.BatchGet(ctx, &pb.GetRequest{Session: ses, Keys: ks, DeadlineMs: 2000, CheckAtRelease: atRelease})
+				mode := next() % 3
+				atRelease, verifies := mode == 1, mode == 2
+				r, err := h.d.BatchGet(ctx, &pb.GetRequest{Session: ses, Keys: ks, DeadlineMs: 2000, CheckAtRelease: atRelease, ClientVerifies: verifies})
 				if err != nil {
 					continue
 				}
@@ -108,14 +129,32 @@ func FuzzDoor(f *testing.F) {
 					if p.GetStatus() != pb.GetStatus_GET_STATUS_HIT {
 						continue
 					}
+					if verifies && len(p.GetSums()) != len(p.GetSpans()) {
+						t.Fatalf("key %q: %d sums for %d spans", ks[i], len(p.GetSums()), len(p.GetSpans()))
+					}
+					bad := false
 					for k, s := range p.GetSpans() {
-						if !bytes.Equal(h.bytesOf(t, s), page(ks[i], k, int64(s.GetLength()))) {
+						b := h.bytesOf(t, s)
+						if verifies && crc32c.Checksum(b) != p.GetSums()[k] {
+							bad = true // the client's check: a miss, reported
+							continue
+						}
+						if !bytes.Equal(b, page(ks[i], k, int64(s.GetLength()))) {
 							if !atRelease {
 								t.Fatalf("key %q kind %d: wrong bytes on a hit", ks[i], k)
 							}
 							wrong = append(wrong, uint32(i))
 						}
 					}
+					if bad {
+						wrong = append(wrong, uint32(i))
+					}
+				}
+				if verifies {
+					if r.GetLease() != 0 {
+						_, _ = h.d.Release(ctx, &pb.ReleaseRequest{Session: ses, Lease: r.GetLease(), Corrupt: wrong})
+					}
+					continue
 				}
 				if atRelease {
 					if r.GetLease() == 0 {

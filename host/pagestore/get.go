@@ -55,6 +55,11 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 		return nil, err
 	}
 	wait := d.deadline(ctx, q.GetDeadlineMs())
+	// sumsFor: the hits' sums go out when the client checks them itself.
+	sumsFor := func([]uint32) []uint32 { return nil }
+	if q.GetClientVerifies() {
+		sumsFor = func(c []uint32) []uint32 { return c }
+	}
 	hs := make([]pagehash.Hash, len(keys))
 	ok := make([]bool, len(keys))
 	d.hashKeys(ses, keys, hs, ok)
@@ -104,7 +109,7 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 			d.updateEvictable(e)
 			d.hit(e)
 			l.pinned[i] = e
-			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_HIT, Tier: pb.Tier_TIER_L2, Spans: d.spansOf(e.slot)}
+			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_HIT, Tier: pb.Tier_TIER_L2, Spans: d.spansOf(e.slot), Sums: sumsFor(e.crc)}
 			check = append(check, i)
 			checkE, checkSlot, checkCRC = append(checkE, e), append(checkSlot, e.slot), append(checkCRC, e.crc)
 			continue
@@ -118,7 +123,7 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 	}
 	d.mu.Unlock()
 	if len(committing) > 0 {
-		d.awaitCommitting(ctx, wait, l, hs, committing, ready, out)
+		d.awaitCommitting(ctx, wait, l, hs, committing, ready, out, q.GetClientVerifies())
 	}
 	if len(cand) > 0 {
 		// Only pages the store holds take a slot (and may evict): a get
@@ -136,7 +141,7 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 				d.updateEvictable(e)
 				d.hit(e)
 				l.pinned[i] = e
-				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_HIT, Tier: pb.Tier_TIER_L2, Spans: d.spansOf(e.slot)}
+				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_HIT, Tier: pb.Tier_TIER_L2, Spans: d.spansOf(e.slot), Sums: sumsFor(e.crc)}
 				check = append(check, i)
 				checkE, checkSlot, checkCRC = append(checkE, e), append(checkSlot, e.slot), append(checkCRC, e.crc)
 				continue
@@ -175,12 +180,15 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 	if ld != nil {
 		d.startLoad(ld)
 	}
-	if !d.opt.SkipVerify && len(check) > 0 && q.GetCheckAtRelease() {
+	// NB: a client that verifies reads every hit's bytes once, as it
+	// copies them; the door then reads none (docs/store-api.md).
+	verify := !d.opt.SkipVerify && !q.GetClientVerifies()
+	if verify && len(check) > 0 && q.GetCheckAtRelease() {
 		pc := d.startCheck(ses, l, keys, check, checkE, checkSlot, checkCRC)
 		if d.afterStartCheck != nil {
 			d.afterStartCheck(pc)
 		}
-	} else if !d.opt.SkipVerify && len(check) > 0 {
+	} else if verify && len(check) > 0 {
 		bad := make([]bool, len(check))
 		d.forPages(len(check), func(j int) { bad[j] = !d.verify(checkSlot[j], checkCRC[j]) })
 		d.mu.Lock()
@@ -217,8 +225,8 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 					d.st.miss++
 					continue
 				}
-				slot := d.install(ld.hs[j], ld.slots[j], ld.crc[j], l, i)
-				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_HIT, Tier: pb.Tier_TIER_L3, Spans: d.spansOf(slot)}
+				slot, crc := d.install(ld.hs[j], ld.slots[j], ld.crc[j], l, i)
+				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_HIT, Tier: pb.Tier_TIER_L3, Spans: d.spansOf(slot), Sums: sumsFor(crc)}
 				d.st.hitL3++
 				d.st.readBytes += uint64(d.pageBytes)
 			}
@@ -255,7 +263,7 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 // positions committing, whose checksums their Commit is taking, and pins
 // those that became readable as L2 hits: their checksums were just taken
 // from these bytes, so they are not checked again.
-func (d *Door) awaitCommitting(ctx context.Context, wait time.Duration, l *lease, hs []pagehash.Hash, committing []int, ready []chan struct{}, out *pb.GetReply) {
+func (d *Door) awaitCommitting(ctx context.Context, wait time.Duration, l *lease, hs []pagehash.Hash, committing []int, ready []chan struct{}, out *pb.GetReply, sums bool) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for _, c := range ready {
@@ -282,6 +290,9 @@ func (d *Door) awaitCommitting(ctx context.Context, wait time.Duration, l *lease
 			d.hit(e)
 			l.pinned[i] = e
 			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_HIT, Tier: pb.Tier_TIER_L2, Spans: d.spansOf(e.slot)}
+			if sums {
+				out.Pages[i].Sums = e.crc
+			}
 			d.st.hitL2++
 			d.st.readBytes += uint64(d.pageBytes)
 		}
@@ -342,11 +353,12 @@ func (d *Door) startCheck(ses *session, l *lease, keys []string, check []int, es
 }
 
 // install makes a reloaded page readable (under d.mu) and, with a live
-// lease l, pins it for key i; it returns the slot the page lies in. A key
+// lease l, pins it for key i; it returns the slot the page lies in and
+// that page's checksums. A key
 // that is already committed keeps its entry (the reloaded slot is freed);
 // one that another client is setting pins the reloaded slot outside the
 // map.
-func (d *Door) install(h pagehash.Hash, slot int32, crc []uint32, l *lease, i int) int32 {
+func (d *Door) install(h pagehash.Hash, slot int32, crc []uint32, l *lease, i int) (int32, []uint32) {
 	pin := l != nil && !l.ended
 	if e := d.entries[h]; e != nil {
 		if e.state == stCommitted {
@@ -357,14 +369,14 @@ func (d *Door) install(h pagehash.Hash, slot int32, crc []uint32, l *lease, i in
 				l.pinned[i] = e
 			}
 			d.hit(e)
-			return e.slot
+			return e.slot, e.crc
 		}
 		if pin {
 			l.detached = append(l.detached, slot)
 		} else {
 			d.free = append(d.free, slot)
 		}
-		return slot
+		return slot, crc
 	}
 	e := &entry{hash: h, slot: slot, state: stCommitted, crc: crc}
 	if pin {
@@ -372,7 +384,7 @@ func (d *Door) install(h pagehash.Hash, slot int32, crc []uint32, l *lease, i in
 		l.pinned[i] = e
 	}
 	d.insert(e)
-	return slot
+	return slot, crc
 }
 
 // startLoad reads ld's pages from the store into their slots on a
@@ -415,7 +427,7 @@ func (d *Door) startLoad(ld *load) {
 		if ld.abandoned {
 			for j := range ld.slots {
 				if ld.hit[j] {
-					d.install(ld.hs[j], ld.slots[j], ld.crc[j], nil, 0)
+					_, _ = d.install(ld.hs[j], ld.slots[j], ld.crc[j], nil, 0)
 				} else {
 					d.free = append(d.free, ld.slots[j])
 				}
@@ -471,7 +483,13 @@ func (d *Door) Release(ctx context.Context, q *pb.ReleaseRequest) (*pb.ReleaseRe
 	if l == nil || l.set {
 		return nil, status.Errorf(codes.NotFound, "lease %d: no BatchGet lease of this session (released, expired, or never given)", q.GetLease())
 	}
+	for j, i := range q.GetCorrupt() {
+		if int(i) >= len(l.pinned) {
+			return nil, status.Errorf(codes.InvalidArgument, "corrupt[%d]: position %d, the lease's BatchGet had %d keys (the lease is still held)", j, i, len(l.pinned))
+		}
+	}
 	out := &pb.ReleaseReply{BootId: d.opt.BootID}
+	d.dropReported(ses, l, q.GetCorrupt())
 	if pc := l.chk; pc != nil {
 		// The check holds no lock while it reads; wait for it outside
 		// d.mu (it is CPU work over pinned pages: bounded).
@@ -493,4 +511,25 @@ func (d *Door) Release(ctx context.Context, q *pb.ReleaseRequest) (*pb.ReleaseRe
 	}
 	d.endLease(l, false)
 	return out, nil
+}
+
+// dropReported, under d.mu, drops the pages at the positions (already
+// range-checked) that a client_verifies get's client found corrupt as it
+// copied them: no later get is served them, and their next set stores
+// them again. A position whose page is not pinned by the lease (a miss, a
+// reload of a key another client is setting, a page dropped already)
+// has nothing to drop.
+func (d *Door) dropReported(ses *session, l *lease, corrupt []uint32) {
+	for _, i := range corrupt {
+		e := l.pinned[i]
+		if e == nil {
+			continue
+		}
+		l.pinned[i] = nil
+		e.pins--
+		d.st.corrupt++
+		d.st.verifyFailures++
+		d.log.Error("kvtier store: a client's copy of a slab page failed its checksum: dropped", "session", ses.id, "position", i, "slot", e.slot)
+		d.drop(e)
+	}
 }

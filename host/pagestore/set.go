@@ -160,6 +160,12 @@ func (d *Door) Commit(_ context.Context, q *pb.CommitRequest) (*pb.CommitReply, 
 		d.mu.Unlock()
 		return nil, status.Errorf(codes.InvalidArgument, "written: %d entries, the BatchSet had %d keys", len(written), len(l.status))
 	}
+	sums := q.GetSums()
+	nk := len(d.kinds)
+	if len(sums) != 0 && len(sums) != len(l.status)*nk {
+		d.mu.Unlock()
+		return nil, status.Errorf(codes.InvalidArgument, "sums: %d entries, want none or %d (%d keys x %d payload kinds)", len(sums), len(l.status)*nk, len(l.status), nk)
+	}
 	// The lease is ours now: take it out, so expiry cannot free what we
 	// commit.
 	l.ended = true
@@ -167,6 +173,7 @@ func (d *Door) Commit(_ context.Context, q *pb.CommitRequest) (*pb.CommitReply, 
 	delete(ses.leases, l.id)
 	var commit []*entry
 	var at []int
+	var crcs [][]uint32 // the client's sums per committed page (nil: none)
 	for i, e := range l.res {
 		if e == nil {
 			continue
@@ -174,6 +181,9 @@ func (d *Door) Commit(_ context.Context, q *pb.CommitRequest) (*pb.CommitReply, 
 		if written[i] {
 			commit = append(commit, e)
 			at = append(at, i)
+			if len(sums) > 0 {
+				crcs = append(crcs, append([]uint32(nil), sums[i*nk:(i+1)*nk]...))
+			}
 		} else {
 			d.abandon(e, false)
 		}
@@ -191,10 +201,11 @@ func (d *Door) Commit(_ context.Context, q *pb.CommitRequest) (*pb.CommitReply, 
 	}
 	d.mu.Unlock()
 	if len(commit) > 0 {
-		// The checksums are taken off the call: the client's copy is
-		// done and its backup thread goes on; a get of these pages waits
-		// for them (ready), a set finds them EXISTS, and a call that finds
-		// no free slot waits for them too (waitCommits).
+		// The checksums are taken off the call (unless the client gave
+		// them): the client's copy is done and its backup thread goes
+		// on; a get of these pages waits for them (ready), a set finds
+		// them EXISTS, and a call that finds no free slot waits for them
+		// too (waitCommits).
 		done := make(chan struct{})
 		d.mu.Lock()
 		if d.commits == nil {
@@ -203,7 +214,7 @@ func (d *Door) Commit(_ context.Context, q *pb.CommitRequest) (*pb.CommitReply, 
 		d.commits[done] = struct{}{}
 		d.mu.Unlock()
 		d.busy.Add(1) // NB: inside the Commit's own enter, as startLoad
-		go d.finishCommit(commit, done)
+		go d.finishCommit(commit, crcs, done)
 	}
 	return out, nil
 }
@@ -228,12 +239,15 @@ func (d *Door) waitCommits() bool {
 	return true
 }
 
-// finishCommit takes committed pages' checksums, makes them readable and
-// evictable, and starts their write-through with those checksums.
-func (d *Door) finishCommit(commit []*entry, done chan struct{}) {
+// finishCommit takes committed pages' checksums (or, when crcs is not
+// nil, the client's, unread), makes them readable and evictable, and
+// starts their write-through with those checksums.
+func (d *Door) finishCommit(commit []*entry, crcs [][]uint32, done chan struct{}) {
 	defer d.busy.Done()
-	crcs := make([][]uint32, len(commit))
-	d.forPages(len(commit), func(j int) { crcs[j] = d.checksum(commit[j].slot) })
+	if crcs == nil {
+		crcs = make([][]uint32, len(commit))
+		d.forPages(len(commit), func(j int) { crcs[j] = d.checksum(commit[j].slot) })
+	}
 	nk := len(d.kinds)
 	var puts []tiers.PutRequest
 	var items []putItem
