@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/kvtier/kvtier/api/storev1"
+	"github.com/kvtier/kvtier/internal/crc32c"
 )
 
 // ErrRestarted reports that serve restarted during the call; the client has
@@ -37,6 +38,14 @@ type Options struct {
 	// sooner, and Release says which hits failed (their Status turns
 	// GET_STATUS_CORRUPT) or, with an error, that none is confirmed.
 	CheckAtRelease bool
+	// ClientSums carries every page's CRC32C through the client
+	// (docs/store-api.md, "Checksums carried by the client"): Got.CopyOut
+	// copies a hit and checks it against the door's sum in one pass,
+	// Release reports the copies that failed, Reserved.CopyIn copies a
+	// page in and takes its sums in one pass, and Commit hands them over.
+	// The door then reads no page's bytes. It takes precedence over
+	// CheckAtRelease.
+	ClientSums bool
 }
 
 // Client is one session of the store door.
@@ -207,13 +216,52 @@ type Got struct {
 	Lease  uint64
 	Status []pb.GetStatus
 	Spans  [][][]byte
-	boot   string
+	// Sums has each hit's CRC32C per kind (Options.ClientSums).
+	Sums [][]uint32
+	boot string
+	// failed: the hits whose CopyOut failed its check, for Release.
+	failed []uint32
+}
+
+// CopyOut copies hit i's payload kinds into dst (one per kind, each at
+// least the kind's bytes). With Options.ClientSums it checks each copy
+// against the door's sum in the same pass: a copy that does not match is
+// a miss (false, and Status[i] turns GET_STATUS_CORRUPT), reported to the
+// door at Release. Without it, it copies and returns true.
+func (g *Got) CopyOut(i int, dst ...[]byte) (bool, error) {
+	if i < 0 || i >= len(g.Status) || g.Status[i] != pb.GetStatus_GET_STATUS_HIT {
+		return false, fmt.Errorf("kvtier storeclient: copy out of position %d: not a hit", i)
+	}
+	if len(dst) != len(g.Spans[i]) {
+		return false, fmt.Errorf("kvtier storeclient: copy out of position %d: %d destinations for %d payload kinds", i, len(dst), len(g.Spans[i]))
+	}
+	for k, src := range g.Spans[i] {
+		if len(dst[k]) < len(src) {
+			return false, fmt.Errorf("kvtier storeclient: copy out of position %d kind %d: %d bytes of room for %d", i, k, len(dst[k]), len(src))
+		}
+	}
+	if g.Sums == nil {
+		for k, src := range g.Spans[i] {
+			copy(dst[k], src)
+		}
+		return true, nil
+	}
+	ok := true
+	for k, src := range g.Spans[i] {
+		ok = crc32c.CopyUpdate(0, dst[k], src) == g.Sums[i][k] && ok
+	}
+	if !ok {
+		g.Status[i] = pb.GetStatus_GET_STATUS_CORRUPT
+		g.failed = append(g.failed, uint32(i))
+	}
+	return ok, nil
 }
 
 // Get pins keys' pages and returns where they lie.
 func (c *Client) Get(ctx context.Context, keys []string, deadlineMS uint32) (*Got, error) {
 	s, boot, maps := c.session()
-	r, err := c.rpc.BatchGet(ctx, &pb.GetRequest{Session: s, BootId: boot, Keys: keys, DeadlineMs: deadlineMS, CheckAtRelease: c.opts.CheckAtRelease})
+	r, err := c.rpc.BatchGet(ctx, &pb.GetRequest{Session: s, BootId: boot, Keys: keys, DeadlineMs: deadlineMS,
+		CheckAtRelease: c.opts.CheckAtRelease && !c.opts.ClientSums, ClientVerifies: c.opts.ClientSums})
 	if err != nil {
 		return nil, c.gone(ctx, "get", err)
 	}
@@ -224,10 +272,22 @@ func (c *Client) Get(ctx context.Context, keys []string, deadlineMS uint32) (*Go
 		return nil, fmt.Errorf("kvtier storeclient: get: %d pages for %d keys", len(r.GetPages()), len(keys))
 	}
 	g := &Got{Lease: r.GetLease(), Status: make([]pb.GetStatus, len(keys)), Spans: make([][][]byte, len(keys)), boot: boot}
+	if c.opts.ClientSums {
+		g.Sums = make([][]uint32, len(keys))
+	}
 	for i, p := range r.GetPages() {
 		g.Status[i] = p.GetStatus()
 		if p.GetStatus() != pb.GetStatus_GET_STATUS_HIT {
 			continue
+		}
+		if g.Sums != nil {
+			if len(p.GetSums()) != len(p.GetSpans()) {
+				// A serve older than client_verifies checked nothing for
+				// us and sent no sums: the page is unconfirmed, a miss.
+				g.Status[i] = pb.GetStatus_GET_STATUS_CORRUPT
+				continue
+			}
+			g.Sums[i] = p.GetSums()
 		}
 		for _, sp := range p.GetSpans() {
 			b, err := span(maps, sp)
@@ -251,12 +311,17 @@ func (c *Client) Release(ctx context.Context, g *Got) error {
 	}
 	s, boot, _ := c.session()
 	if boot != g.boot {
-		if c.opts.CheckAtRelease {
+		if c.opts.CheckAtRelease && !c.opts.ClientSums {
 			return ErrRestarted // the check went with the old serve
 		}
 		return nil // the pins went with the old serve
 	}
-	r, err := c.rpc.Release(ctx, &pb.ReleaseRequest{Session: s, BootId: boot, Lease: g.Lease})
+	r, err := c.rpc.Release(ctx, &pb.ReleaseRequest{Session: s, BootId: boot, Lease: g.Lease, Corrupt: g.failed})
+	if err != nil && c.opts.ClientSums {
+		// The copies were checked here: a failed Release costs the door
+		// its pins (they end with the lease), not the hits.
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("kvtier storeclient: release: %w", err)
 	}
@@ -279,6 +344,39 @@ type Reserved struct {
 	Status []pb.SetStatus
 	Spans  [][][]byte
 	boot   string
+	// sums: with Options.ClientSums, per key and kind (key-major) the
+	// CRC32C CopyIn took; summed[i]: key i's were taken.
+	sums   []uint32
+	summed []bool
+}
+
+// CopyIn copies src (one per payload kind, each the kind's bytes) into
+// reserved position i's spans; with Options.ClientSums it takes each
+// kind's CRC32C in the same pass, for Commit.
+func (rs *Reserved) CopyIn(i int, src ...[]byte) error {
+	if i < 0 || i >= len(rs.Status) || rs.Status[i] != pb.SetStatus_SET_STATUS_RESERVED {
+		return fmt.Errorf("kvtier storeclient: copy into position %d: not reserved", i)
+	}
+	if len(src) != len(rs.Spans[i]) {
+		return fmt.Errorf("kvtier storeclient: copy into position %d: %d sources for %d payload kinds", i, len(src), len(rs.Spans[i]))
+	}
+	for k, dst := range rs.Spans[i] {
+		if len(src[k]) != len(dst) {
+			return fmt.Errorf("kvtier storeclient: copy into position %d kind %d: %d bytes for a span of %d", i, k, len(src[k]), len(dst))
+		}
+	}
+	nk := len(rs.Spans[i])
+	for k, dst := range rs.Spans[i] {
+		if rs.sums == nil {
+			copy(dst, src[k])
+			continue
+		}
+		rs.sums[i*nk+k] = crc32c.CopyUpdate(0, dst, src[k])
+	}
+	if rs.summed != nil {
+		rs.summed[i] = true
+	}
+	return nil
 }
 
 // Set reserves slab spans for keys.
@@ -295,6 +393,10 @@ func (c *Client) Set(ctx context.Context, keys []string) (*Reserved, error) {
 		return nil, fmt.Errorf("kvtier storeclient: set: %d pages for %d keys", len(r.GetPages()), len(keys))
 	}
 	rs := &Reserved{Lease: r.GetLease(), Status: make([]pb.SetStatus, len(keys)), Spans: make([][][]byte, len(keys)), boot: boot}
+	if c.opts.ClientSums {
+		rs.sums = make([]uint32, len(keys)*len(c.Registration().GetKinds()))
+		rs.summed = make([]bool, len(keys))
+	}
 	for i, p := range r.GetPages() {
 		rs.Status[i] = p.GetStatus()
 		if p.GetStatus() != pb.SetStatus_SET_STATUS_RESERVED {
@@ -331,7 +433,18 @@ func (c *Client) Commit(ctx context.Context, rs *Reserved, written []bool) ([]bo
 	if boot != rs.boot {
 		return make([]bool, len(written)), ErrRestarted
 	}
-	r, err := c.rpc.Commit(ctx, &pb.CommitRequest{Session: s, BootId: boot, Lease: rs.Lease, Written: written})
+	var sums []uint32
+	if rs.sums != nil {
+		sums = rs.sums
+		for i, w := range written {
+			if w && !rs.summed[i] {
+				// Written other than by CopyIn: the door takes the sums.
+				sums = nil
+				break
+			}
+		}
+	}
+	r, err := c.rpc.Commit(ctx, &pb.CommitRequest{Session: s, BootId: boot, Lease: rs.Lease, Written: written, Sums: sums})
 	if err != nil {
 		return nil, fmt.Errorf("kvtier storeclient: commit: %w", err)
 	}
