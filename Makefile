@@ -1,5 +1,6 @@
 # kvtier — see README.md. Every target works on a fresh machine with Go 1.26.
 GO            ?= go
+CC            ?= cc
 BIN           ?= bin
 STATICCHECK   := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 VERSION       ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
@@ -18,10 +19,19 @@ PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
 PROTO_FILES   := $(wildcard plugins/proto/kvtier/*/v*/*.proto)
 API_PROTO     := api/kvtier/engine/v1/engine.proto api/kvtier/store/v1/store.proto
 
-.PHONY: build test bench plugins lint run proto clean
+.PHONY: build native test bench plugins lint run proto clean
 
-build:
+build: native
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/kvtier ./cmd/kvtier
+
+# The Python clients' one-pass copy + CRC-32C library (clients/python/kvtier/
+# native.py loads bin/libkvtiercopy.so from a checkout). Plain -O2: its
+# AVX-512 and SSE 4.2 functions carry target attributes and are picked at
+# load time, so one build runs on any x86-64 (and elsewhere on a table).
+NATIVE_SRC    := clients/python/kvtier/_native/kvtiercopy.c
+native:
+	@mkdir -p $(BIN)
+	$(CC) -O2 -shared -fPIC -o $(BIN)/libkvtiercopy.so $(NATIVE_SRC)
 
 # Plugin binaries used by the tests and the plugin benchmark.
 plugins:
