@@ -235,15 +235,46 @@ def copy_crc32c(dst_addr, src_addr, n, crc=0, stream=False):
     return f(crc, dst_addr, src_addr, n)
 
 
-def _u64s(name, seq, positive):
-    """seq as an array('Q'), each item checked: an int in (0, 2**64)."""
+def _numpy_array(seq):
+    """seq when it is a numpy array (numpy is imported only then)."""
+    if type(seq).__name__ != "ndarray":
+        return None
+    import numpy as np
+    return seq if isinstance(seq, np.ndarray) else None
+
+
+def _ints(name, seq, code, positive):
+    """(keepalive, address, max item) of seq as a C array of uint64
+    (code "Q") or uint32 ("I"), every item checked: an int in range, not
+    0 where positive. A numpy integer array is checked and converted
+    vectorized (no copy when it is already contiguous of that type);
+    anything else goes through array.array."""
+    a = _numpy_array(seq)
+    if a is not None:
+        import numpy as np
+        if a.ndim != 1 or a.dtype.kind not in "iu":
+            raise ValueError("%s: want a 1-D integer array, got %s of %s" % (name, a.shape, a.dtype))
+        if len(a) == 0:
+            return a, 0, -1
+        if a.dtype.kind == "i" and a.min() < 0:
+            raise ValueError("%s: item %d is negative" % (name, int(np.argmin(a))))
+        top = int(a.max())
+        if code == "I" and top > _U32_MAX:
+            raise ValueError("%s: item %d is past 2**32" % (name, int(np.argmax(a))))
+        a = np.ascontiguousarray(a, dtype=np.uint64 if code == "Q" else np.uint32)
+        if positive and not a.all():
+            raise ValueError("%s: item %d is 0" % (name, int(np.argmin(a != 0))))
+        return a, a.ctypes.data, top
     try:
-        a = seq if isinstance(seq, array.array) and seq.typecode == "Q" else array.array("Q", seq)
+        a = seq if isinstance(seq, array.array) and seq.typecode == code else array.array(code, seq)
     except (OverflowError, TypeError) as e:
-        raise ValueError("%s: every item must be an int in [0, 2**64): %s" % (name, e)) from None
-    if positive and len(a) and min(a) == 0:
+        raise ValueError("%s: every item must be an int in [0, 2**%d): %s"
+                         % (name, 64 if code == "Q" else 32, e)) from None
+    if len(a) == 0:
+        return a, 0, -1
+    if positive and min(a) == 0:
         raise ValueError("%s: item %d is 0" % (name, a.index(0)))
-    return a
+    return a, a.buffer_info()[0], max(a) if code == "I" else None
 
 
 def copy_pages(dsts, srcs, lens, groups=None, ngroups=None, stream=False):
@@ -257,8 +288,10 @@ def copy_pages(dsts, srcs, lens, groups=None, ngroups=None, stream=False):
     without ``groups`` (a plain vectored copy).
 
     The sequences are parallel, of equal length: lists of ints,
-    array.array('Q') (for groups any int array), or anything array.array
-    takes. ``stream=True``: non-temporal stores as in
+    array.array ('Q'; 'I' for groups: taken as they are), 1-D numpy
+    integer arrays (checked and converted vectorized: the cheap way for
+    thousands of pieces, no copy when already uint64 / uint32), or any
+    iterable of ints. ``stream=True``: non-temporal stores as in
     :func:`copy_crc32c`."""
     n = len(dsts)
     if len(srcs) != n:
@@ -267,22 +300,20 @@ def copy_pages(dsts, srcs, lens, groups=None, ngroups=None, stream=False):
         raise ValueError("lens: %d items, dsts has %d" % (len(lens), n))
     if groups is not None and len(groups) != n:
         raise ValueError("groups: %d items, dsts has %d" % (len(groups), n))
-    d = _u64s("dsts", dsts, True)
-    s = _u64s("srcs", srcs, True)
-    ln = _u64s("lens", lens, True)
-    sums = None
+    d = _ints("dsts", dsts, "Q", True)
+    s = _ints("srcs", srcs, "Q", True)
+    ln = _ints("lens", lens, "Q", True)
+    sums = g = None
     if groups is not None:
-        try:
-            g = groups if isinstance(groups, array.array) and groups.typecode == "I" else array.array("I", groups)
-        except (OverflowError, TypeError) as e:
-            raise ValueError("groups: every item must be an int in [0, 2**32): %s" % e) from None
-        top = max(g) + 1 if n else 0
+        g = _ints("groups", groups, "I", False)
+        top = g[2] + 1
         if ngroups is None:
             ngroups = top
         elif not isinstance(ngroups, int) or isinstance(ngroups, bool) or ngroups < 0 or ngroups > _U32_MAX:
             raise ValueError("ngroups: want an int in [0, 2**32), got %r" % (ngroups,))
         elif top > ngroups:
-            raise ValueError("groups: item %d is %d, not below ngroups %d" % (g.index(top - 1), top - 1, ngroups))
+            raise ValueError("groups: item %d is %d, not below ngroups %d"
+                             % (list(g[0]).index(top - 1), top - 1, ngroups))
         sums = array.array("I", bytes(4 * ngroups))
     elif ngroups is not None:
         raise ValueError("ngroups: given without groups")
@@ -290,7 +321,6 @@ def copy_pages(dsts, srcs, lens, groups=None, ngroups=None, stream=False):
         return None if sums is None else list(sums)
     lib = _need()
     f = lib.kvtier_copyv_crc32c_nt if stream else lib.kvtier_copyv_crc32c
-    f(n, d.buffer_info()[0], s.buffer_info()[0], ln.buffer_info()[0],
-      None if sums is None else g.buffer_info()[0],
-      None if sums is None or ngroups == 0 else sums.buffer_info()[0])
+    f(n, d[1], s[1], ln[1], None if sums is None else g[1],
+      None if sums is None else sums.buffer_info()[0])
     return None if sums is None else sums.tolist()

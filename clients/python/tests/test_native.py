@@ -250,6 +250,14 @@ def test_copy_pages(level, stream):
         # ngroups larger than used: the unused sums stay 0.
         sums = native.copy_pages(dsts, srcs, lens, array.array("I", groups), ngroups=npages + 2, stream=stream)
         assert sums == want + [0, 0], what
+        # numpy arrays (int64 addresses, as torch's data_ptr() arithmetic gives).
+        if np is not None:
+            dst[:] = bytes(len(dst))
+            sums = native.copy_pages(np.array(dsts, dtype=np.int64), np.array(srcs, dtype=np.uint64),
+                                     np.array(lens, dtype=np.int32), np.array(groups, dtype=np.int64),
+                                     stream=stream)
+            assert sums == want, what
+            assert dst[3:3 + npages * page] == src[7:7 + npages * page], what
         # No groups: a plain vectored copy.
         dst2 = bytearray(len(dst))
         dsts2 = [_addr(dst2, 3 + p * page + o) for p, o, _ in pieces]
@@ -299,6 +307,16 @@ def test_bad_input(native_lib):
         ("ngroups", lambda: native.copy_pages([a], [a], [8], ngroups=1)),
         ("level", lambda: native.set_accel(3)),
     ]
+    if np is not None:
+        cases += [
+            ("dsts", lambda: native.copy_pages(np.array([a, 0]), [a, a], [8, 8])),
+            ("srcs", lambda: native.copy_pages([a], np.array([-a]), [8])),
+            ("srcs", lambda: native.copy_pages([a], np.array([float(a)]), [8])),
+            ("srcs", lambda: native.copy_pages([a], np.array([[a]]), [8])),
+            ("lens", lambda: native.copy_pages([a], [a], np.array([0], dtype=np.uint64))),
+            ("groups", lambda: native.copy_pages([a], [a], [8], np.array([1 << 33]))),
+            ("groups", lambda: native.copy_pages([a], [a], [8], np.array([3]), ngroups=3)),
+        ]
     before = bytes(buf)
     for name, call in cases:
         with pytest.raises(ValueError) as e:
@@ -432,22 +450,32 @@ def test_bench_native(native_lib):
             ctypes.memmove(dbase + (s + p) * page, sbase + p * page, page)
             native.crc32c(dbase + (s + p) * page, page)
 
-    # Layer-major source: chunk c of page p at (c * npages + p) * chunk.
+    # Layer-major source: chunk c of page p at (c * npages + p) * chunk;
+    # the pieces in slab order (page by page), as numpy arrays (a client
+    # computes them vectorized), built once per destination slot.
+    import numpy as np
+    pp, cc = np.meshgrid(np.arange(npages, dtype=np.uint64), np.arange(chunks, dtype=np.uint64), indexing="ij")
+    pp, cc = pp.ravel(), cc.ravel()
+    src_addrs = sbase + (cc * npages + pp) * chunk
+    lens_arr = np.full(npages * chunks, chunk, dtype=np.uint64)
+    groups_arr = pp.astype(np.uint32)
+    dst_by_slot = {}
+
     def pieces(s):
-        d, sr, ln, g = [], [], [], []
-        for p in range(npages):
-            for c in range(chunks):
-                d.append(dbase + (s + p) * page + c * chunk)
-                sr.append(sbase + (c * npages + p) * chunk)
-                ln.append(chunk)
-                g.append(p)
-        return d, sr, ln, g
+        if s not in dst_by_slot:
+            dst_by_slot[s] = dbase + (s + pp) * page + cc * chunk
+        return dst_by_slot[s], src_addrs, lens_arr, groups_arr
 
     def copyv(stream, groups=True):
         def body(s):
             d, sr, ln, g = pieces(s)
             native.copy_pages(d, sr, ln, g if groups else None, stream=stream)
         return body
+
+    def memmove_pieces(s):
+        d, sr, _, _ = pieces(s)
+        for i in range(len(sr)):
+            ctypes.memmove(int(d[i]), int(sr[i]), chunk)
 
     def crc_native(s):
         for p in range(npages):
@@ -462,10 +490,12 @@ def test_bench_native(native_lib):
     rows = [
         ("torch copy_", run(torch_copy)),
         ("ctypes.memmove (the limit)", run(memmove)),
-        ("copy_pages, no sums (vectored memmove, 64 pieces/page)", run(copyv(False, False))),
+        ("ctypes.memmove per piece (64 pieces/page, layer-major src)", run(memmove_pieces)),
+        ("copy_pages, no sums (vectored memmove)", run(copyv(False, False))),
+        ("copy_pages, no sums, stream=True", run(copyv(True, False))),
         ("kvtier_copy_crc32c", run(one_pass(False))),
         ("kvtier_copy_crc32c_nt (stream=True)", run(one_pass(True))),
-        ("copy_pages + group sums (64 pieces/page)", run(copyv(False))),
+        ("copy_pages + group sums", run(copyv(False))),
         ("copy_pages + group sums, stream=True", run(copyv(True))),
         ("memmove then kvtier_crc32c (two passes)", run(two_pass)),
     ]
@@ -493,10 +523,21 @@ def test_bench_native(native_lib):
     for _ in range(20):
         native.copy_pages(d, sr, ln, g)
     t_call = (time.perf_counter() - t0) / 20
+    da, sa = np.array(d, dtype=np.uint64), np.array(sr, dtype=np.uint64)
+    la, ga = np.array(ln, dtype=np.uint64), np.array(g, dtype=np.uint32)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        native.copy_pages(da, sa, la, ga)
+    t_np = (time.perf_counter() - t0) / 20
+    t0 = time.perf_counter()
+    for _ in range(20):
+        native.copy_pages(d[:1], sr[:1], ln[:1], g[:1])
+    t_one = (time.perf_counter() - t0) / 20
     lim = rows[1][1]
     print("\naccel path %d; %d rounds of %d x %d-byte pages into a %d-slot destination, best of 3"
           % (hw, rounds, npages, page, slots))
     for name, gbs in rows:
         print("%-58s %6.2f GB/s  %5.2fx memmove" % (name, gbs, gbs / lim))
-    print("128 pages x 64 pieces: building the lists %.0f us, copy_pages (1-byte pieces) %.0f us"
-          % (t_lists * 1e6, t_call * 1e6))
+    print("128 pages x 64 pieces: building the lists %.0f us; copy_pages (1-byte pieces) from lists "
+          "%.0f us, from numpy arrays %.0f us; one piece %.1f us"
+          % (t_lists * 1e6, t_call * 1e6, t_np * 1e6, t_one * 1e6))

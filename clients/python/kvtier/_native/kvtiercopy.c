@@ -431,6 +431,12 @@ static uint32_t avx_copy_update(uint32_t s, unsigned char *dst, const unsigned c
     return s;
 }
 
+/* Streaming copy, dst 64-byte aligned, n a multiple of 64. */
+AVX512 static void stream64(unsigned char *dst, const unsigned char *src, size_t n) {
+    for (size_t i = 0; i < n; i += 64)
+        _mm512_stream_si512((void *)(dst + i), _mm512_loadu_si512(src + i));
+}
+
 SSE42 static void sfence(void) { _mm_sfence(); }
 
 #endif /* __x86_64__ */
@@ -509,14 +515,19 @@ uint32_t kvtier_copy_crc32c_nt(uint32_t crc, void *dst, const void *src, size_t 
 /* A plain copy (no sum), streaming where the path can. */
 static void nt_copy(void *dst, const void *src, size_t n) {
 #if defined(__x86_64__)
-    if (kvtier_native_accel() >= 1 && n >= FOLD_MIN && !overlap(dst, src, n)) {
+    int accel = kvtier_native_accel();
+    if (accel >= 1 && n >= FOLD_MIN && !overlap(dst, src, n)) {
         unsigned char *d = dst;
         const unsigned char *s = src;
-        size_t head = (size_t)(-(uintptr_t)d & 15);
+        size_t a = accel == 2 ? 64 : 16;
+        size_t head = (size_t)(-(uintptr_t)d & (a - 1));
         memcpy(d, s, head);
         d += head, s += head, n -= head;
-        size_t m = n & ~(size_t)15;
-        stream16(d, s, m);
+        size_t m = n & ~(a - 1);
+        if (accel == 2)
+            stream64(d, s, m);
+        else
+            stream16(d, s, m);
         memcpy(d + m, s + m, n - m);
         return;
     }
