@@ -325,6 +325,48 @@ def test_bad_input(native_lib):
     assert bytes(buf) == before
 
 
+def test_search_order(monkeypatch):
+    here = os.path.dirname(os.path.abspath(native.__file__))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(here)))
+    monkeypatch.delenv("KVTIER_NATIVE_LIB", raising=False)
+    assert [p for _, p in native._candidates()] == [
+        os.path.join(here, "_native", "libkvtiercopy.so"),
+        os.path.join(repo, "bin", "libkvtiercopy.so"),
+    ]
+    assert os.path.isfile(os.path.join(repo, "Makefile")), repo
+    monkeypatch.setenv("KVTIER_NATIVE_LIB", "/x/y.so")
+    assert [p for _, p in native._candidates()] == ["/x/y.so"]
+
+
+def test_threads(native_lib):
+    """Four threads copying and summing at once (the GIL is released in
+    the calls) each get their own right sums."""
+    import threading
+
+    results = {}
+
+    def work(t):
+        rng = random.Random(SEED + t)
+        src = bytearray(rng.randbytes(300000))
+        dst = bytearray(300000)
+        pieces = _pages(rng, 3, 100000, 8)
+        sums = None
+        for _ in range(20):
+            sums = native.copy_pages([_addr(dst, p * 100000 + o) for p, o, _ in pieces],
+                                     [_addr(src, p * 100000 + o) for p, o, _ in pieces],
+                                     [n for _, _, n in pieces], [p for p, _, _ in pieces])
+        results[t] = (sums, [ref_crc32c(src[p * 100000:(p + 1) * 100000]) for p in range(3)], dst == src)
+
+    ts = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for t in range(4):
+        sums, want, same = results[t]
+        assert sums == want and same, "seed=%d thread=%d" % (SEED + t, t)
+
+
 def test_missing_library(native_lib, monkeypatch, tmp_path):
     missing = str(tmp_path / "nope.so")
     monkeypatch.setenv("KVTIER_NATIVE_LIB", missing)
@@ -350,6 +392,54 @@ def test_env_accel(native_lib):
         e = dict(os.environ, KVTIER_NATIVE_LIB=native_lib, KVTIER_NATIVE_ACCEL=env)
         out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True).stdout.split()
         assert out == [str(want), str(want_sum)], (env, out)
+
+
+_PORTABLE_SNIPPET = """
+import ctypes, random, sys
+sys.path.insert(0, %r)
+from kvtier import native
+rng = random.Random(%d)
+out = [native.accel(), native.set_accel(2)]
+for n in (1, 7, 64, 1023, 1025, 12289, 70001):
+    src = bytearray(rng.randbytes(n))
+    dst = bytearray(n + 3)
+    a = ctypes.addressof((ctypes.c_char * len(src)).from_buffer(src))
+    b = ctypes.addressof((ctypes.c_char * len(dst)).from_buffer(dst))
+    c1 = native.crc32c(bytes(src))
+    c2 = native.copy_crc32c(b + 3, a, n, stream=True)
+    same = bytes(dst[3:]) == bytes(src)
+    h = n // 2
+    c3 = c1
+    if h:
+        dst[:] = bytes(len(dst))
+        c3 = native.copy_pages([b + 3, b + 3 + h], [a, a + h], [h, n - h], [0, 0])[0]
+        same = same and bytes(dst[3:]) == bytes(src)
+    out.append([n, c1, c2, c3, same])
+print(repr(out))
+"""
+
+
+def test_portable_build(native_lib, tmp_path):
+    """The code for CPUs other than x86-64 (the table alone), built here
+    with -DKVTIER_NO_X86, against the reference."""
+    import ast
+    import shutil
+
+    cc = shutil.which("cc")
+    lib = str(tmp_path / "libkvtiercopy-portable.so")
+    src = os.path.join(os.path.dirname(os.path.abspath(native.__file__)), "_native", "kvtiercopy.c")
+    subprocess.run([cc, "-DKVTIER_NO_X86", "-O2", "-shared", "-fPIC", "-Wall", "-o", lib, src], check=True)
+    code = _PORTABLE_SNIPPET % (os.path.dirname(os.path.dirname(os.path.abspath(native.__file__))), SEED)
+    e = dict(os.environ, KVTIER_NATIVE_LIB=lib)
+    r = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = ast.literal_eval(r.stdout)
+    assert out[:2] == [0, 0], out[:2]
+    rng = random.Random(SEED)
+    for n, c1, c2, c3, same in out[2:]:
+        data = rng.randbytes(n)
+        want = ref_crc32c(data)
+        assert (c1, c2, c3, same) == (want, want, want, True), "seed=%d n=%d" % (SEED, n)
 
 
 def test_fuzz(native_lib):

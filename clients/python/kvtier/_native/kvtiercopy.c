@@ -82,7 +82,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__)
+/* -DKVTIER_NO_X86 builds the portable code alone on x86-64 (its tests). */
+#if defined(__x86_64__) && !defined(KVTIER_NO_X86)
+#define KVTIER_X86 1
 #include <immintrin.h>
 #endif
 
@@ -198,7 +200,7 @@ __attribute__((constructor)) static void kvtier_native_init(void) {
         }
 
     int hw = 0;
-#if defined(__x86_64__)
+#if defined(KVTIER_X86)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("sse4.2")) {
         hw = 1;
@@ -225,7 +227,7 @@ int kvtier_native_set_accel(int level) {
     return level;
 }
 
-#if defined(__x86_64__)
+#if defined(KVTIER_X86)
 
 /* ---- SSE 4.2 ---- */
 
@@ -442,12 +444,12 @@ AVX512 static void stream64(unsigned char *dst, const unsigned char *src, size_t
 
 SSE42 static void sfence(void) { _mm_sfence(); }
 
-#endif /* __x86_64__ */
+#endif /* KVTIER_X86 */
 
 /* ---- the API ---- */
 
 static uint32_t raw_update(int accel, uint32_t s, const unsigned char *p, size_t n) {
-#if defined(__x86_64__)
+#if defined(KVTIER_X86)
     if (accel == 2)
         return avx_update(s, p, n);
     if (accel == 1)
@@ -491,7 +493,7 @@ static uint32_t copy_update(uint32_t crc, void *dst, const void *src, size_t n, 
         memmove(dst, src, n);
         return crc;
     }
-#if defined(__x86_64__)
+#if defined(KVTIER_X86)
     if (accel == 2)
         return ~avx_copy_update(~crc, dst, src, n, nt);
     if (accel == 1)
@@ -508,7 +510,7 @@ uint32_t kvtier_copy_crc32c(uint32_t crc, void *dst, const void *src, size_t n) 
 
 uint32_t kvtier_copy_crc32c_nt(uint32_t crc, void *dst, const void *src, size_t n) {
     crc = copy_update(crc, dst, src, n, 1);
-#if defined(__x86_64__)
+#if defined(KVTIER_X86)
     if (kvtier_native_accel() >= 1)
         sfence();
 #endif
@@ -517,7 +519,7 @@ uint32_t kvtier_copy_crc32c_nt(uint32_t crc, void *dst, const void *src, size_t 
 
 /* A plain copy (no sum), streaming where the path can. */
 static void nt_copy(void *dst, const void *src, size_t n) {
-#if defined(__x86_64__)
+#if defined(KVTIER_X86)
     int accel = kvtier_native_accel();
     if (accel >= 1 && n >= FOLD_MIN && !overlap(dst, src, n)) {
         unsigned char *d = dst;
@@ -563,7 +565,7 @@ void kvtier_copyv_crc32c(size_t npieces, void *const *dst, const void *const *sr
 void kvtier_copyv_crc32c_nt(size_t npieces, void *const *dst, const void *const *src,
                             const uint64_t *len, const uint32_t *group, uint32_t *sums) {
     copyv(npieces, dst, src, len, group, sums, 1);
-#if defined(__x86_64__)
+#if defined(KVTIER_X86)
     if (kvtier_native_accel() >= 1)
         sfence();
 #endif
