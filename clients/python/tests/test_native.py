@@ -594,6 +594,9 @@ def test_bench_native(native_lib):
         for lv in range(hw, -1, -1):
             native.set_accel(lv)
             rows.append(("kvtier_crc32c alone, path %d" % lv, run(crc_native)))
+        for lv in range(hw - 1, -1, -1):
+            native.set_accel(lv)
+            rows.append(("kvtier_copy_crc32c, path %d" % lv, run(one_pass(False))))
     finally:
         native.set_accel(2)
     if _ref_mod is not None:
