@@ -36,10 +36,11 @@
  *       stream (from dst's first 64-byte boundary; the head is stored as
  *       usual); short copies (< 1 KiB), overlapping buffers and the table
  *       path copy as kvtier_copy_crc32c does. Opt-in, not the default: on
- *       the AMD EPYC VM it was measured on it ran 0.77-0.92x of
- *       kvtier_copy_crc32c for 2.75 MiB pages into a 1 GiB destination
- *       (docs/perf.md, "Native copy+CRC-32C for the Python clients");
- *       measure on the target host before turning it on.
+ *       the AMD EPYC VM it was measured on, summing with streaming stores
+ *       ran 0.75-0.9x of the ordinary stores (2.75 MiB pages, whole or in
+ *       44 KiB pieces, into a 1 GiB destination), while a plain vectored
+ *       copy (kvtier_copyv_crc32c_nt with group NULL) gained 15-30%
+ *       (docs/perf.md, "Native copy+CRC-32C for the Python clients").
  *
  *   void kvtier_copyv_crc32c(size_t npieces, void *const *dst,
  *                            const void *const *src, const uint64_t *len,
