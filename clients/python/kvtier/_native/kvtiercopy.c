@@ -10,7 +10,8 @@
  *
  * Build: cc -O2 -shared -fPIC -o libkvtiercopy.so kvtiercopy.c
  * (no -m flags: the AVX-512 and SSE 4.2 functions carry target attributes
- * and are picked at load time from what the CPU has).
+ * and are picked at load time from what the CPU has). -DKVTIER_NO_X86
+ * builds the portable code alone, as on other CPUs (for its tests).
  *
  * C API (stable; every function is thread-safe and reentrant, takes no
  * lock and keeps no state but the tables and the path chosen at load time):
@@ -33,13 +34,13 @@
  *       the slab, which serve reads from another process later): dst's
  *       lines are not pulled into the cache and the stores are fenced
  *       (sfence) before it returns. Only the AVX-512 and SSE 4.2 paths
- *       stream (from dst's first 64-byte boundary; the head is stored as
- *       usual); short copies (< 1 KiB), overlapping buffers and the table
+ *       stream (from dst's first 64- or 16-byte boundary; the head is
+ *       stored as usual); short copies (< 1 KiB), overlapping buffers and the table
  *       path copy as kvtier_copy_crc32c does. Opt-in, not the default: on
  *       the AMD EPYC VM it was measured on, summing with streaming stores
  *       ran 0.75-0.9x of the ordinary stores (2.75 MiB pages, whole or in
  *       44 KiB pieces, into a 1 GiB destination), while a plain vectored
- *       copy (kvtier_copyv_crc32c_nt with group NULL) gained 15-30%
+ *       copy (kvtier_copyv_crc32c_nt with group NULL) gained about 30%
  *       (docs/perf.md, "Native copy+CRC-32C for the Python clients").
  *
  *   void kvtier_copyv_crc32c(size_t npieces, void *const *dst,
