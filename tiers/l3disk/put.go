@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvtier/kvtier/internal/bgprio"
 	"github.com/kvtier/kvtier/internal/crc32c"
+	"github.com/kvtier/kvtier/internal/memcopy"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l3disk/diskfs"
 )
@@ -110,7 +111,10 @@ func (s *Store) gatherLoop() {
 		b := buf.Bytes()
 		crc := it.sum
 		if it.hasSum {
-			copy(b[HeaderSize:HeaderSize+pb], it.src)
+			// Streaming stores: the staging buffer is read next by the
+			// disk's DMA, not by a core, so its lines need not pass
+			// through (and evict) the cache.
+			memcopy.Copy(b[HeaderSize:HeaderSize+pb], it.src)
 		} else {
 			// One pass: the copy and the checksum of what it copied.
 			crc = crc32c.CopyUpdate(0, b[HeaderSize:HeaderSize+pb], it.src)
