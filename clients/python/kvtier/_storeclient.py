@@ -1,6 +1,7 @@
 """What the page-store clients (kvtier.sglang, kvtier.vllm,
-kvtier.vllm_tier) share: the default socket and serve's slab files mapped
-into the client's process."""
+kvtier.vllm_tier) share: the default socket, serve's slab files mapped
+into the client's process, and batches of copies that also take each
+page's CRC32C (the native library, kvtier.native)."""
 
 import ctypes
 import mmap
@@ -8,6 +9,8 @@ import os
 import threading
 
 import numpy as np
+
+from kvtier import native as _native
 
 
 def default_socket():
@@ -118,3 +121,40 @@ class MappedSlab:
             except BufferError:
                 pass  # a tensor over it still lives; the map goes with it
         self.maps = []
+
+
+def native_sums():
+    """Whether the clients carry each page's CRC32C (docs/store-api.md,
+    "Checksums carried by the client"): the native library is loaded
+    (kvtier.native) and $KVTIER_CLIENT_SUMS is not "0". Without it the
+    clients copy with memmove and serve takes and checks the sums."""
+    return _native.available() and os.environ.get("KVTIER_CLIENT_SUMS", "1") != "0"
+
+
+class PieceBatch:
+    """A batch of copies (dst address, src address, bytes, group) run by
+    one native call (the GIL released throughout) that also returns the
+    CRC32C of each group's source bytes, taken in the order the pieces
+    were added: a page kind's pieces go in the order of its slab bytes."""
+
+    def __init__(self):
+        self.dst, self.src, self.len, self.group = [], [], [], []
+
+    def __len__(self):
+        return len(self.dst)
+
+    def add(self, dst, src, n, group):
+        self.dst.append(dst)
+        self.src.append(src)
+        self.len.append(n)
+        self.group.append(group)
+
+    def truncate(self, n):
+        """Drops the pieces added after the first n (a page that failed
+        half way through adding its own)."""
+        del self.dst[n:], self.src[n:], self.len[n:], self.group[n:]
+
+    def run(self, ngroups):
+        """Copies every piece; the list of ngroups CRC32C (0 for a group
+        with no piece)."""
+        return _native.copy_pages(self.dst, self.src, self.len, self.group, ngroups)

@@ -34,7 +34,8 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, PoolHitPolicy, PoolName, PoolTransferResult
 
 from kvtier.store.v1 import store_pb2 as pb
-from kvtier._storeclient import MappedSlab, default_socket as _default_socket, dtype_name as _dtype_name
+from kvtier._storeclient import MappedSlab, PieceBatch, native_sums as _native_sums, default_socket as _default_socket, \
+    dtype_name as _dtype_name
 from kvtier.store.v1 import store_pb2_grpc as pbg
 
 logger = logging.getLogger(__name__)
@@ -392,9 +393,17 @@ class KvtierStorage(HiCacheStorage):
                 break
         return total
 
-    def _get_pages(self, keys, copy_out):
+    def _get_pages(self, keys, copy_out, pieces_out=None):
         """BatchGet keys; for each HIT calls copy_out(i, slab, spans) (the
-        copy slab -> destination); returns list[bool]. Pins are released."""
+        copy slab -> destination); returns list[bool]. Pins are released.
+
+        With pieces_out (pieces_out(i, slab, spans, batch, group0) adds the
+        page's copies to a PieceBatch, kind k's in the order of its slab
+        bytes under group group0 + k) and the native library, the batch's
+        copies run in one call that also takes each kind's CRC32C, checked
+        against the sums serve sent (client_verifies): serve reads no page."""
+        if pieces_out is not None and _native_sums():
+            return self._get_pages_verified(keys, pieces_out)
         results = [False] * len(keys)
         for lo, hi in self._batches(len(keys)):
             idx = [i for i in range(lo, hi) if self._key_ok(keys[i])]
@@ -445,10 +454,111 @@ class KvtierStorage(HiCacheStorage):
         self.counters["hit_pages"] += sum(results)
         return results
 
-    def _set_pages(self, keys, copy_in):
+    def _get_pages_verified(self, keys, pieces_out):
+        """_get_pages with the client's check: one native copy of the
+        batch, each page's CRC32C compared with serve's sums; a page whose
+        copy differs is a miss, reported at Release (serve drops it)."""
+        nk = len(self.kind_bytes)
+        results = [False] * len(keys)
+        for lo, hi in self._batches(len(keys)):
+            idx = [i for i in range(lo, hi) if self._key_ok(keys[i])]
+            if not idx:
+                continue
+            ks = [keys[i] for i in idx]
+            # NB: check_at_release too: a serve older than client_verifies
+            # ignores it, sends no sums and checks while we copy instead.
+            rep, session, boot, slab, _ = self._rpc(
+                "BatchGet", lambda s, b: pb.GetRequest(session=s, boot_id=b, keys=ks, deadline_ms=self.get_deadline_ms,
+                                                       check_at_release=True, client_verifies=True),
+                hold=True)
+            mine, theirs, bad = [], [], []  # hits checked here; by serve (no sums); failed here
+            corrupt = None  # None: serve's check (of pages without sums) is unconfirmed
+            try:
+                if len(rep.pages) != len(ks):
+                    raise ValueError("BatchGet: %d pages for %d keys" % (len(rep.pages), len(ks)))
+                batch = PieceBatch()
+                for j, page in enumerate(rep.pages):
+                    if page.status != pb.GET_STATUS_HIT:
+                        continue
+                    try:
+                        if len(page.spans) != nk:
+                            raise ValueError("%d spans, want %d" % (len(page.spans), nk))
+                        if len(page.sums) not in (0, nk):
+                            raise ValueError("%d sums, want %d" % (len(page.sums), nk))
+                        mark = len(batch)
+                        try:
+                            pieces_out(idx[j], slab, page.spans, batch, j * nk)
+                        except ValueError:
+                            batch.truncate(mark)
+                            raise
+                        (mine if page.sums else theirs).append(j)
+                    except (ValueError, RuntimeError) as e:
+                        self.counters["errors"] += 1
+                        logger.error("kvtier: get of page %r: %s", keys[idx[j]], e)
+                sums = batch.run(len(ks) * nk)
+                for j in mine:
+                    want = rep.pages[j].sums
+                    if any(sums[j * nk + k] != want[k] for k in range(nk)):
+                        bad.append(j)
+            finally:
+                slab.release()
+                if rep.lease and not theirs and not bad:
+                    # Every hit was checked here and passed: nothing in the
+                    # reply is needed, so the Release is not waited for (a
+                    # failure is logged, and the lease then ends by
+                    # itself). A failed page's report is waited for: serve
+                    # has dropped it when the call returns, so a retry
+                    # does not find it again.
+                    self._release_async(session, boot, rep.lease, bad)
+                    corrupt = set()
+                elif rep.lease:
+                    try:
+                        rel = self._stub.Release(pb.ReleaseRequest(session=session, boot_id=boot, lease=rep.lease, corrupt=bad),
+                                                 timeout=self._remaining(0.1))
+                        corrupt = set(rel.corrupt)
+                    except (grpc.RpcError, ValueError) as e:
+                        # The pins end with the lease; the pages checked
+                        # here stay good, serve's checks are unconfirmed.
+                        logger.info("kvtier: release of lease %d: %s", rep.lease, e)
+                else:
+                    corrupt = set()
+            for j in bad:
+                self.counters["corrupt_pages"] += 1
+                logger.error("kvtier: page %r failed its check as it was copied: a miss", keys[idx[j]])
+            for j in mine:
+                if j not in bad:
+                    results[idx[j]] = True
+            for j in theirs:
+                if corrupt is not None and j not in corrupt:
+                    results[idx[j]] = True
+                elif corrupt is not None:
+                    self.counters["corrupt_pages"] += 1
+        self.counters["get_pages"] += len(keys)
+        self.counters["hit_pages"] += sum(results)
+        return results
+
+    def _release_async(self, session, boot, lease, corrupt):
+        """Sends a Release without waiting for its reply."""
+        def done(f):
+            e = f.exception()
+            if e is not None:
+                logger.info("kvtier: release of lease %d: %s (its pins end with the lease)", lease, e)
+        try:
+            f = self._stub.Release.future(pb.ReleaseRequest(session=session, boot_id=boot, lease=lease, corrupt=corrupt),
+                                          timeout=self.timeout)
+            f.add_done_callback(done)
+        except (grpc.RpcError, ValueError) as e:  # a channel closed meanwhile
+            logger.info("kvtier: release of lease %d: %s", lease, e)
+
+    def _set_pages(self, keys, copy_in, pieces_in=None):
         """BatchSet keys; for each RESERVED page calls copy_in(i, slab,
         spans) (the copy source -> slab), then commits; returns list[bool]
-        (True: stored now or already)."""
+        (True: stored now or already).
+
+        With pieces_in (as _get_pages' pieces_out, source -> slab) and the
+        native library, the batch's copies run in one call that also takes
+        each kind's CRC32C, and Commit hands the sums to serve, which then
+        reads no page."""
         results = [False] * len(keys)
         for lo, hi in self._batches(len(keys)):
             idx = [i for i in range(lo, hi) if self._key_ok(keys[i])]
@@ -457,13 +567,18 @@ class KvtierStorage(HiCacheStorage):
             ks = [keys[i] for i in idx]
             rep, session, boot, slab, _ = self._rpc("BatchSet", lambda s, b: pb.SetRequest(session=s, boot_id=b, keys=ks),
                                                     hold=True)
+            sums = None
             try:
-                written = self._fill(rep, ks, idx, keys, slab, copy_in, results)
+                if pieces_in is not None and _native_sums():
+                    written, sums = self._fill_summed(rep, ks, idx, keys, slab, pieces_in, results)
+                else:
+                    written = self._fill(rep, ks, idx, keys, slab, copy_in, results)
             finally:
                 slab.release()
             if rep.lease:
                 try:
-                    c = self._stub.Commit(pb.CommitRequest(session=session, boot_id=boot, lease=rep.lease, written=written),
+                    c = self._stub.Commit(pb.CommitRequest(session=session, boot_id=boot, lease=rep.lease, written=written,
+                                                           sums=sums or []),
                                           timeout=self._remaining(0.1))
                 except (grpc.RpcError, ValueError) as e:
                     if isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.NOT_FOUND:
@@ -497,6 +612,30 @@ class KvtierStorage(HiCacheStorage):
                     self.counters["errors"] += 1
                     logger.error("kvtier: set of page %r: %s", keys[idx[j]], e)
         return written
+
+    def _fill_summed(self, rep, ks, idx, keys, slab, pieces_in, results):
+        """_fill in one native call that also takes every written page's
+        CRC32C: the Commit's written[] and sums[]."""
+        if len(rep.pages) != len(ks):
+            raise _Lost("BatchSet: %d pages for %d keys" % (len(rep.pages), len(ks)))
+        nk = len(self.kind_bytes)
+        written = [False] * len(ks)
+        batch = PieceBatch()
+        for j, page in enumerate(rep.pages):
+            if page.status == pb.SET_STATUS_EXISTS:
+                results[idx[j]] = True
+            elif page.status == pb.SET_STATUS_RESERVED:
+                mark = len(batch)
+                try:
+                    if len(page.spans) != nk:
+                        raise ValueError("%d spans, want %d" % (len(page.spans), nk))
+                    pieces_in(idx[j], slab, page.spans, batch, j * nk)
+                    written[j] = True
+                except (ValueError, RuntimeError) as e:
+                    batch.truncate(mark)
+                    self.counters["errors"] += 1
+                    logger.error("kvtier: set of page %r: %s", keys[idx[j]], e)
+        return written, batch.run(len(ks) * nk)
 
     # ---- copies between the host pool and the slab -----------------------
 
@@ -554,7 +693,14 @@ class KvtierStorage(HiCacheStorage):
                     _memmove(addr, src, n)
                     src += n
 
-        res = self._guard(lambda: self._get_pages(keys, copy_out), len(keys), "batch_get_v1")
+        def pieces_out(i, slab, spans, batch, g):
+            for k, span in enumerate(spans):
+                src = slab.check(span, self.kind_bytes[k])
+                for addr, n in meta[i][k]:
+                    batch.add(addr, src, n, g + k)
+                    src += n
+
+        res = self._guard(lambda: self._get_pages(keys, copy_out, pieces_out), len(keys), "batch_get_v1")
         self._observe("prefetch", sum(res), t0)
         return res
 
@@ -575,7 +721,14 @@ class KvtierStorage(HiCacheStorage):
                     _memmove(dst, addr, n)
                     dst += n
 
-        res = self._guard(lambda: self._set_pages(keys, copy_in), len(keys), "batch_set_v1")
+        def pieces_in(i, slab, spans, batch, g):
+            for k, span in enumerate(spans):
+                dst = slab.check(span, self.kind_bytes[k])
+                for addr, n in meta[i][k]:
+                    batch.add(dst, addr, n, g + k)
+                    dst += n
+
+        res = self._guard(lambda: self._set_pages(keys, copy_in, pieces_in), len(keys), "batch_set_v1")
         self._observe("backup", sum(res), t0)
         return res
 
@@ -643,7 +796,11 @@ class KvtierStorage(HiCacheStorage):
             for k, span in enumerate(spans):
                 views[i][k].copy_(slab.view(span, self.kind_bytes[k]))
 
-        res = self._guard(lambda: self._get_pages(ks, copy_out), len(keys), "batch_get")
+        def pieces_out(i, slab, spans, batch, g):
+            for k, span in enumerate(spans):
+                batch.add(views[i][k].data_ptr(), slab.check(span, self.kind_bytes[k]), self.kind_bytes[k], g + k)
+
+        res = self._guard(lambda: self._get_pages(ks, copy_out, pieces_out), len(keys), "batch_get")
         self._observe("prefetch", sum(res), t0)
         return [targets[i] if ok else None for i, ok in enumerate(res)]
 
@@ -677,7 +834,11 @@ class KvtierStorage(HiCacheStorage):
             for k, span in enumerate(spans):
                 slab.view(span, self.kind_bytes[k]).copy_(views[i][k])
 
-        res = self._guard(lambda: self._set_pages(ks, copy_in), len(keys), "batch_set")
+        def pieces_in(i, slab, spans, batch, g):
+            for k, span in enumerate(spans):
+                batch.add(slab.check(span, self.kind_bytes[k]), views[i][k].data_ptr(), self.kind_bytes[k], g + k)
+
+        res = self._guard(lambda: self._set_pages(ks, copy_in, pieces_in), len(keys), "batch_set")
         self._observe("backup", sum(res), t0)
         return res
 

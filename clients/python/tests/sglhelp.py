@@ -305,9 +305,9 @@ class HugeMount:
             self._added = 0
 
 
-def store_yaml(kinds, slab_pages, l3_mib=64, mount=None):
-    payloads = "\n".join("    - {name: %s, page_bytes: %dKiB}" % (k, KIND_BYTES >> 10) for k in kinds)
-    slab = slab_pages * len(kinds) * KIND_BYTES
+def store_yaml(kinds, slab_pages, l3_mib=64, mount=None, kind_bytes=KIND_BYTES, page_tokens=PAGE_TOKENS):
+    payloads = "\n".join("    - {name: %s, page_bytes: %dKiB}" % (k, kind_bytes >> 10) for k in kinds)
+    slab = slab_pages * len(kinds) * kind_bytes
     # NB: without a mount of the test's own, a directory that is never
     # hugetlbfs: the shm fallback on every host. With the default
     # /dev/hugepages mounted, the slab would round up to 2 MiB pages and
@@ -333,7 +333,7 @@ policy:
   evictor: lru
 write_policy: write_through
 ranks: {world_size: 1, rank: 0}
-""" % (PAGE_TOKENS, payloads, slab, mnt, l3_mib)
+""" % (page_tokens, payloads, slab, mnt, l3_mib)
 
 
 class Serve:

@@ -15,6 +15,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer
 from sglang.srt.metrics.collector import StorageMetrics
 
+from kvtier import native
 from kvtier.sglang import KvtierError, KvtierStorage
 from kvtier.store.v1 import store_pb2 as pb
 from sglhelp import KIND_BYTES, Controller, HostPool, HugeMount, Serve, chain_keys, page_data, storage_config, store_yaml
@@ -22,8 +23,9 @@ from sglhelp import KIND_BYTES, Controller, HostPool, HugeMount, Serve, chain_ke
 LAYOUTS = ("layer_first", "page_first")
 
 
-def start_serve(kvtier_bin, tmp_path, mla, slab_pages, name="data", lease="2s", mount=None):
-    s = Serve(kvtier_bin, str(tmp_path / name), store_yaml(("kv",) if mla else ("k", "v"), slab_pages, mount=mount), lease=lease)
+def start_serve(kvtier_bin, tmp_path, mla, slab_pages, name="data", lease="2s", mount=None, l3_mib=64, **geometry):
+    s = Serve(kvtier_bin, str(tmp_path / name),
+              store_yaml(("kv",) if mla else ("k", "v"), slab_pages, mount=mount, l3_mib=l3_mib, **geometry), lease=lease)
     s.start()
     return s
 
@@ -156,6 +158,19 @@ def test_namespaces_per_rank(kvtier_bin, tmp_path):
         s.stop()
 
 
+# The 8-rank test's geometry: a page of 64 tokens and 8 layers, 1 MiB per
+# rank (MHA: 4 heads of 128 dims a rank, k and v of 512 KiB; MLA: one
+# 1024-dim latent kind of 1 MiB): pages no larger than a small model's at
+# TP 8 (a 70B model's MHA page is 2.5 MiB a rank, DeepSeek-V3's MLA page
+# 4.3 MiB), so the figure is the data path's, not the call overhead of
+# 4 MiB batches.
+TP8_TOKENS, TP8_HEAD_DIM, TP8_MLA_DIM = 64, 128, 1024
+
+
+def tp8_kind_bytes(mla):
+    return TP8_TOKENS * 8 * (TP8_MLA_DIM if mla else 4 * TP8_HEAD_DIM) * 2
+
+
 def tp_rank_main(sock, rank, ranks, mla, n, rounds, batch, barrier, q):
     """One SGLang TP rank in its own process: back up n pages of its own
     (MHA: its heads' bytes; MLA: rank 0 only, as SGLang does), read every
@@ -164,7 +179,8 @@ def tp_rank_main(sock, rank, ranks, mla, n, rounds, batch, barrier, q):
     torch copies, every rank at once (barriers)."""
     try:
         torch.set_num_threads(1)
-        pool = HostPool(mla, "page_first", pages=n + 2 * batch)
+        pool = HostPool(mla, "page_first", pages=n + 2 * batch, page_size=TP8_TOKENS, head_dim=TP8_HEAD_DIM,
+                        kv_dim=TP8_MLA_DIM)
         b = backend(sock, pool, mla, tp_rank=rank, tp_size=ranks)
         salt = "mla" if mla else rank
         keys = chain_keys("tp8-%s" % mla, n)
@@ -213,17 +229,21 @@ def test_eight_tp_ranks(kvtier_bin, tmp_path, mla_tp):
     """8 client processes (spawn), one per TP rank, against one serve:
     every page read back verified; the 8 together against the same
     processes' torch copies of the same bytes, in parallel."""
-    ranks, n, rounds, batch = 8, 24, 6, 32
-    # A slab that holds every page of the run (8 x (24 + 32 + 6 x 32)):
-    # the sets measure the door, not waits for the L3 to make room. On
-    # hugetlbfs where the machine allows: the 8 fresh processes' first
+    ranks, n, rounds, batch = 8, 8, 3, 64
+    # A slab that holds every page of the run (8 x (8 + 64 + 64 + 3 x
+    # 64), 2.6 GiB): the sets measure the door, not waits for the L3 to
+    # make room.
+    # On hugetlbfs where the machine allows: the 8 fresh processes' first
     # writes through their maps of the shm fallback measure the VM's page
     # faults, not kvtier.
-    huge = HugeMount(2048 * (1 if mla_tp else 2) * KIND_BYTES >> 20)
+    slab_pages = ranks * (n + 2 * batch + rounds * batch)
+    kind_bytes = tp8_kind_bytes(mla_tp)
+    huge = HugeMount(slab_pages * (1 if mla_tp else 2) * kind_bytes >> 20)
     if huge.path is None:
         print("\nno hugetlbfs (%s): the slab is on the shm fallback" % huge.why)
     try:
-        s = start_serve(kvtier_bin, tmp_path, mla_tp, 2048, mount=huge.path)
+        s = start_serve(kvtier_bin, tmp_path, mla_tp, slab_pages, mount=huge.path,
+                        kind_bytes=kind_bytes, page_tokens=TP8_TOKENS)
     except BaseException:
         huge.close()
         raise
@@ -249,7 +269,7 @@ def test_eight_tp_ranks(kvtier_bin, tmp_path, mla_tp):
     assert sum(r[3] for r in res) > 0
     print("\nkvtier.sglang %s: 8 ranks together %.2f GB/s (batch_set_v1 + batch_get_v1, pages of %d KiB, "
           "batches of %d; set %.0f%% of the time), their torch copies of the same bytes in parallel %.2f GB/s: "
-          "%.2fx memcpy" % ("MLA" if mla_tp else "MHA", kv / 1e9, (64 if mla_tp else 128), batch,
+          "%.2fx memcpy" % ("MLA" if mla_tp else "MHA", kv / 1e9, (kind_bytes >> 10) * (1 if mla_tp else 2), batch,
                             100 * sum(r[8] for r in res) / sum(r[4] for r in res), mem / 1e9, kv / mem))
 
 
@@ -419,11 +439,17 @@ def test_same_key_at_once(kvtier_bin, tmp_path):
         s.stop()
 
 
-def test_scribbled_page_is_a_miss(kvtier_bin, tmp_path):
-    """A committed slab page that something scribbled on fails the check
-    serve runs while the client copies it (check_at_release): batch_get_v1
-    answers False for it alone, never its wrong bytes; the others load
-    whole; a retry reloads the L3's copy whole or misses."""
+@pytest.mark.parametrize("client_sums", [True, False], ids=["client-sums", "serve-sums"])
+def test_scribbled_page_is_a_miss(kvtier_bin, tmp_path, monkeypatch, client_sums):
+    """A committed slab page that something scribbled on fails the check:
+    the client's, over the bytes it copies, against the sums it gave at
+    Commit (client-sums: the native library), or the one serve runs while
+    the client copies it (check_at_release). batch_get_v1 answers False
+    for it alone, never its wrong bytes; the others load whole; a retry
+    reloads the L3's copy whole or misses."""
+    if client_sums and not native.available():
+        pytest.fail("the native library did not load: %s" % native.why())
+    monkeypatch.setenv("KVTIER_CLIENT_SUMS", "1" if client_sums else "0")
     s = start_serve(kvtier_bin, tmp_path, False, 64)
     try:
         keys = chain_keys("scribble", 4)
@@ -439,6 +465,7 @@ def test_scribbled_page_is_a_miss(kvtier_bin, tmp_path):
         assert b.batch_get_v1(keys, pool.slot_indices(range(4, 8))) == [True, True, False, True]
         assert wrong_pages(pool, [keys[i] for i in (0, 1, 3)], [4, 5, 7], 0) == []
         assert b.counters["corrupt_pages"] == 1
+        assert b.door_stats()["corrupt_pages"] == 1  # serve dropped it, whoever checked
         # Dropped from the slab; the write-through's L3 copy (when it
         # landed before the scribble: the gather checks too) reloads whole.
         pool.kv_buffer.zero_()
