@@ -134,9 +134,11 @@ def test_engine_sends_sums(serve, monkeypatch):
     conn.finish(req)
     conn.step()
 
-    # Without python3-crc32c: no sums, and serve is fine with that.
+    # Without the native library and python3-crc32c: no sums, and serve
+    # is fine with that.
     from kvtier import checksum
     monkeypatch.setattr(checksum, "_crc32c", None)
+    monkeypatch.setattr(checksum._native, "available", lambda: False)
     assert not checksum.available() and checksum.plan_sums([b"x"]) is None
     sent = conn.sums_sent
     eng2 = Engine(conn, seed=4)
@@ -146,9 +148,18 @@ def test_engine_sends_sums(serve, monkeypatch):
     conn.close()
 
 
-def test_checksum_vector():
-    pytest.importorskip("crc32c")
+@pytest.mark.parametrize("source", ["native", "python3-crc32c"])
+def test_checksum_vector(monkeypatch, source):
+    """Each implementation kvtier.checksum takes gives the CRC-32C check
+    value and the same plan sums; the native one is preferred."""
     from kvtier import checksum
+    if source == "native":
+        assert checksum._native.available(), checksum._native.why()
+        assert checksum.source() == "native"
+    else:
+        pytest.importorskip("crc32c")
+        monkeypatch.setattr(checksum._native, "available", lambda: False)
+        assert checksum.source() == "python3-crc32c"
     assert checksum.crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
     import numpy as np
     a = np.arange(4096, dtype=np.uint32).view(np.uint8)
