@@ -59,10 +59,18 @@ type SumKeeper interface {
 type GetRequest struct {
 	// Key is the page hash and payload kind to read.
 	Key Key
-	// Dst receives exactly the payload's page_bytes. It is written only
-	// with verified bytes; on a miss its content is unspecified (the host
+	// Dst receives exactly the payload's page_bytes. A hit leaves the
+	// verified bytes there; on a miss its content is unspecified (the
+	// store may have copied bytes that then failed their check; the host
 	// does not expose it: the page is not inserted).
 	Dst Span
+	// Sum and HasSum are outputs: a store that verified the page against
+	// a checksum it keeps (a SumKeeper) sets Sum to that CRC-32C of the
+	// bytes it left in Dst and HasSum on a hit, so the host need not read
+	// the page again for it. A store that keeps none leaves them unset.
+	// A backward-compatible minor addition, as PutRequest.Sum.
+	Sum    uint32
+	HasSum bool
 }
 
 // AckStage is the stage a Put item reached.

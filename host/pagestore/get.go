@@ -418,9 +418,21 @@ func (d *Door) startLoad(ld *load) {
 			d.forgetMissed(ld, res)
 		}
 		d.forPages(len(ld.slots), func(j int) {
-			if ld.hit[j] {
-				ld.crc[j] = d.checksum(ld.slots[j])
+			if !ld.hit[j] {
+				return
 			}
+			// The store's own sums, when it verified every kind against
+			// one it keeps (GetRequest.HasSum): the page is not read again.
+			crc := make([]uint32, nk)
+			for k := range nk {
+				r := batch[j*nk+k]
+				if !r.HasSum {
+					ld.crc[j] = d.checksum(ld.slots[j])
+					return
+				}
+				crc[k] = r.Sum
+			}
+			ld.crc[j] = crc
 		})
 		d.mu.Lock()
 		d.loading -= len(ld.slots)

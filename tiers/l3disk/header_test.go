@@ -67,6 +67,10 @@ func TestVerifySlot(t *testing.T) {
 	if p, err := verifySlot(buf, h.Kind, h.Epoch, h.Hash, pb); err != nil || len(p) != pb {
 		t.Fatalf("verify good slot: %v", err)
 	}
+	dst := make([]byte, pb)
+	if sum, err := copyVerifiedSlot(dst, buf, h.Kind, h.Epoch, h.Hash, pb); err != nil || sum != h.PayloadCRC || !bytes.Equal(dst, buf[HeaderSize:HeaderSize+pb]) {
+		t.Fatalf("copy out of a good slot: sum %#x (header %#x), %v", sum, h.PayloadCRC, err)
+	}
 	other := h.Hash
 	other[0] ^= 1
 	for _, tc := range []struct {
@@ -91,6 +95,9 @@ func TestVerifySlot(t *testing.T) {
 			tc.mut(b)
 			if _, err := verifySlot(b, tc.kind, tc.epoch, tc.hash, tc.pb); !errors.Is(err, tc.want) {
 				t.Fatalf("verify: %v, want %v", err, tc.want)
+			}
+			if _, err := copyVerifiedSlot(make([]byte, tc.pb), b, tc.kind, tc.epoch, tc.hash, tc.pb); !errors.Is(err, tc.want) {
+				t.Fatalf("copy out: %v, want %v", err, tc.want)
 			}
 		})
 	}

@@ -287,6 +287,34 @@ func (r *rig) get(pages []testPage, base int) []error {
 	return res
 }
 
+// checkGetSums gets pages and returns how many hits came back with
+// HasSum set; a hit's Sum other than the CRC-32C of its bytes, or a miss
+// with HasSum, fails the test.
+func (r *rig) checkGetSums(pages []testPage) int {
+	r.t.Helper()
+	reqs := make([]tiers.GetRequest, len(pages))
+	for i, p := range pages {
+		reqs[i] = tiers.GetRequest{Key: p.key, Dst: r.span(i, p.key.Kind)}
+	}
+	res := make([]error, len(pages))
+	if err := r.store.Get(context.Background(), reqs, res); err != nil {
+		r.t.Fatalf("get: %v", err)
+	}
+	n := 0
+	for i, p := range pages {
+		switch {
+		case res[i] != nil && reqs[i].HasSum:
+			r.t.Fatalf("get %s: a miss with a sum", p.key)
+		case res[i] == nil && reqs[i].HasSum:
+			if want := crc32c.Checksum(p.data); reqs[i].Sum != want {
+				r.t.Fatalf("get %s: sum %#x, the page's CRC-32C is %#x", p.key, reqs[i].Sum, want)
+			}
+			n++
+		}
+	}
+	return n
+}
+
 func countHits(res []error) int {
 	n := 0
 	for _, e := range res {

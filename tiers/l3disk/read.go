@@ -105,14 +105,16 @@ func (s *Store) Get(ctx context.Context, batch []tiers.GetRequest, results []err
 			// reads never takes every core from the callers (a serve
 			// step's goroutines).
 			done := make(chan struct{})
+			var sum uint32
 			s.checks <- func() {
 				defer close(done)
-				var p []byte
-				if p, err = verifySlot(buf.Bytes(), uint8(k), rec.Epoch, r.Key.Hash, s.pageBytes[k]); err == nil {
-					copy(dsts[i], p)
-				}
+				// One pass: the copy out and the check of what it copied.
+				sum, err = copyVerifiedSlot(dsts[i], buf.Bytes(), uint8(k), rec.Epoch, r.Key.Hash, s.pageBytes[k])
 			}
 			<-done
+			if err == nil {
+				batch[i].Sum, batch[i].HasSum = sum, true
+			}
 			if err != nil {
 				s.st.corrupt.Add(1)
 				results[i] = miss(r.Key, fmt.Sprintf("slot %d of %s failed verification", rec.Slot, f.path), err)

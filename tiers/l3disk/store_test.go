@@ -75,6 +75,11 @@ func TestSpillReloadByteExact(t *testing.T) {
 					t.Fatalf("after load: %d of %d hit", h, len(pages))
 				}
 			}
+			// Every hit hands back the sum it was verified against
+			// (GetRequest.Sum), the CRC-32C of the bytes it left in Dst.
+			if n := r.checkGetSums(kv); n != len(kv) {
+				t.Fatalf("%d of %d hits carried their sum", n, len(kv))
+			}
 			r.checkConsistent()
 			r.close()
 

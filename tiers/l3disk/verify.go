@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kvtier/kvtier/internal/crc32c"
 	"github.com/kvtier/kvtier/pagehash"
 )
 
@@ -34,6 +35,27 @@ func verifySlot(buf []byte, kind uint8, epoch uint64, hash pagehash.Hash, pageBy
 		return nil, fmt.Errorf("payload crc %#08x, header says %#08x: %w", got, h.PayloadCRC, ErrPayloadCorrupt)
 	}
 	return p, nil
+}
+
+// copyVerifiedSlot is verifySlot that also copies the payload into dst
+// (at least pageBytes long) in the same pass as its CRC, and returns the
+// CRC. On an error dst holds unverified bytes (GetRequest.Dst is then
+// unspecified).
+func copyVerifiedSlot(dst, buf []byte, kind uint8, epoch uint64, hash pagehash.Hash, pageBytes int64) (uint32, error) {
+	h, err := DecodeSlotHeader(buf)
+	if err != nil {
+		return 0, err
+	}
+	if err := matchHeader(h, kind, epoch, hash, pageBytes); err != nil {
+		return 0, err
+	}
+	if int64(len(buf)) < HeaderSize+pageBytes {
+		return 0, fmt.Errorf("slot buffer of %d bytes holds no %d-byte payload: %w", len(buf), pageBytes, ErrPayloadCorrupt)
+	}
+	if got := crc32c.CopyUpdate(0, dst[:pageBytes], buf[HeaderSize:HeaderSize+pageBytes]); got != h.PayloadCRC {
+		return 0, fmt.Errorf("payload crc %#08x, header says %#08x: %w", got, h.PayloadCRC, ErrPayloadCorrupt)
+	}
+	return h.PayloadCRC, nil
 }
 
 // matchHeader checks a decoded header against what the index promises.
