@@ -23,6 +23,7 @@ import (
 	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/host/placement"
 	"github.com/kvtier/kvtier/host/stack"
+	"github.com/kvtier/kvtier/internal/crc32c"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
 )
@@ -95,6 +96,9 @@ type Stats struct {
 	// FailedOps counts ops this rank reported failed, by kind ("copy",
 	// "put", "get", "lookup", "timeout").
 	FailedOps map[string]int64
+	// SumFailures counts spilled pages whose slab bytes no longer matched
+	// the engine's sum when a store that keeps no sums gathered them.
+	SumFailures int64
 	// Ticks is the number of ticks.
 	Ticks uint64
 }
@@ -157,6 +161,10 @@ type batch struct {
 	// pages are the L2 pages a backup's items write, per item: where the
 	// sums of a pool's acks or of the engine's completion go.
 	pages []slabPage
+	// sums (a put to a store that keeps no sums, when an item carries
+	// the engine's): per item, what to check the slab against once the
+	// store has gathered it.
+	sums []putSum
 	// state per item: 0 pending, 1 gathered, 2 terminal.
 	state    []uint8
 	gathered int
@@ -166,18 +174,34 @@ type batch struct {
 	okBytes  int64
 }
 
+// putSum is one put item's engine sum, checked against the slab when a
+// store that keeps no sums of its own (not a tiers.SumKeeper) has
+// gathered it: such a store computes its checksum over what it gathered,
+// so a page changed in the slab since the engine wrote it would be
+// stored under a valid-looking checksum of its own.
+type putSum struct {
+	span tiers.Span
+	sum  uint32
+	has  bool
+	bad  bool // the slab no longer matched at the gather
+}
+
 // Node owns one Machine and runs it against a stack. It is not safe for
 // concurrent use: the one goroutine that calls it owns the Machine.
 type Node struct {
-	m      *control.Machine
-	s      *stack.Stack
-	store  tiers.Store
-	group  Group
-	engine Engine
-	log    *slog.Logger
-	opts   Options
-	layout placement.Layout
-	kinds  int
+	m     *control.Machine
+	s     *stack.Stack
+	store tiers.Store
+	// storeKeepsSums: the store keeps the put's sums as given
+	// (tiers.SumKeeper); otherwise the Node checks the slab at the
+	// gather of every put that carries an engine's sum.
+	storeKeepsSums bool
+	group          Group
+	engine         Engine
+	log            *slog.Logger
+	opts           Options
+	layout         placement.Layout
+	kinds          int
 
 	// plans is the L1 pool when the engine runs its copies (RunsPlans),
 	// else nil.
@@ -255,6 +279,9 @@ func New(s *stack.Stack, m *control.Machine, opts Options) (*Node, error) {
 		jobReady: make(chan struct{}, 1),
 	}
 	n.plans, _ = s.Pool.(planPool)
+	if sk, ok := st.(tiers.SumKeeper); ok {
+		n.storeKeepsSums = sk.KeepsPutSums()
+	}
 	// NB: the worker's context is the Node's life, never a caller's: a
 	// step's context ends with the step, long before its lookup runs.
 	n.jobCtx, n.jobCancel = context.WithCancel(context.Background())
@@ -654,16 +681,19 @@ func (n *Node) putAck(a tiers.Ack, b *batch) {
 		}
 		b.state[a.Index] = 1
 		b.gathered++
+		n.checkGathered(b, a.Index)
 	case tiers.AckDurable, tiers.AckFailed:
 		if first {
 			b.gathered++
 			if a.Stage == tiers.AckFailed {
 				b.gFailed = true
+			} else {
+				n.checkGathered(b, a.Index)
 			}
 		}
 		b.state[a.Index] = 2
 		b.terminal++
-		if a.Stage == tiers.AckFailed {
+		if a.Stage == tiers.AckFailed || (b.sums != nil && b.sums[a.Index].bad) {
 			b.failed = true
 		} else {
 			b.okBytes += b.bytes[a.Index]
@@ -683,6 +713,28 @@ func (n *Node) putAck(a tiers.Ack, b *batch) {
 		}
 		n.done(b.op, control.StageDurable, !b.failed)
 	}
+}
+
+// checkGathered checks put item i of b, just gathered by a store that
+// keeps no sums, against the engine's sum: a page that changed in the
+// slab since the engine wrote it fails the spill (the Machine rolls it
+// back and deletes the store's copy, which it computed its own checksum
+// over), so the store never keeps it as valid. A Node reads the page
+// once for this, on the goroutine that drains; a SumKeeper store needs
+// no check (a changed page is a miss at its every read).
+func (n *Node) checkGathered(b *batch, i int) {
+	if b.sums == nil || !b.sums[i].has {
+		return
+	}
+	ps := &b.sums[i]
+	src, err := n.s.Slab.Bytes(ps.span)
+	if err == nil && crc32c.Checksum(src) == ps.sum {
+		return
+	}
+	ps.bad = true
+	b.gFailed = true
+	n.stats.SumFailures++
+	n.log.Error("kvtier host: a page changed in the slab after the engine wrote it, before the store gathered it: the spill fails", "op", uint64(b.op), "item", i, "err", err)
 }
 
 // Settle drains acks and store results until no batch and no store

@@ -240,7 +240,19 @@ func (n *Node) finish(j *storeJob) {
 			n.fail(j.op, "put", control.StageGathered, control.StageDurable)
 			return
 		}
-		n.puts[j.batch] = &batch{op: j.op, kind: "put", bytes: j.sizes, state: make([]uint8, len(j.puts))}
+		b := &batch{op: j.op, kind: "put", bytes: j.sizes, state: make([]uint8, len(j.puts))}
+		if !n.storeKeepsSums {
+			for i, r := range j.puts {
+				if !r.HasSum {
+					continue
+				}
+				if b.sums == nil {
+					b.sums = make([]putSum, len(j.puts))
+				}
+				b.sums[i] = putSum{span: r.Src, sum: r.Sum, has: true}
+			}
+		}
+		n.puts[j.batch] = b
 	}
 }
 

@@ -209,6 +209,20 @@ func TestNodeCarriesPlanSums(t *testing.T) {
 	if st := n.Stats(); st.L2ToL3 == 0 {
 		t.Fatalf("nothing spilled: %+v", st)
 	}
+	// The recorder hides the memstore's kind: a store that keeps no sums,
+	// so the Node checks the slab at each gather against the engine's
+	// sum. These sums are random, never the slab's bytes: every spill that
+	// carried one failed there, and every other spill went through.
+	if st := n.Stats(); st.SumFailures != int64(carried) {
+		t.Fatalf("%d spills failed their gather check, want the %d that carried a (random) sum", st.SumFailures, carried)
+	}
+	// ... and the Machine deleted the copies the store gathered: none of
+	// those pages is held below, under the store's own checksum.
+	for h := range want {
+		if got, err := rec.Store.LongestPrefix(ctx, 0, []pagehash.Hash{h}); err != nil || got != 0 {
+			t.Fatalf("page %x, spilled only with a sum that failed, is in the store (%d, %v)", h[:8], got, err)
+		}
+	}
 	if err := n.Machine().CheckInvariants(); err != nil {
 		t.Fatal(err)
 	}
@@ -265,6 +279,11 @@ func TestNodeCarriesPoolSums(t *testing.T) {
 		case !p.HasSum || p.Sum != w:
 			t.Errorf("spill of %v: sum %#x (has %t), want the pool's %#x", p.Key, p.Sum, p.HasSum, w)
 		}
+	}
+	// The recorder hides l3disk's SumKeeper: the Node checked every
+	// gather against the pool's sum, and every one matched.
+	if st := d.n.Stats(); st.SumFailures != 0 {
+		t.Fatalf("%d spills failed their gather check against the pool's right sums", st.SumFailures)
 	}
 	t.Logf("%d spills, each with the pool's sum; stats %+v", len(rec.puts), d.n.Stats())
 }
