@@ -1215,7 +1215,8 @@ class _Blocks:
             lens[:, k] = size
         groups = np.broadcast_to(np.arange(npg * nk, dtype=np.uint32).reshape(npg, nk, 1), (npg, nk, nl))
         sums = _native.copy_pages(dst.ravel(), src.ravel(), lens.ravel(), groups.ravel(), npg * nk)
-        self.c._count(copy_summed_blocks=npg if (nl == len(self.layers) or li[0] == 0) else 0)
+        if nl == len(self.layers) or li[0] == 0:  # a sync load's blocks counted at its first layer
+            self.c._count(copy_summed_blocks=npg)
         return np.array(sums, dtype=np.uint32)
 
     def chain(self, acc, layer_sums):

@@ -638,7 +638,7 @@ class KvtierTier(SecondaryTierManager):
     def submit_load(self, job_metadata):
         """Queues a load of job_metadata.keys into the primary rows
         job_metadata.block_ids; success only when every page arrived whole
-        and passed serve's check."""
+        and passed its CRC32C check (the tier's with client sums, else serve's)."""
         self._submit(self._loads, job_metadata, "load")
 
     def _submit(self, q, job, what):
