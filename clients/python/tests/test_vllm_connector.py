@@ -509,16 +509,36 @@ class _Worker:
         self.w.shutdown()
 
 
+class _OldServe:
+    """Fault injection: a serve older than client_verifies. The flag is
+    dropped from every GetRequest on the way out, so serve sends no sums
+    and checks at release (check_at_release), as such a serve would."""
+
+    def __init__(self, stub):
+        self._stub = stub
+
+    def __getattr__(self, name):
+        return getattr(self._stub, name)
+
+    def BatchGet(self, req, **kw):
+        r = pb.GetRequest()
+        r.CopyFrom(req)
+        r.client_verifies = False
+        return self._stub.BatchGet(r, **kw)
+
+
 @pytest.mark.parametrize("mode", ["async", "sync"])
-@pytest.mark.parametrize("client_sums", [True, False], ids=["client-sums", "serve-sums"])
-def test_scribbled_page_fails_its_load(kvtier_bin, tmp_path, monkeypatch, client_sums, mode):
+@pytest.mark.parametrize("sums", ["client-sums", "serve-sums", "old-serve"])
+def test_scribbled_page_fails_its_load(kvtier_bin, tmp_path, monkeypatch, sums, mode):
     """A committed slab page that something scribbled on (through the
     worker's own slab map) fails its check: the client's, over the bytes
     it copies, against the sums it gave at Commit (client-sums; a
     synchronous load chains each layer's sums), or serve's while it is
-    copied (check_at_release). Its block is reported by
+    copied (check_at_release: serve-sums, and old-serve, a serve that
+    ignores client_verifies and sends no sums). Its block is reported by
     get_block_ids_with_load_errors (vLLM recomputes it, never uses it),
     the other blocks load whole, serve counts it corrupt and drops it."""
+    client_sums = sums != "serve-sums"
     if client_sums and not native.available():
         pytest.fail("the native library did not load: %s" % native.why())
     monkeypatch.setenv("KVTIER_CLIENT_SUMS", "1" if client_sums else "0")
@@ -527,6 +547,8 @@ def test_scribbled_page_fails_its_load(kvtier_bin, tmp_path, monkeypatch, client
     wk = None
     try:
         wk = _Worker(s.sock, mode)
+        if sums == "old-serve":
+            wk.w._worker.door.stub = _OldServe(wk.w._worker.door.stub)
         hashes = [os.urandom(32) for _ in range(4)]
         src, dst = [1, 2, 3, 4], [9, 11, 10, 13]
         wk.save(hashes, src)

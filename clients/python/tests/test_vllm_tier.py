@@ -465,20 +465,42 @@ def _scribble_own(door, tier, key):
     b.value ^= 0xFF
 
 
-@pytest.mark.parametrize("client_sums", [True, False], ids=["client-sums", "serve-sums"])
-def test_scribbled_page_fails_either_check(kvtier_bin, tmp_path, monkeypatch, client_sums):
+class OldServe:
+    """Fault injection: a serve older than client_verifies. The flag is
+    dropped from every GetRequest on the way out, so serve sends no sums
+    and checks at release (check_at_release), as such a serve would."""
+
+    def __init__(self, stub):
+        self._stub = stub
+
+    def __getattr__(self, name):
+        return getattr(self._stub, name)
+
+    def BatchGet(self, req, **kw):
+        r = pb.GetRequest()
+        r.CopyFrom(req)
+        r.client_verifies = False
+        return self._stub.BatchGet(r, **kw)
+
+
+@pytest.mark.parametrize("mode", ["client-sums", "serve-sums", "old-serve"])
+def test_scribbled_page_fails_either_check(kvtier_bin, tmp_path, monkeypatch, mode):
     """A committed slab page scribbled on through the tier's own slab map
     fails its check: the tier's, over the bytes it copies, against the
     sums it gave at Commit (client-sums: the native library), or serve's
-    while the tier copies it (check_at_release). Its load job fails (vLLM
-    never uses the bytes), the key is a miss from then on, the other
-    blocks load whole, and serve counts it corrupt (and drops it)."""
+    while the tier copies it (check_at_release: serve-sums, and old-serve,
+    a serve that ignores client_verifies and sends no sums). Its load job
+    fails (vLLM never uses the bytes), the key is a miss from then on, the
+    other blocks load whole, and serve counts it corrupt (and drops it)."""
+    client_sums = mode != "serve-sums"
     if client_sums and not native.available():
         pytest.fail("the native library did not load: %s" % native.why())
     monkeypatch.setenv("KVTIER_CLIENT_SUMS", "1" if client_sums else "0")
     s = start_serve(kvtier_bin, tmp_path, 64)
     t = Tiering(32)
     tier = make_tier(s.sock, t)
+    if mode == "old-serve":
+        tier._stub = OldServe(tier._stub)
     door = Door(s.sock, tier.namespace)
     try:
         good, bad = ReqContext(req_id="good"), ReqContext(req_id="bad")
@@ -489,7 +511,7 @@ def test_scribbled_page_fails_either_check(kvtier_bin, tmp_path, monkeypatch, cl
         _scribble_own(door, tier, ks[2])
         assert t.run(ks[:2] + ks[3:], good) == 3
         assert t.wrong(ks[:2] + ks[3:]) == []
-        assert tier.counters["load_verified_pages"] == (3 if client_sums else 0)
+        assert tier.counters["load_verified_pages"] == (3 if mode == "client-sums" else 0)
         assert t.scan(ks[2:3], bad) is None  # promotion started
         t.end_step()
         (job,) = [j for j, m in t.jobs.items() if m.req_context is bad]
