@@ -111,8 +111,8 @@ SETTINGS = {
 }
 
 _MHA_KINDS = ("k", "v")
-_U32 = 0xFFFFFFFF
 _MLA_KINDS = ("kv",)
+_U32 = 0xFFFFFFFF
 
 _memmove = ctypes.memmove  # a foreign call: it releases the GIL while it copies
 
@@ -1181,7 +1181,6 @@ class _Blocks:
                 else:
                     for base, stride, off in geo[k]:
                         mm(a + off, base + b * stride, size)
-
 
     def summing(self):
         """Whether copies go through kvtier.native and take each page
