@@ -70,6 +70,7 @@ from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, Schedul
 from kvtier.store.v1 import store_pb2 as pb  # noqa: E402
 from kvtier._serveproc import kvtier_binary, wait_listening  # noqa: E402
 from kvtier.vllm import KvtierConnector, KvtierMetadata  # noqa: E402
+from kvtier._storeclient import native_sums as _native_sums  # noqa: E402
 
 
 class Req:
@@ -300,19 +301,24 @@ def bench_copies(binary, tmp, args, verify=True):
             w.conn.get_kv_connector_stats()
             s.wait_idle()
             mem = [memcpy()]
+            cpu0 = s.cpu_s()
             w.conn.bind_connector_metadata(KvtierMetadata(saves=[("s%d" % rnd, hs, src)]))
             w.conn.start_load_kv(None)
             w.conn.wait_for_save()
             wait_finished(w.conn, send={"s%d" % rnd})
             w.conn.clear_connector_metadata()
             s.wait_idle()  # serve checksums the pages and writes them through
+            cpu1 = s.cpu_s()
             mem.append(memcpy())
+            cpu2 = s.cpu_s()
             w.conn.bind_connector_metadata(KvtierMetadata(loads=[("l%d" % rnd, hs, dst, True)]))
             w.conn.start_load_kv(None)
             w.conn.wait_for_save()
             wait_finished(w.conn, recv={"l%d" % rnd})
             errors = w.conn.get_block_ids_with_load_errors()
             w.conn.clear_connector_metadata()
+            s.wait_idle()
+            cpu3 = s.cpu_s()
             mem.append(memcpy())
             st = w.conn.get_kv_connector_stats().data
             wrong = 0
@@ -328,16 +334,20 @@ def bench_copies(binary, tmp, args, verify=True):
             rows[order].append({"save": nbytes / st["save_copy_s"] / m, "load": nbytes / st["load_copy_s"] / m,
                                 "mem": m / 1e9, "save_gbps": nbytes / st["save_copy_s"] / 1e9,
                                 "load_gbps": nbytes / st["load_copy_s"] / 1e9,
-                                "save_path": nbytes / st["save_s"] / 1e9, "load_path": nbytes / st["load_s"] / 1e9})
+                                "save_path": nbytes / st["save_s"] / 1e9, "load_path": nbytes / st["load_s"] / 1e9,
+                                "save_cpu": (cpu1 - cpu0) / (nbytes / 1e9), "load_cpu": (cpu3 - cpu2) / (nbytes / 1e9)})
         w.shutdown()
     finally:
         s.stop()
     print("copies, serve %s, %d blocks of %d KiB (%d layers, %d KV heads x %d, bf16: %d KiB a block, layer "
           "and kind), %d rounds of each block order after a warm-up, 0 wrong bytes; memcpy: one torch copy_ of the "
-          "same bytes, the median of its runs before, between and after a round's save and load:" % (
+          "same bytes, the median of its runs before, between and after a round's save and load; serve's CPU: "
+          "seconds of serve's process a GB, the save's until serve is idle again (its checksums, if it takes them, "
+          "and the write-through to L3), the load's likewise; client sums %s:" % (
               "checking each loaded page's CRC32C while it is copied (--store-verify, the default)" if verify
               else "with --store-verify=false (no check beside the load's copies)",
-              n, page >> 10, geom.layers, geom.heads, geom.head_dim, kb // geom.layers >> 10, args.rounds))
+              n, page >> 10, geom.layers, geom.heads, geom.head_dim, kb // geom.layers >> 10, args.rounds,
+              "on (kvtier.native)" if _native_sums() else "off"))
     out = {}
     for order, rs in rows.items():
         print("  block ids %s; memcpy %s GB/s" % (order, span([r["mem"] for r in rs])))
@@ -345,9 +355,10 @@ def bench_copies(binary, tmp, args, verify=True):
             ratios = [r[op] for r in rs]
             out[order + "-" + op] = med(ratios)
             print("    %s copies %s GB/s, %sx memcpy (median %.2fx) [target >= 0.7x: %s]; whole path with serve's "
-                  "calls %s GB/s" % (op, span([r[op + "_gbps"] for r in rs]), span(ratios), med(ratios),
-                                     "met" if med(ratios) >= 0.7 else "NOT met",
-                                     span([r[op + "_path"] for r in rs])))
+                  "calls %s GB/s; serve's CPU %s s a GB" % (op, span([r[op + "_gbps"] for r in rs]), span(ratios),
+                                                             med(ratios), "met" if med(ratios) >= 0.7 else "NOT met",
+                                                             span([r[op + "_path"] for r in rs]),
+                                                             span([r[op + "_cpu"] for r in rs])))
     return out
 
 

@@ -31,7 +31,7 @@ vLLM's blocks and releases them; an asynchronous load (the default) runs on
 a thread between steps and is reported by ``get_finished``; a synchronous
 one copies layer by layer on a thread while the forward runs,
 ``wait_for_layer_load`` waiting for its layer. A page that misses, fails
-serve's check (``Release`` lists it) or is refused is reported by
+its check or is refused is reported by
 ``get_block_ids_with_load_errors`` and recomputed by vLLM, never used. Saves
 run after the forward on a thread: ``BatchSet`` reserves slab spans, the
 computed blocks are copied in and ``Commit`` ends it; a request with saves
@@ -40,6 +40,18 @@ is held by ``request_finished`` until ``get_finished`` reports them.
 Copies go through the tensors' own memory: torch views give each block's
 address, and on CPU one ``memmove`` a block, layer and kind (the GIL is
 released while it copies); on CUDA torch copies of the same views.
+
+Checksums: with the native library (:mod:`kvtier.native`;
+``$KVTIER_CLIENT_SUMS`` not "0") and a host (CPU) cache, the copies run as
+one native call a batch (a synchronous load: one a layer) that also takes
+each page kind's CRC32C: a save's ``Commit`` carries the sums and a load
+compares them with the sums serve sends (``client_verifies``; a page
+whose copy differs is listed in the ``Release``, which serve drops), so
+serve reads no page's bytes (docs/store-api.md, "Checksums carried by the
+client"). A synchronous load's layers are summed call by call and chained
+(a kind's span is its layers' chunks in layer order). Without the
+library, and for a CUDA cache (copied by torch), serve takes the sums at
+``Commit`` and checks each hit while it is copied (``check_at_release``).
 
 While serve is away every lookup is a miss and every load a failure; nothing
 raises into vLLM. On a new ``boot_id`` both sides register again by
@@ -57,6 +69,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import grpc
+import numpy as np
 import torch
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -67,7 +80,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
 from kvtier.store.v1 import store_pb2 as pb
-from kvtier._storeclient import MappedSlab, default_socket as _default_socket, dtype_name as _dtype_name
+from kvtier import native as _native
+from kvtier._storeclient import MappedSlab, default_socket as _default_socket, dtype_name as _dtype_name, \
+    native_sums as _native_sums
 from kvtier.store.v1 import store_pb2_grpc as pbg
 
 logger = logging.getLogger(__name__)
@@ -97,6 +112,7 @@ SETTINGS = {
 
 _MHA_KINDS = ("k", "v")
 _MLA_KINDS = ("kv",)
+_U32 = 0xFFFFFFFF
 
 _memmove = ctypes.memmove  # a foreign call: it releases the GIL while it copies
 
@@ -136,6 +152,31 @@ def _hex(h):
 def _layer_order(name):
     """Natural order of layer names (model.layers.10 after .9)."""
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+class _Shift:
+    """CRC32C continuation over a fixed length n: ``combine(a, b)`` is the
+    CRC32C of A followed by B from a = crc32c(A) and b = crc32c(B), B of
+    n bytes, for numpy uint32 arrays of sums (elementwise). It is
+    ``L(a) ^ b``, L the CRC register's run over n zero bytes (linear over
+    GF(2)), applied a byte at a time through four 256-entry tables built
+    from L's 32 columns (each taken by kvtier.native over n zero bytes).
+    The synchronous load copies a page kind's layers in separate calls;
+    this chains their sums into the kind's, in its slab byte order."""
+
+    def __init__(self, n):
+        zeros = bytes(n)
+        cols = [(~_native.crc32c(zeros, crc=(~(1 << i)) & _U32)) & _U32 for i in range(32)]
+        t = np.zeros((4, 256), dtype=np.uint32)
+        for j in range(4):
+            for bit in range(8):
+                half = 1 << bit
+                t[j, half:2 * half] = t[j, :half] ^ np.uint32(cols[8 * j + bit])
+        self.t = t
+
+    def combine(self, a, b):
+        t = self.t
+        return t[0][a & 0xFF] ^ t[1][(a >> 8) & 0xFF] ^ t[2][(a >> 16) & 0xFF] ^ t[3][a >> 24] ^ b
 
 
 class _Slab(MappedSlab):
@@ -1021,6 +1062,11 @@ class _Blocks:
         self.num_blocks = num_blocks
         self.device = layers[0][0][0].device
         self.cuda = self.device.type == "cuda"
+        # Per kind, per layer: the address of block 0 and the bytes between
+        # blocks (the summing copy's pieces are computed from them).
+        self.base = [np.array([lay[k][1] for lay in layers], dtype=np.uint64) for k in range(len(conn.chunk_bytes))]
+        self.stride = [np.array([lay[k][2] for lay in layers], dtype=np.uint64) for k in range(len(conn.chunk_bytes))]
+        self._shifts = {}
 
     def _kinds(self, name, t, nb, bs):
         c = self.c
@@ -1126,7 +1172,7 @@ class _Blocks:
         mm = _memmove
         geo = [[(self.layers[li][k][1], self.layers[li][k][2], li * size) for li in layers]
                for k, size in enumerate(chunks)]
-        for b, addrs, _ in single:
+        for b, addrs, *_ in single:
             for k, size in enumerate(chunks):
                 a = addrs[k]
                 if to_blocks:
@@ -1135,6 +1181,54 @@ class _Blocks:
                 else:
                     for base, stride, off in geo[k]:
                         mm(a + off, base + b * stride, size)
+
+    def summing(self):
+        """Whether copies go through kvtier.native and take each page
+        kind's CRC32C (host memory only: a CUDA cache is copied by torch
+        and serve takes and checks the sums)."""
+        return not self.cuda and _native_sums()
+
+    def copy_summed(self, to_blocks, pages, layers):
+        """copy() in one native call (the GIL released) that also takes
+        the CRC32C of each page kind's slab bytes for the given layers (in
+        increasing order): a piece per page, kind and layer, a kind's in
+        its slab order (layer li's chunk lies at li x chunk bytes in the
+        kind's span). Returns a numpy uint32 array of len(pages) x kinds
+        sums, page-major in the order of pages (the CRC32C of the layers'
+        part of each span; all layers: the span's)."""
+        chunks = self.c.chunk_bytes
+        nk, npg = len(chunks), len(pages)
+        li = np.asarray(list(layers), dtype=np.intp)
+        nl = len(li)
+        if npg == 0 or nl == 0:
+            return np.zeros(npg * nk, dtype=np.uint32)
+        blk = np.fromiter((p[0] for p in pages), dtype=np.uint64, count=npg)[:, None]
+        slab = np.array([p[1] for p in pages], dtype=np.uint64).reshape(npg, nk)
+        dst = np.empty((npg, nk, nl), dtype=np.uint64)
+        src = np.empty((npg, nk, nl), dtype=np.uint64)
+        lens = np.empty((npg, nk, nl), dtype=np.uint64)
+        for k, size in enumerate(chunks):
+            b = self.base[k][li][None, :] + blk * self.stride[k][li][None, :]
+            s = slab[:, k][:, None] + li.astype(np.uint64)[None, :] * np.uint64(size)
+            dst[:, k], src[:, k] = (b, s) if to_blocks else (s, b)
+            lens[:, k] = size
+        groups = np.broadcast_to(np.arange(npg * nk, dtype=np.uint32).reshape(npg, nk, 1), (npg, nk, nl))
+        sums = _native.copy_pages(dst.ravel(), src.ravel(), lens.ravel(), groups.ravel(), npg * nk)
+        if nl == len(self.layers) or li[0] == 0:  # a sync load's blocks counted at its first layer
+            self.c._count(copy_summed_blocks=npg)
+        return np.array(sums, dtype=np.uint32)
+
+    def chain(self, acc, layer_sums):
+        """The running sums (page-major, kinds) of a kind's first layers,
+        continued by the next layer's (copy_summed of that layer alone)."""
+        nk = len(self.c.chunk_bytes)
+        out = np.empty_like(acc)
+        for k, size in enumerate(self.c.chunk_bytes):
+            sh = self._shifts.get(size)
+            if sh is None:
+                sh = self._shifts[size] = _Shift(size)
+            out[k::nk] = sh.combine(acc[k::nk], layer_sums[k::nk])
+        return out
 
 
 class _SaveJob:
@@ -1338,21 +1432,27 @@ class _WorkerSide:
     def _keys(self, hashes):
         return [_hex(h) + self.suffix for h in hashes]
 
-    def _get(self, keys, block_ids):
+    def _get(self, keys, block_ids, verify=False):
         """BatchGet of keys (in batches): [(ctx, lease, positions, hits)]
         with hits [(block id, [slab address per kind], [slab view per
-        kind])], and the block ids that missed. Every batch's slab stays
-        acquired until _release."""
+        kind], serve's sums per kind or ())], and the block ids that
+        missed. Every batch's slab stays acquired until _release. verify:
+        client_verifies (serve sends each hit's sums and checks none)."""
         c = self.c
         nb = self.blocks.num_blocks
+        nk = len(c.kind_bytes)
         failed, batches = set(), []
         limits = self.door.limits
         step = max(1, limits.max_batch_pages if limits is not None and limits.max_batch_pages else 1024)
         for lo in range(0, len(keys), step):
             ks, ids = keys[lo:lo + step], block_ids[lo:lo + step]
             try:
+                # NB: check_at_release with client_verifies: a serve older
+                # than client_verifies ignores it, sends no sums and checks
+                # while the pages are copied instead.
                 rep, ctx = self.door.call("BatchGet", lambda s, b: pb.GetRequest(
-                    session=s, boot_id=b, keys=ks, deadline_ms=c.get_deadline_ms, check_at_release=True), hold=True)
+                    session=s, boot_id=b, keys=ks, deadline_ms=c.get_deadline_ms, check_at_release=True,
+                    client_verifies=verify), hold=True)
             except (_Lost, KvtierError) as e:
                 logger.debug("kvtier: load of %d pages: %s", len(ks), e)
                 failed.update(ids)
@@ -1366,53 +1466,110 @@ class _WorkerSide:
                     failed.add(b)
                     continue
                 try:
-                    if len(page.spans) != len(c.kind_bytes):
-                        raise ValueError("%d spans, want %d" % (len(page.spans), len(c.kind_bytes)))
+                    if len(page.spans) != nk:
+                        raise ValueError("%d spans, want %d" % (len(page.spans), nk))
+                    if len(page.sums) not in (0, nk):
+                        raise ValueError("%d sums, want %d" % (len(page.sums), nk))
                     addrs = [ctx.slab.check(sp, n) for sp, n in zip(page.spans, c.kind_bytes)]
                     views = [(ctx.slab.tensors[sp.slab], sp.offset, sp.slab) for sp in page.spans]
                 except ValueError as e:
                     logger.error("kvtier: get of page %s: %s", ks[j], e)
                     failed.add(b)
                     continue
-                hits.append((b, addrs, views))
+                hits.append((b, addrs, views, tuple(page.sums)))
                 pos.append(j)
             failed.update(ids[len(rep.pages):])
             batches.append((ctx, rep.lease, pos, hits))
         return batches, failed
 
-    def _release(self, batches, failed):
+    def _judge(self, batches, sums):
+        """The client's check of a summing copy of every batch's hits (in
+        order; sums from copy_summed): per batch, the positions whose copy
+        differs from serve's sums. Hits without sums (an older serve)
+        are left to serve's check at release."""
+        nk = len(self.c.kind_bytes)
+        out, i = [], 0
+        for _, _, pos, hits in batches:
+            bad = []
+            for j, h in zip(pos, hits):
+                if h[3] and tuple(int(x) for x in sums[i * nk:(i + 1) * nk]) != h[3]:
+                    bad.append(j)
+                i += 1
+            out.append(bad)
+        return out
+
+    def _release(self, batches, failed, bad=None):
         """Release of every batch: the hits its check failed, and every hit
-        of a batch whose Release failed (unconfirmed), join failed."""
-        for ctx, lease, pos, hits in batches:
+        of a batch whose Release failed (unconfirmed), join failed.
+
+        bad (a summing copy's _judge): per batch, the positions whose copy
+        failed the client's check: they fail, and the Release lists them
+        (serve drops them) and is waited for. A batch whose hits were all
+        checked by the client and passed is released without waiting."""
+        for n, (ctx, lease, pos, hits) in enumerate(batches):
             ctx.slab.release()
+            mine = bad is not None
+            bad_j = bad[n] if mine else []
+            if bad_j:
+                byj = dict(zip(pos, hits))
+                for j in bad_j:
+                    logger.error("kvtier: a page failed its check as it was loaded: block %d is recomputed", byj[j][0])
+                    self.c._count(load_corrupt_blocks=1)
+                    failed.add(byj[j][0])
             if not lease:
                 continue
+            theirs = [(j, h) for j, h in zip(pos, hits) if not (mine and h[3])]
+            if not theirs and not bad_j:
+                self._release_async(ctx, lease)
+                continue
             try:
-                rel = self.door.stub.Release(pb.ReleaseRequest(session=ctx.session, boot_id=ctx.boot, lease=lease),
-                                             timeout=self.c.timeout)
+                rel = self.door.stub.Release(pb.ReleaseRequest(session=ctx.session, boot_id=ctx.boot, lease=lease,
+                                                               corrupt=bad_j), timeout=self.c.timeout)
                 corrupt = set(rel.corrupt)
             except (grpc.RpcError, ValueError) as e:
-                logger.info("kvtier: release of lease %d: %s: its %d pages count as failed", lease, e, len(hits))
-                failed.update(h[0] for h in hits)
+                # The pages checked here stay good; serve's checks are unconfirmed.
+                logger.info("kvtier: release of lease %d: %s: its %d pages unchecked here count as failed",
+                            lease, e, len(theirs))
+                failed.update(h[0] for _, h in theirs)
                 continue
-            for j, h in zip(pos, hits):
+            for j, h in theirs:
                 if j in corrupt:
                     logger.error("kvtier: a page failed serve's check while it was loaded: block %d is recomputed",
                                  h[0])
                     self.c._count(load_corrupt_blocks=1)
                     failed.add(h[0])
 
+    def _release_async(self, ctx, lease):
+        """Sends a Release without waiting for its reply (a failure is
+        logged; the pins then end with the lease)."""
+        def done(f):
+            e = f.exception()
+            if e is not None:
+                logger.info("kvtier: release of lease %d: %s (its pins end with the lease)", lease, e)
+        try:
+            f = self.door.stub.Release.future(pb.ReleaseRequest(session=ctx.session, boot_id=ctx.boot, lease=lease),
+                                              timeout=self.c.timeout)
+            f.add_done_callback(done)
+        except (grpc.RpcError, ValueError) as e:  # the channel closed meanwhile
+            logger.info("kvtier: release of lease %d: %s", lease, e)
+
     def _load(self, hashes, block_ids):
         """A whole load (every layer): the block ids that failed."""
         t0 = time.perf_counter()
-        batches, failed = self._get(self._keys(hashes), list(block_ids))
+        verify = self.blocks.summing()
+        batches, failed = self._get(self._keys(hashes), list(block_ids), verify)
         hits = [h for b in batches for h in b[3]]
+        bad = None
         try:
             t1 = time.perf_counter()
-            self.blocks.copy(True, hits, range(len(self.blocks.layers)))
+            if verify:
+                sums = self.blocks.copy_summed(True, hits, range(len(self.blocks.layers)))
+                bad = self._judge(batches, sums)
+            else:
+                self.blocks.copy(True, hits, range(len(self.blocks.layers)))
             self.c._count(load_copy_s=time.perf_counter() - t1)
         finally:
-            self._release(batches, failed)
+            self._release(batches, failed, bad)
         self._count_load(hits, failed, time.perf_counter() - t0)
         return failed
 
@@ -1442,18 +1599,32 @@ class _WorkerSide:
         hashes = [h for ld in loads for h in ld[1]]
         ids = [b for ld in loads for b in ld[2]]
         t0 = time.perf_counter()
-        batches, failed = self._get(self._keys(hashes), ids)
+        verify = self.blocks.summing()
+        batches, failed = self._get(self._keys(hashes), ids, verify)
         hits = [h for b in batches for h in b[3]]
         s = _SyncLoad(len(self.blocks.layers))
         s.failed = failed
         self._sync = s
 
         def run():
+            bad = None
             try:
                 t1 = time.perf_counter()
-                for li in range(len(self.blocks.layers)):
-                    self.blocks.copy(True, hits, (li,))
-                    s.events[li].set()
+                if verify:
+                    # Layer by layer, each a native call; a kind's span is
+                    # its layers' chunks in layer order, so the layers'
+                    # sums chain into the span's (_Shift).
+                    acc = None
+                    for li in range(len(self.blocks.layers)):
+                        part = self.blocks.copy_summed(True, hits, (li,))
+                        acc = part if acc is None else self.blocks.chain(acc, part)
+                        s.events[li].set()
+                    if acc is not None:
+                        bad = self._judge(batches, acc)
+                else:
+                    for li in range(len(self.blocks.layers)):
+                        self.blocks.copy(True, hits, (li,))
+                        s.events[li].set()
                 self.c._count(load_copy_s=time.perf_counter() - t1)
             except Exception:
                 logger.exception("kvtier: synchronous load failed")
@@ -1461,7 +1632,7 @@ class _WorkerSide:
             finally:
                 for ev in s.events:
                     ev.set()
-                self._release(batches, s.failed)
+                self._release(batches, s.failed, bad)
                 self._count_load(hits, s.failed, time.perf_counter() - t0)
 
         if self.blocks.cuda:
@@ -1537,7 +1708,8 @@ class _WorkerSide:
                 failed += len(ks)
                 continue
             written = [False] * len(ks)
-            pages = []
+            pages, pj = [], []  # the pages copied in, and their positions in ks
+            sums = None  # the Commit's: every written page's kinds, summed as copied
             try:
                 for j, page in enumerate(rep.pages[:len(ks)]):
                     if page.status == pb.SET_STATUS_EXISTS:
@@ -1552,22 +1724,32 @@ class _WorkerSide:
                             failed += 1
                             continue
                         pages.append((bs[j], addrs, views))
+                        pj.append(j)
                         written[j] = True
                     else:
                         failed += 1
                 t1 = time.perf_counter()
-                self.blocks.copy(False, pages, range(len(self.blocks.layers)))
+                if self.blocks.summing():
+                    got = self.blocks.copy_summed(False, pages, range(len(self.blocks.layers)))
+                    nk = len(c.kind_bytes)
+                    sums = [0] * (len(ks) * nk)
+                    for i, j in enumerate(pj):
+                        sums[j * nk:(j + 1) * nk] = got[i * nk:(i + 1) * nk].tolist()
+                else:
+                    self.blocks.copy(False, pages, range(len(self.blocks.layers)))
                 copy_s += time.perf_counter() - t1
                 copied += len(pages)
             except Exception:
                 written = [False] * len(ks)
+                sums = None
                 raise
             finally:
                 ctx.slab.release()
                 if rep.lease:
                     try:
                         cr = self.door.stub.Commit(pb.CommitRequest(session=ctx.session, boot_id=ctx.boot,
-                                                                    lease=rep.lease, written=written),
+                                                                    lease=rep.lease, written=written,
+                                                                    sums=sums or []),
                                                    timeout=self.c.timeout)
                         stored += sum(1 for j, ok in enumerate(cr.stored[:len(ks)]) if ok and written[j])
                         failed += sum(1 for j, ok in enumerate(cr.stored[:len(ks)]) if not ok and written[j])

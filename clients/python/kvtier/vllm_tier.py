@@ -29,8 +29,15 @@ waiting on serve: ``lookup`` answers from a table of what serve said
 threads of this tier run (BatchSet + one copy primary row -> slab span +
 Commit; BatchGet + one copy slab span -> primary row + Release), and
 ``get_finished`` returns the results those threads left. A load reports
-success only when every page was a hit that passed serve's CRC32C check
-at release: never wrong bytes in the primary. While serve is away every
+success only when every page was a hit that passed its CRC32C check:
+never wrong bytes in the primary. With the native library
+(:mod:`kvtier.native`; ``$KVTIER_CLIENT_SUMS`` not "0") the tier takes
+each page kind's CRC32C in the same pass as its copy: a store's
+``Commit`` carries the sums and a load checks what it copied against the
+sums serve sends (``client_verifies``), so serve reads no page's bytes
+(docs/store-api.md, "Checksums carried by the client"). Without it the
+copies are memmoves, serve takes the sums at Commit and checks each hit
+while the tier copies it (``check_at_release``). While serve is away every
 lookup is a miss and every job fails at once; on a new ``boot_id`` the
 tier registers again and maps the new slab by itself.
 """
@@ -48,7 +55,8 @@ import grpc
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
 
 from kvtier.store.v1 import store_pb2 as pb
-from kvtier._storeclient import MappedSlab, address as _address, default_socket as _default_socket
+from kvtier._storeclient import MappedSlab, PieceBatch, address as _address, default_socket as _default_socket, \
+    native_sums as _native_sums
 from kvtier.store.v1 import store_pb2_grpc as pbg
 
 logger = logging.getLogger(__name__)
@@ -630,7 +638,7 @@ class KvtierTier(SecondaryTierManager):
     def submit_load(self, job_metadata):
         """Queues a load of job_metadata.keys into the primary rows
         job_metadata.block_ids; success only when every page arrived whole
-        and passed serve's check."""
+        and passed its CRC32C check (the tier's with client sums, else serve's)."""
         self._submit(self._loads, job_metadata, "load")
 
     def _submit(self, q, job, what):
@@ -689,7 +697,8 @@ class KvtierTier(SecondaryTierManager):
         keys, blocks = self._rows(job)
         sess = self._current()
         step, stored = self._batch(sess), 0
-        copy_s = copied = nruns = 0
+        copy_s = copied = nruns = summed = 0
+        nk = len(self._kinds)
         for lo in range(0, len(keys), step):
             ks, bs = keys[lo:lo + step], blocks[lo:lo + step]
             rep = self._call(sess, "BatchSet", pb.SetRequest(session=sess.session, boot_id=sess.boot_id,
@@ -697,37 +706,70 @@ class KvtierTier(SecondaryTierManager):
             if len(rep.pages) != len(ks):
                 raise _Lost("BatchSet: %d pages for %d keys" % (len(rep.pages), len(ks)))
             written = [False] * len(ks)
+            sums = None  # the Commit's sums: every written page's kinds, summed as copied
             if not sess.slab.acquire():
                 raise _Lost("slab retired")
             try:
                 t0 = time.perf_counter()
-                runs = []
-                for j, page in enumerate(rep.pages):
-                    if page.status == pb.SET_STATUS_RESERVED:
-                        written[j] = self._plan(runs, sess.slab, page, bs[j], True)
-                if self._stopping:
-                    written = [False] * len(ks)  # the primary may be going away: copy nothing
+                if _native_sums():
+                    batch = PieceBatch()
+                    for j, page in enumerate(rep.pages):
+                        if page.status == pb.SET_STATUS_RESERVED:
+                            written[j] = self._pieces(batch, sess.slab, page, bs[j], True, j * nk)
+                    if self._stopping:
+                        written = [False] * len(ks)  # the primary may be going away: copy nothing
+                    else:
+                        sums = batch.run(len(ks) * nk)
+                        nruns += len(batch)
+                        summed += sum(written)
+                        copied += self.page_bytes * sum(written)
                 else:
-                    for dst, src, n in runs:
-                        _memmove(dst, src, n)
-                    copied += self.page_bytes * sum(written)
-                    nruns += len(runs)
+                    runs = []
+                    for j, page in enumerate(rep.pages):
+                        if page.status == pb.SET_STATUS_RESERVED:
+                            written[j] = self._plan(runs, sess.slab, page, bs[j], True)
+                    if self._stopping:
+                        written = [False] * len(ks)  # the primary may be going away: copy nothing
+                    else:
+                        for dst, src, n in runs:
+                            _memmove(dst, src, n)
+                        copied += self.page_bytes * sum(written)
+                        nruns += len(runs)
                 copy_s += time.perf_counter() - t0
             finally:
                 sess.slab.release()
             ok = [page.status == pb.SET_STATUS_EXISTS for page in rep.pages]
             if rep.lease:
                 c = self._call(sess, "Commit", pb.CommitRequest(session=sess.session, boot_id=sess.boot_id,
-                                                                lease=rep.lease, written=written), self.timeout)
+                                                                lease=rep.lease, written=written, sums=sums or []),
+                               self.timeout)
                 ok = [bool(x) for x in c.stored[:len(ks)]] + [False] * max(0, len(ks) - len(c.stored))
             for j, good in enumerate(ok):
                 if good:
                     self._results.append((sess.epoch, ks[j], True))
             stored += sum(ok)
-        self._count(store_jobs=1, store_pages=len(keys), stored_pages=stored, store_bytes=copied, store_memmoves=nruns)
+        self._count(store_jobs=1, store_pages=len(keys), stored_pages=stored, store_bytes=copied, store_memmoves=nruns,
+                    store_summed_pages=summed)
         with self._stats_mu:
             self.counters["store_copy_s"] += copy_s
         return stored == len(keys)
+
+    def _spans(self, slab, page):
+        """[(slab address, row offset, bytes)] of a page's kinds, or None
+        (logged) when serve's spans do not fit the slab or the kinds."""
+        spans = page.spans
+        if len(spans) != len(self._kinds):
+            logger.error("kvtier: %d spans for %d kinds", len(spans), len(self._kinds))
+            return None
+        addrs, sizes = slab.addrs, slab.sizes
+        at = []
+        for sp, (off, n) in zip(spans, self._kinds):
+            f, o = sp.slab, sp.offset
+            if f >= len(addrs) or sp.length != n or o + n > sizes[f]:
+                logger.error("kvtier: span [%d, +%d) of slab file %d does not fit a %d-byte kind", o, sp.length, f, n)
+                return None
+            at.append((addrs[f] + o, off, n))
+        return at
 
     def _plan(self, runs, slab, page, block, to_slab):
         """Adds a page's copies, one per kind between primary row `block`
@@ -736,18 +778,9 @@ class KvtierTier(SecondaryTierManager):
         kinds side by side in the slab, consecutive rows in consecutive
         slots): fewer, longer memmoves. False, with nothing added, when
         serve's spans do not fit the slab or the kinds."""
-        spans = page.spans
-        if len(spans) != len(self._kinds):
-            logger.error("kvtier: %d spans for %d kinds", len(spans), len(self._kinds))
+        at = self._spans(slab, page)
+        if at is None:
             return False
-        addrs, sizes = slab.addrs, slab.sizes
-        at = []
-        for sp, (off, n) in zip(spans, self._kinds):
-            f, o = sp.slab, sp.offset
-            if f >= len(addrs) or sp.length != n or o + n > sizes[f]:
-                logger.error("kvtier: span [%d, +%d) of slab file %d does not fit a %d-byte kind", o, sp.length, f, n)
-                return False
-            at.append((addrs[f] + o, off, n))
         row = self._base + block * self.page_bytes
         for a, off, n in at:
             dst, src = (a, row + off) if to_slab else (row + off, a)
@@ -759,18 +792,41 @@ class KvtierTier(SecondaryTierManager):
             runs.append([dst, src, n])
         return True
 
+    def _pieces(self, batch, slab, page, block, to_slab, group0):
+        """_plan for a summing batch: one piece per kind, each its whole
+        span, in group group0 + k (pieces are never merged across kinds or
+        rows: each kind's CRC32C is its own). False, with nothing added,
+        when serve's spans do not fit the slab or the kinds."""
+        at = self._spans(slab, page)
+        if at is None:
+            return False
+        row = self._base + block * self.page_bytes
+        for k, (a, off, n) in enumerate(at):
+            if to_slab:
+                batch.add(a, row + off, n, group0 + k)
+            else:
+                batch.add(row + off, a, n, group0 + k)
+        return True
+
     def _run_load(self, job):
         keys, blocks = self._rows(job)
         sess = self._current()
         step, loaded = self._batch(sess), 0
-        copy_s = copied = nruns = 0
+        copy_s = copied = nruns = verified = 0
+        nk = len(self._kinds)
         all_ok = True
         for lo in range(0, len(keys), step):
             ks, bs = keys[lo:lo + step], blocks[lo:lo + step]
+            # With client sums, check_at_release too: a serve older than
+            # client_verifies ignores it, sends no sums and checks while
+            # the tier copies instead.
+            summing = _native_sums()
             rep = self._call(sess, "BatchGet", pb.GetRequest(session=sess.session, boot_id=sess.boot_id,
                                                               keys=[k.hex() for k in ks], deadline_ms=self.get_deadline_ms,
-                                                              check_at_release=True), self.timeout)
-            hits = []
+                                                              check_at_release=True, client_verifies=summing),
+                             self.timeout)
+            hits = []  # copied; checked by serve at release (pages without sums)
+            mine, bad = [], []  # copied and checked here; of them, failed
             try:
                 if len(rep.pages) != len(ks):
                     raise _Lost("BatchGet: %d pages for %d keys" % (len(rep.pages), len(ks)))
@@ -778,54 +834,100 @@ class KvtierTier(SecondaryTierManager):
                     raise _Lost("slab retired")
                 try:
                     t0 = time.perf_counter()
-                    runs = []
-                    for j, page in enumerate(rep.pages):
-                        if page.status == pb.GET_STATUS_HIT and self._plan(runs, sess.slab, page, bs[j], False):
-                            hits.append(j)
-                    if self._stopping:
-                        hits = []  # the primary may be going away: copy nothing
+                    if summing:
+                        batch = PieceBatch()
+                        for j, page in enumerate(rep.pages):
+                            if page.status != pb.GET_STATUS_HIT:
+                                continue
+                            if len(page.sums) not in (0, nk):
+                                logger.error("kvtier: %d sums for %d kinds", len(page.sums), nk)
+                                continue
+                            if self._pieces(batch, sess.slab, page, bs[j], False, j * nk):
+                                (mine if page.sums else hits).append(j)
+                        if self._stopping:
+                            mine, hits = [], []  # the primary may be going away: copy nothing
+                        else:
+                            sums = batch.run(len(ks) * nk)
+                            for j in mine:
+                                want = rep.pages[j].sums
+                                if any(sums[j * nk + k] != want[k] for k in range(nk)):
+                                    bad.append(j)
+                            copied += self.page_bytes * (len(mine) + len(hits))
+                            nruns += len(batch)
+                            verified += len(mine)
                     else:
-                        for dst, src, n in runs:
-                            _memmove(dst, src, n)
-                        copied += self.page_bytes * len(hits)
-                        nruns += len(runs)
+                        runs = []
+                        for j, page in enumerate(rep.pages):
+                            if page.status == pb.GET_STATUS_HIT and self._plan(runs, sess.slab, page, bs[j], False):
+                                hits.append(j)
+                        if self._stopping:
+                            hits = []  # the primary may be going away: copy nothing
+                        else:
+                            for dst, src, n in runs:
+                                _memmove(dst, src, n)
+                            copied += self.page_bytes * len(hits)
+                            nruns += len(runs)
                     copy_s += time.perf_counter() - t0
                 finally:
                     sess.slab.release()
             finally:
-                corrupt = None  # None: the hits are unconfirmed
-                if rep.lease:
+                corrupt = None  # None: serve's check of hits (pages without sums) is unconfirmed
+                if rep.lease and not hits and not bad:
+                    # Every hit was checked here and passed (or there is
+                    # none): the reply is not needed, so the Release is not
+                    # waited for. A failed page's report is waited for:
+                    # serve has dropped it when the call returns.
+                    self._release_async(sess, rep.lease)
+                    corrupt = set()
+                elif rep.lease:
                     try:
                         rel = self._call(sess, "Release", pb.ReleaseRequest(
-                            session=sess.session, boot_id=sess.boot_id, lease=rep.lease), self.timeout)
+                            session=sess.session, boot_id=sess.boot_id, lease=rep.lease, corrupt=bad), self.timeout)
                         corrupt = set(rel.corrupt)
                     except _Lost as e:
-                        logger.info("kvtier: release of lease %d: %s: the job's pages count as misses", rep.lease, e)
+                        logger.info("kvtier: release of lease %d: %s: the job's pages %scount as misses", rep.lease, e,
+                                    "serve checks " if mine else "")
                 else:
                     corrupt = set()
-            good = [j for j in hits if corrupt is not None and j not in corrupt]
+            badset = set(bad)
+            good = [j for j in mine if j not in badset] + [j for j in hits if corrupt is not None and j not in corrupt]
             loaded += len(good)
             goodset = set(good)
+            failed = badset | {j for j in hits if corrupt is not None and j in corrupt}
             for j, page in enumerate(rep.pages):
                 if j in goodset:
                     self._results.append((sess.epoch, ks[j], True))
-                elif page.status in (pb.GET_STATUS_MISS, pb.GET_STATUS_CORRUPT, pb.GET_STATUS_INVALID) or (
-                        corrupt is not None and j in corrupt):
+                elif page.status in (pb.GET_STATUS_MISS, pb.GET_STATUS_CORRUPT, pb.GET_STATUS_INVALID) or j in failed:
                     # Gone or failed its check: a miss from now on, so vLLM
                     # does not promote it again and again.
                     self._results.append((sess.epoch, ks[j], _GONE))
                 else:
                     self._results.append((sess.epoch, ks[j], _FORGET))
-            if corrupt:
-                self._count(corrupt_pages=len(corrupt))
-                logger.error("kvtier: %d page(s) failed serve's check while copied: the load fails", len(corrupt))
+            if failed:
+                self._count(corrupt_pages=len(failed))
+                logger.error("kvtier: %d page(s) failed their check while copied: the load fails", len(failed))
             if len(good) < len(ks):
                 all_ok = False
                 break  # the job fails: vLLM drops every block of it
-        self._count(load_jobs=1, load_pages=len(keys), loaded_pages=loaded, load_bytes=copied, load_memmoves=nruns)
+        self._count(load_jobs=1, load_pages=len(keys), loaded_pages=loaded, load_bytes=copied, load_memmoves=nruns,
+                    load_verified_pages=verified)
         with self._stats_mu:
             self.counters["load_copy_s"] += copy_s
         return all_ok and loaded == len(keys)
+
+    def _release_async(self, sess, lease):
+        """Sends a Release without waiting for its reply (a failure is
+        logged; the lease then ends by itself)."""
+        def done(f):
+            e = f.exception()
+            if e is not None:
+                logger.info("kvtier: release of lease %d: %s (its pins end with the lease)", lease, e)
+        try:
+            f = self._stub.Release.future(pb.ReleaseRequest(session=sess.session, boot_id=sess.boot_id, lease=lease),
+                                          timeout=self.timeout)
+            f.add_done_callback(done)
+        except (grpc.RpcError, ValueError) as e:  # the channel closed meanwhile
+            logger.info("kvtier: release of lease %d: %s", lease, e)
 
     # ---- the end ------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ import inspect
 import os
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -25,6 +26,7 @@ from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
 
 import vllmhelp as vh
+from kvtier import native
 from kvtier import vllm as kv
 from kvtier.store.v1 import store_pb2 as pb
 from sglhelp import Serve
@@ -325,8 +327,10 @@ def test_scheduler_side(kvtier_bin, tmp_path):
 def _roundtrip(sock, kv_caches, kcc, block, extra=None, tp_rank=0, tp=1):
     """Saves blocks through a worker connector and loads them into other
     blocks (async loads): scattered blocks (one memmove a block, layer and
-    kind) and a run of 6 (torch copies of strided views); the bytes must
-    match. block(tensor, i) is block i of a layer's cache."""
+    kind) and a run of 6 (torch copies of strided views), or, with client
+    sums, every piece in one native call; the bytes must match.
+    block(tensor, i) is block i of a layer's cache."""
+    summed = kv._native_sums()
     set_ranks(tp_rank, tp)
     cfg = vh.vllm_config(sock, tp, extra)
     w = kv.KvtierConnector(cfg, KVConnectorRole.WORKER, kcc)
@@ -353,17 +357,27 @@ def _roundtrip(sock, kv_caches, kcc, block, extra=None, tp_rank=0, tp=1):
             for a, b in zip(src, dst):
                 assert torch.equal(block(t, a), block(t, b)), (a, b)
         st = w.get_kv_connector_stats().data
-        # The scattered blocks one by one; the run (a fresh slab's pages
-        # are consecutive) as views.
-        assert st.get("copy_run_blocks", 0) == (0 if n == 0 else 12), st
+        if summed:  # every block through the summing native copy
+            assert st.get("copy_summed_blocks", 0) == (6 if n == 0 else 12) and "copy_run_blocks" not in st, st
+        else:
+            # The scattered blocks one by one; the run (a fresh slab's
+            # pages are consecutive) as views.
+            assert st.get("copy_run_blocks", 0) == (0 if n == 0 else 12), st
+            assert "copy_summed_blocks" not in st, st
     w.shutdown()
 
 
-def test_kv_layouts(kvtier_bin, tmp_path):
+@pytest.mark.parametrize("client_sums", [True, False], ids=["client-sums", "serve-sums"])
+def test_kv_layouts(kvtier_bin, tmp_path, monkeypatch, client_sums):
     """FlashAttention's (2, blocks, ...) and FlashInfer's (blocks, 2, ...)
     shapes lay a block out alike; an HND cache (heads before tokens in
     memory, kv_layout "HND"); MLA's (blocks, tokens, dim) with one kind;
-    a cache in the wrong order or of the wrong size is refused, naming it."""
+    a cache in the wrong order or of the wrong size is refused, naming it.
+    Both copy paths: the native one that carries the sums, and memmove /
+    torch copies with serve's sums."""
+    if client_sums and not native.available():
+        pytest.fail("the native library did not load: %s" % native.why())
+    monkeypatch.setenv("KVTIER_CLIENT_SUMS", "1" if client_sums else "0")
     kb = vh.kind_bytes()
     s = start_serve(kvtier_bin, tmp_path, [("k", kb), ("v", kb)], 64)
     try:
@@ -422,6 +436,208 @@ def corrupt_page(sock, namespace, key):
             ctx.slab.release()
     finally:
         door.close()
+
+
+class _Worker:
+    """One worker connector (TP 1) on a CPU cache of 16 blocks, driven as
+    vLLM's worker is: save blocks, load them into others (async or sync,
+    layer by layer), what get_block_ids_with_load_errors says."""
+
+    def __init__(self, sock, mode):
+        set_ranks(0, 1)
+        self.kcc = vh.kv_cache_config(16)
+        self.names = vh.layer_names()
+        self.caches = {n: torch.randn(2, 16, vh.BLOCK, vh.HEADS, vh.HEAD_DIM).to(vh.DTYPE) for n in self.names}
+        self.w = kv.KvtierConnector(vh.vllm_config(sock, 1, {"load_mode": mode}), KVConnectorRole.WORKER, self.kcc)
+        self.w.register_kv_caches(self.caches)
+        self.mode = mode
+        self.n = 0
+
+    def save(self, hashes, ids):
+        w, rid = self.w, "s%d" % self.n
+        self.n += 1
+        w.bind_connector_metadata(kv.KvtierMetadata(saves=[(rid, hashes, ids)]))
+        w.start_load_kv(None)
+        w.wait_for_save()
+        deadline = time.monotonic() + 20
+        while w.get_finished({rid})[0] != {rid}:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        w.clear_connector_metadata()
+
+    def load(self, hashes, ids):
+        """Loads into ids; the block ids reported failed."""
+        w, rid = self.w, "l%d" % self.n
+        self.n += 1
+        w.bind_connector_metadata(kv.KvtierMetadata(loads=[(rid, hashes, ids, self.mode == "async")]))
+        w.start_load_kv(None)
+        if self.mode == "sync":
+            for name in self.names:
+                w.wait_for_layer_load(name)
+            w.wait_for_save()
+            w.get_finished(set())
+        else:
+            w.wait_for_save()
+            deadline = time.monotonic() + 20
+            while w.get_finished(set())[1] != {rid}:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+        w.clear_connector_metadata()
+        return w.get_block_ids_with_load_errors()
+
+    def same(self, a, b):
+        return all(torch.equal(t[:, a], t[:, b]) for t in self.caches.values())
+
+    def scribble(self, key):
+        """Flips a byte of a committed page's "v" span through this
+        worker's own map of serve's slab."""
+        door = self.w._worker.door
+        rep, ctx = door.call("BatchGet", lambda s, b: pb.GetRequest(session=s, boot_id=b, keys=[key]), hold=True)
+        try:
+            assert rep.pages[0].status == pb.GET_STATUS_HIT, rep
+            span = rep.pages[0].spans[1]
+            door.stub.Release(pb.ReleaseRequest(session=ctx.session, boot_id=ctx.boot, lease=rep.lease), timeout=5)
+            ctx.slab.tensors[span.slab][span.offset + 100] ^= 0xFF
+        finally:
+            ctx.slab.release()
+
+    def door_stats(self):
+        rep, _ = self.w._worker.door.call("Stats", lambda s, b: pb.StatsRequest(session=s, boot_id=b))
+        return rep
+
+    def close(self):
+        self.w.shutdown()
+
+
+class _OldServe:
+    """Fault injection: a serve older than client_verifies. The flag is
+    dropped from every GetRequest on the way out, so serve sends no sums
+    and checks at release (check_at_release), as such a serve would."""
+
+    def __init__(self, stub):
+        self._stub = stub
+
+    def __getattr__(self, name):
+        return getattr(self._stub, name)
+
+    def BatchGet(self, req, **kw):
+        r = pb.GetRequest()
+        r.CopyFrom(req)
+        r.client_verifies = False
+        return self._stub.BatchGet(r, **kw)
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+@pytest.mark.parametrize("sums", ["client-sums", "serve-sums", "old-serve"])
+def test_scribbled_page_fails_its_load(kvtier_bin, tmp_path, monkeypatch, sums, mode):
+    """A committed slab page that something scribbled on (through the
+    worker's own slab map) fails its check: the client's, over the bytes
+    it copies, against the sums it gave at Commit (client-sums; a
+    synchronous load chains each layer's sums), or serve's while it is
+    copied (check_at_release: serve-sums, and old-serve, a serve that
+    ignores client_verifies and sends no sums). Its block is reported by
+    get_block_ids_with_load_errors (vLLM recomputes it, never uses it),
+    the other blocks load whole, serve counts it corrupt and drops it."""
+    client_sums = sums != "serve-sums"
+    if client_sums and not native.available():
+        pytest.fail("the native library did not load: %s" % native.why())
+    monkeypatch.setenv("KVTIER_CLIENT_SUMS", "1" if client_sums else "0")
+    kb = vh.kind_bytes()
+    s = start_serve(kvtier_bin, tmp_path, [("k", kb), ("v", kb)], 64)
+    wk = None
+    try:
+        wk = _Worker(s.sock, mode)
+        if sums == "old-serve":
+            wk.w._worker.door.stub = _OldServe(wk.w._worker.door.stub)
+        hashes = [os.urandom(32) for _ in range(4)]
+        src, dst = [1, 2, 3, 4], [9, 11, 10, 13]
+        wk.save(hashes, src)
+        st = wk.w.get_kv_connector_stats().data
+        assert st["save_stored_blocks"] == 4 and st.get("copy_summed_blocks", 0) == (4 if client_sums else 0), st
+        wk.scribble(wk.w._worker._keys(hashes[2:3])[0])
+        assert wk.load(hashes, dst) == {dst[2]}
+        for i in (0, 1, 3):
+            assert wk.same(src[i], dst[i]), i
+        st = wk.w.get_kv_connector_stats().data
+        assert st["load_corrupt_blocks"] == 1 and st["load_failed_blocks"] == 1 and st["load_blocks"] == 3, st
+        assert st.get("copy_summed_blocks", 0) == (4 if client_sums else 0), st
+        assert wk.door_stats().corrupt_pages == 1  # serve dropped it, whoever checked
+        # Dropped from the slab: a miss, or the L3 copy reloaded whole.
+        again = wk.load(hashes[2:3], [12])
+        assert again == {12} or (again == set() and wk.same(src[2], 12)), again
+    finally:
+        if wk is not None:
+            wk.close()
+        s.stop()
+
+
+class _WrongFirstSum:
+    """Fault injection (a client whose sum is wrong): wraps
+    _Blocks.copy_summed so that a save's first page's first kind gets its
+    CRC32C with one bit flipped; loads are left alone."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def __call__(self, blocks, to_blocks, pages, layers):
+        sums = self.real(blocks, to_blocks, pages, layers)
+        if not to_blocks and len(sums):
+            sums[0] ^= 1
+        return sums
+
+
+@pytest.mark.parametrize("client_sums", [True, False], ids=["client-sums", "serve-sums"])
+def test_commit_carries_the_clients_sums(kvtier_bin, tmp_path, monkeypatch, client_sums):
+    """With client sums serve keeps the sums the save's Commit carried:
+    a page committed with a wrong one (fault injection) is refused at the
+    next load (the client's check against serve's sums fails; serve counts
+    it corrupt), the others load whole. Without them copy_summed is not
+    used and serve's own sums make every page load."""
+    if client_sums and not native.available():
+        pytest.fail("the native library did not load: %s" % native.why())
+    monkeypatch.setenv("KVTIER_CLIENT_SUMS", "1" if client_sums else "0")
+    kb = vh.kind_bytes()
+    s = start_serve(kvtier_bin, tmp_path, [("k", kb), ("v", kb)], 64)
+    wk = None
+    try:
+        wk = _Worker(s.sock, "async")
+        hashes = [os.urandom(32) for _ in range(3)]
+        real = kv._Blocks.copy_summed
+        monkeypatch.setattr(kv._Blocks, "copy_summed", lambda *a: _WrongFirstSum(real)(*a))
+        wk.save(hashes, [1, 2, 3])
+        monkeypatch.setattr(kv._Blocks, "copy_summed", real)
+        failed = wk.load(hashes, [4, 5, 6])
+        if client_sums:
+            assert failed == {4}
+            assert wk.door_stats().corrupt_pages == 1
+        else:
+            assert failed == set()
+            assert wk.door_stats().corrupt_pages == 0
+        for a, b in zip([1, 2, 3], [4, 5, 6]):
+            if b not in failed:
+                assert wk.same(a, b), (a, b)
+    finally:
+        if wk is not None:
+            wk.close()
+        s.stop()
+
+
+def test_sum_continuation():
+    """_Shift chains the CRC32C of consecutive parts (a synchronous load's
+    layers): combine(crc(A), crc(B)) == crc(A + B) for B of the shift's
+    length; seeded random bytes."""
+    if not native.available():
+        pytest.fail("the native library did not load: %s" % native.why())
+    import random
+    seed = 20261206
+    r = random.Random(seed)
+    for n in (1, 3, 64, 4096, 65536):
+        sh = kv._Shift(n)
+        a = [r.randbytes(r.randrange(1, 300)) for _ in range(6)]
+        b = [r.randbytes(n) for _ in range(6)]
+        got = sh.combine(np.array([native.crc32c(x) for x in a], dtype=np.uint32),
+                         np.array([native.crc32c(x) for x in b], dtype=np.uint32))
+        assert got.tolist() == [native.crc32c(x + y) for x, y in zip(a, b)], "seed %d, n %d" % (seed, n)
 
 
 def test_engine_tp2(kvtier_bin, tmp_path):

@@ -26,6 +26,7 @@ from vllm.v1.kv_offload.tiering import base as tierbase
 from vllm.v1.kv_offload.tiering.base import JobMetadata, JobResult, SecondaryTierManager
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 
+from kvtier import native
 from kvtier import vllm_tier
 from kvtier.store.v1 import store_pb2 as pb
 from kvtier.store.v1 import store_pb2_grpc as pbg
@@ -449,6 +450,127 @@ def test_corrupt_page_fails_its_load(kvtier_bin, tmp_path):
         assert tier.lookup(ks[2], bad) is False
     finally:
         door.close()
+        tier.shutdown()
+        s.stop()
+
+
+def _scribble_own(door, tier, key):
+    """Flips a byte of a committed page's "v" span through the tier's own
+    map of serve's slab (the test's door only says where the page is)."""
+    rep = door.stub.BatchGet(pb.GetRequest(session=door.session, boot_id=door.boot, keys=[key.hex()]), timeout=5)
+    assert rep.pages[0].status == pb.GET_STATUS_HIT
+    span = rep.pages[0].spans[1]
+    door.stub.Release(pb.ReleaseRequest(session=door.session, boot_id=door.boot, lease=rep.lease), timeout=5)
+    b = ctypes.c_ubyte.from_address(tier._sess.slab.check(span, KIND_BYTES) + 100)
+    b.value ^= 0xFF
+
+
+class OldServe:
+    """Fault injection: a serve older than client_verifies. The flag is
+    dropped from every GetRequest on the way out, so serve sends no sums
+    and checks at release (check_at_release), as such a serve would."""
+
+    def __init__(self, stub):
+        self._stub = stub
+
+    def __getattr__(self, name):
+        return getattr(self._stub, name)
+
+    def BatchGet(self, req, **kw):
+        r = pb.GetRequest()
+        r.CopyFrom(req)
+        r.client_verifies = False
+        return self._stub.BatchGet(r, **kw)
+
+
+@pytest.mark.parametrize("mode", ["client-sums", "serve-sums", "old-serve"])
+def test_scribbled_page_fails_either_check(kvtier_bin, tmp_path, monkeypatch, mode):
+    """A committed slab page scribbled on through the tier's own slab map
+    fails its check: the tier's, over the bytes it copies, against the
+    sums it gave at Commit (client-sums: the native library), or serve's
+    while the tier copies it (check_at_release: serve-sums, and old-serve,
+    a serve that ignores client_verifies and sends no sums). Its load job
+    fails (vLLM never uses the bytes), the key is a miss from then on, the
+    other blocks load whole, and serve counts it corrupt (and drops it)."""
+    client_sums = mode != "serve-sums"
+    if client_sums and not native.available():
+        pytest.fail("the native library did not load: %s" % native.why())
+    monkeypatch.setenv("KVTIER_CLIENT_SUMS", "1" if client_sums else "0")
+    s = start_serve(kvtier_bin, tmp_path, 64)
+    t = Tiering(32)
+    tier = make_tier(s.sock, t)
+    if mode == "old-serve":
+        tier._stub = OldServe(tier._stub)
+    door = Door(s.sock, tier.namespace)
+    try:
+        good, bad = ReqContext(req_id="good"), ReqContext(req_id="bad")
+        ks = keys_of("scribble", 4)
+        assert t.wait([t.store(ks, good)]) == [True]
+        assert tier.counters["store_summed_pages"] == (4 if client_sums else 0)
+        t.evict(ks)
+        _scribble_own(door, tier, ks[2])
+        assert t.run(ks[:2] + ks[3:], good) == 3
+        assert t.wrong(ks[:2] + ks[3:]) == []
+        assert tier.counters["load_verified_pages"] == (3 if mode == "client-sums" else 0)
+        assert t.scan(ks[2:3], bad) is None  # promotion started
+        t.end_step()
+        (job,) = [j for j, m in t.jobs.items() if m.req_context is bad]
+        assert t.wait([job]) == [False]
+        assert ks[2] not in t.ready
+        assert tier.counters["corrupt_pages"] == 1
+        assert tier.door_stats()["corrupt_pages"] == 1  # serve dropped it, whoever checked
+        t.end_step()
+        assert tier.lookup(ks[2], bad) is False
+    finally:
+        door.close()
+        tier.shutdown()
+        s.stop()
+
+
+class _WrongFirstSum(vllm_tier.PieceBatch):
+    """Fault injection (a client whose sum is wrong): the first group's
+    CRC32C comes back with one bit flipped."""
+
+    def run(self, ngroups):
+        sums = super().run(ngroups)
+        if sums:
+            sums[0] ^= 1
+        return sums
+
+
+@pytest.mark.parametrize("client_sums", [True, False], ids=["client-sums", "serve-sums"])
+def test_commit_carries_the_tiers_sums(kvtier_bin, tmp_path, monkeypatch, client_sums):
+    """With client sums serve keeps the sums a store's Commit carried: the
+    first page of a store committed with a wrong one (fault injection) is
+    refused at the next load (the tier's check against serve's sums
+    fails; serve counts it corrupt). Without them the summing batch is not
+    used and serve's own sums make every page load."""
+    if client_sums and not native.available():
+        pytest.fail("the native library did not load: %s" % native.why())
+    monkeypatch.setenv("KVTIER_CLIENT_SUMS", "1" if client_sums else "0")
+    s = start_serve(kvtier_bin, tmp_path, 64)
+    t = Tiering(32)
+    tier = make_tier(s.sock, t)
+    try:
+        ctx = ReqContext(req_id="a")
+        ks = keys_of("wrongsum", 3)
+        monkeypatch.setattr(vllm_tier, "PieceBatch", _WrongFirstSum)
+        assert t.wait([t.store(ks, ctx)]) == [True]
+        monkeypatch.setattr(vllm_tier, "PieceBatch", _WrongFirstSum.__mro__[1])
+        t.evict(ks)
+        t.primary.zero_()
+        if client_sums:
+            assert t.run(ks, ctx) == 0  # the first block fails: the request loads none
+            assert tier.counters["corrupt_pages"] == 1
+            assert tier.door_stats()["corrupt_pages"] == 1
+            assert t.run(ks[1:], ReqContext(req_id="b")) == 2
+            assert t.wrong(ks[1:]) == []
+        else:
+            assert t.run(ks, ctx) == 3
+            assert t.wrong(ks) == []
+            assert tier.counters["corrupt_pages"] == 0
+            assert tier.door_stats().get("corrupt_pages", 0) == 0
+    finally:
         tier.shutdown()
         s.stop()
 
