@@ -27,7 +27,7 @@ func TestBenchStoreSmall(t *testing.T) {
 	if err := run(context.Background(), args, &out, &errOut); err != nil {
 		t.Fatalf("bench store: %v\n%s", err, errOut.String())
 	}
-	want := []string{"store/get-l2", "store/get-l2-check-first", "store/get-l2-unchecked", "store/set", "store/get-l3",
+	want := []string{"store/get-l2", "store/get-l2-check-at-release", "store/get-l2-check-first", "store/get-l2-unchecked", "store/set", "store/get-l3",
 		"store/set-sustained", "store/exists_p99", "store/vs-file"}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	if len(lines) != len(want) {
