@@ -36,6 +36,7 @@ func (s *Store) Get(ctx context.Context, batch []tiers.GetRequest, results []err
 			return fmt.Errorf("l3disk get item %d: %w", i, err)
 		}
 		dsts[i], keys[i] = b, r.Key.IndexKey()
+		batch[i].Sum, batch[i].HasSum = 0, false // outputs: set on a hit
 	}
 	recs := make([]indexes.Record, len(batch))
 	found := make([]bool, len(batch))
