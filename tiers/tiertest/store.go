@@ -28,6 +28,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvtier/kvtier/internal/crc32c"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
 )
@@ -225,6 +226,13 @@ func (f *fixture) get(t *testing.T, base int, pages []page) []error {
 			if got := f.bytes(t, reqs[i].Dst); !bytes.Equal(got, p.data) {
 				t.Fatalf("get item %d (%s): hit with wrong bytes (first difference at %d)", i, p.key, firstDiff(got, p.data))
 			}
+			// A sum handed back (GetRequest.HasSum) is the CRC-32C of the
+			// bytes the hit left in Dst.
+			if reqs[i].HasSum && reqs[i].Sum != crc32c.Checksum(p.data) {
+				t.Fatalf("get item %d (%s): hit with sum %#x, its bytes' CRC-32C is %#x", i, p.key, reqs[i].Sum, crc32c.Checksum(p.data))
+			}
+		} else if reqs[i].HasSum {
+			t.Fatalf("get item %d (%s): a miss with a sum", i, p.key)
 		} else if !errors.Is(res[i], tiers.ErrMiss) {
 			t.Fatalf("get item %d (%s): per-item error %v does not wrap tiers.ErrMiss", i, p.key, res[i])
 		}
