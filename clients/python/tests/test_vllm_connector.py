@@ -509,24 +509,6 @@ class _Worker:
         self.w.shutdown()
 
 
-class _OldServe:
-    """Fault injection: a serve older than client_verifies. The flag is
-    dropped from every GetRequest on the way out, so serve sends no sums
-    and checks at release (check_at_release), as such a serve would."""
-
-    def __init__(self, stub):
-        self._stub = stub
-
-    def __getattr__(self, name):
-        return getattr(self._stub, name)
-
-    def BatchGet(self, req, **kw):
-        r = pb.GetRequest()
-        r.CopyFrom(req)
-        r.client_verifies = False
-        return self._stub.BatchGet(r, **kw)
-
-
 @pytest.mark.parametrize("mode", ["async", "sync"])
 @pytest.mark.parametrize("sums", ["client-sums", "serve-sums", "old-serve"])
 def test_scribbled_page_fails_its_load(kvtier_bin, tmp_path, monkeypatch, sums, mode):
@@ -548,7 +530,7 @@ def test_scribbled_page_fails_its_load(kvtier_bin, tmp_path, monkeypatch, sums, 
     try:
         wk = _Worker(s.sock, mode)
         if sums == "old-serve":
-            wk.w._worker.door.stub = _OldServe(wk.w._worker.door.stub)
+            wk.w._worker.door.stub = vh.OldServe(wk.w._worker.door.stub)
         hashes = [os.urandom(32) for _ in range(4)]
         src, dst = [1, 2, 3, 4], [9, 11, 10, 13]
         wk.save(hashes, src)

@@ -26,6 +26,7 @@ from vllm.v1.kv_offload.tiering import base as tierbase
 from vllm.v1.kv_offload.tiering.base import JobMetadata, JobResult, SecondaryTierManager
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 
+import vllmhelp as vh
 from kvtier import native
 from kvtier import vllm_tier
 from kvtier.store.v1 import store_pb2 as pb
@@ -465,24 +466,6 @@ def _scribble_own(door, tier, key):
     b.value ^= 0xFF
 
 
-class OldServe:
-    """Fault injection: a serve older than client_verifies. The flag is
-    dropped from every GetRequest on the way out, so serve sends no sums
-    and checks at release (check_at_release), as such a serve would."""
-
-    def __init__(self, stub):
-        self._stub = stub
-
-    def __getattr__(self, name):
-        return getattr(self._stub, name)
-
-    def BatchGet(self, req, **kw):
-        r = pb.GetRequest()
-        r.CopyFrom(req)
-        r.client_verifies = False
-        return self._stub.BatchGet(r, **kw)
-
-
 @pytest.mark.parametrize("mode", ["client-sums", "serve-sums", "old-serve"])
 def test_scribbled_page_fails_either_check(kvtier_bin, tmp_path, monkeypatch, mode):
     """A committed slab page scribbled on through the tier's own slab map
@@ -500,7 +483,7 @@ def test_scribbled_page_fails_either_check(kvtier_bin, tmp_path, monkeypatch, mo
     t = Tiering(32)
     tier = make_tier(s.sock, t)
     if mode == "old-serve":
-        tier._stub = OldServe(tier._stub)
+        tier._stub = vh.OldServe(tier._stub)
     door = Door(s.sock, tier.namespace)
     try:
         good, bad = ReqContext(req_id="good"), ReqContext(req_id="bad")

@@ -45,6 +45,8 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request, RequestStatus
 
+from kvtier.store.v1 import store_pb2 as _storepb
+
 BLOCK = 16
 LAYERS = 4
 HEADS = 4         # KV heads of the model; a TP rank holds HEADS / tp
@@ -717,3 +719,22 @@ def prompts(n, systems=4, seed=0, system_blocks=3, max_extra=60):
         extra = rng.randrange(5, max_extra)
         out.append(sys_toks + [(i * 7919 + j * 31) % 20000 + 1 for j in range(extra)])
     return out
+
+
+class OldServe:
+    """Fault injection: a serve older than client_verifies. The flag is
+    dropped from every GetRequest on the way out, so serve sends no sums
+    and checks at release (check_at_release), as such a serve would.
+    Wraps a Store stub; every other call passes through."""
+
+    def __init__(self, stub):
+        self._stub = stub
+
+    def __getattr__(self, name):
+        return getattr(self._stub, name)
+
+    def BatchGet(self, req, **kw):
+        r = _storepb.GetRequest()
+        r.CopyFrom(req)
+        r.client_verifies = False
+        return self._stub.BatchGet(r, **kw)
