@@ -405,15 +405,7 @@ class KvtierStorage(HiCacheStorage):
         if pieces_out is not None and _native_sums():
             return self._get_pages_verified(keys, pieces_out)
         results = [False] * len(keys)
-        for lo, hi in self._batches(len(keys)):
-            idx = [i for i in range(lo, hi) if self._key_ok(keys[i])]
-            if not idx:
-                continue
-            ks = [keys[i] for i in idx]
-            rep, session, boot, slab, _ = self._rpc(
-                "BatchGet", lambda s, b: pb.GetRequest(session=s, boot_id=b, keys=ks, deadline_ms=self.get_deadline_ms,
-                                                       check_at_release=True),
-                hold=True)
+        for idx, ks, rep, session, boot, slab in self._get_batches(keys, False):
             copied = []  # positions j of ks copied: confirmed only by Release
             try:
                 if len(rep.pages) != len(ks):
@@ -454,23 +446,30 @@ class KvtierStorage(HiCacheStorage):
         self.counters["hit_pages"] += sum(results)
         return results
 
+    def _get_batches(self, keys, client_verifies):
+        """Yields, per batch of valid keys, (positions in keys, the keys,
+        BatchGet's reply, session, boot, slab): the slab is held, and the
+        caller releases it after its copies. check_at_release is always
+        set: a serve older than client_verifies ignores that flag, sends no
+        sums and checks while the client copies instead."""
+        for lo, hi in self._batches(len(keys)):
+            idx = [i for i in range(lo, hi) if self._key_ok(keys[i])]
+            if not idx:
+                continue
+            ks = [keys[i] for i in idx]
+            rep, session, boot, slab, _ = self._rpc(
+                "BatchGet", lambda s, b: pb.GetRequest(session=s, boot_id=b, keys=ks, deadline_ms=self.get_deadline_ms,
+                                                       check_at_release=True, client_verifies=client_verifies),
+                hold=True)
+            yield idx, ks, rep, session, boot, slab
+
     def _get_pages_verified(self, keys, pieces_out):
         """_get_pages with the client's check: one native copy of the
         batch, each page's CRC32C compared with serve's sums; a page whose
         copy differs is a miss, reported at Release (serve drops it)."""
         nk = len(self.kind_bytes)
         results = [False] * len(keys)
-        for lo, hi in self._batches(len(keys)):
-            idx = [i for i in range(lo, hi) if self._key_ok(keys[i])]
-            if not idx:
-                continue
-            ks = [keys[i] for i in idx]
-            # NB: check_at_release too: a serve older than client_verifies
-            # ignores it, sends no sums and checks while we copy instead.
-            rep, session, boot, slab, _ = self._rpc(
-                "BatchGet", lambda s, b: pb.GetRequest(session=s, boot_id=b, keys=ks, deadline_ms=self.get_deadline_ms,
-                                                       check_at_release=True, client_verifies=True),
-                hold=True)
+        for idx, ks, rep, session, boot, slab in self._get_batches(keys, True):
             mine, theirs, bad = [], [], []  # hits checked here; by serve (no sums); failed here
             corrupt = None  # None: serve's check (of pages without sums) is unconfirmed
             try:
