@@ -4,13 +4,17 @@ into the client's process, and batches of copies that also take each
 page's CRC32C (the native library, kvtier.native)."""
 
 import ctypes
+import logging
 import mmap
 import os
 import threading
 
+import grpc
 import numpy as np
 
 from kvtier import native as _native
+
+logger = logging.getLogger(__name__)
 
 
 def default_socket():
@@ -158,3 +162,26 @@ class PieceBatch:
         """Copies every piece; the list of ngroups CRC32C (0 for a group
         with no piece)."""
         return _native.copy_pages(self.dst, self.src, self.len, self.group, ngroups)
+
+
+def check_hit(page, nkinds):
+    """ValueError unless a BatchGet HIT carries one span per payload kind
+    and no sums or one per kind (docs/store-api.md)."""
+    if len(page.spans) != nkinds:
+        raise ValueError("%d spans, want %d" % (len(page.spans), nkinds))
+    if len(page.sums) not in (0, nkinds):
+        raise ValueError("%d sums, want %d" % (len(page.sums), nkinds))
+
+
+def release_async(stub, request, timeout):
+    """Sends a ReleaseRequest without waiting for its reply: for a get
+    whose every hit the client checked itself, nothing in the reply is
+    needed. A failure is logged; the pins then end with the lease."""
+    def done(f):
+        e = f.exception()
+        if e is not None:
+            logger.info("kvtier: release of lease %d: %s (its pins end with the lease)", request.lease, e)
+    try:
+        stub.Release.future(request, timeout=timeout).add_done_callback(done)
+    except (grpc.RpcError, ValueError) as e:  # the channel closed meanwhile
+        logger.info("kvtier: release of lease %d: %s", request.lease, e)

@@ -34,8 +34,8 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, PoolHitPolicy, PoolName, PoolTransferResult
 
 from kvtier.store.v1 import store_pb2 as pb
-from kvtier._storeclient import MappedSlab, PieceBatch, native_sums as _native_sums, default_socket as _default_socket, \
-    dtype_name as _dtype_name
+from kvtier._storeclient import MappedSlab, PieceBatch, check_hit, native_sums as _native_sums, release_async, \
+    default_socket as _default_socket, dtype_name as _dtype_name
 from kvtier.store.v1 import store_pb2_grpc as pbg
 
 logger = logging.getLogger(__name__)
@@ -480,10 +480,7 @@ class KvtierStorage(HiCacheStorage):
                     if page.status != pb.GET_STATUS_HIT:
                         continue
                     try:
-                        if len(page.spans) != nk:
-                            raise ValueError("%d spans, want %d" % (len(page.spans), nk))
-                        if len(page.sums) not in (0, nk):
-                            raise ValueError("%d sums, want %d" % (len(page.sums), nk))
+                        check_hit(page, nk)
                         mark = len(batch)
                         try:
                             pieces_out(idx[j], slab, page.spans, batch, j * nk)
@@ -508,7 +505,7 @@ class KvtierStorage(HiCacheStorage):
                     # itself). A failed page's report is waited for: serve
                     # has dropped it when the call returns, so a retry
                     # does not find it again.
-                    self._release_async(session, boot, rep.lease, bad)
+                    release_async(self._stub, pb.ReleaseRequest(session=session, boot_id=boot, lease=rep.lease, corrupt=bad), self.timeout)
                     corrupt = set()
                 elif rep.lease:
                     try:
@@ -535,19 +532,6 @@ class KvtierStorage(HiCacheStorage):
         self.counters["get_pages"] += len(keys)
         self.counters["hit_pages"] += sum(results)
         return results
-
-    def _release_async(self, session, boot, lease, corrupt):
-        """Sends a Release without waiting for its reply."""
-        def done(f):
-            e = f.exception()
-            if e is not None:
-                logger.info("kvtier: release of lease %d: %s (its pins end with the lease)", lease, e)
-        try:
-            f = self._stub.Release.future(pb.ReleaseRequest(session=session, boot_id=boot, lease=lease, corrupt=corrupt),
-                                          timeout=self.timeout)
-            f.add_done_callback(done)
-        except (grpc.RpcError, ValueError) as e:  # a channel closed meanwhile
-            logger.info("kvtier: release of lease %d: %s", lease, e)
 
     def _set_pages(self, keys, copy_in, pieces_in=None):
         """BatchSet keys; for each RESERVED page calls copy_in(i, slab,

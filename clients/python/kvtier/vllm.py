@@ -81,7 +81,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
 
 from kvtier.store.v1 import store_pb2 as pb
 from kvtier import native as _native
-from kvtier._storeclient import MappedSlab, default_socket as _default_socket, dtype_name as _dtype_name, \
+from kvtier._storeclient import MappedSlab, check_hit, release_async, default_socket as _default_socket, dtype_name as _dtype_name, \
     native_sums as _native_sums
 from kvtier.store.v1 import store_pb2_grpc as pbg
 
@@ -1466,10 +1466,7 @@ class _WorkerSide:
                     failed.add(b)
                     continue
                 try:
-                    if len(page.spans) != nk:
-                        raise ValueError("%d spans, want %d" % (len(page.spans), nk))
-                    if len(page.sums) not in (0, nk):
-                        raise ValueError("%d sums, want %d" % (len(page.sums), nk))
+                    check_hit(page, nk)
                     addrs = [ctx.slab.check(sp, n) for sp, n in zip(page.spans, c.kind_bytes)]
                     views = [(ctx.slab.tensors[sp.slab], sp.offset, sp.slab) for sp in page.spans]
                 except ValueError as e:
@@ -1520,7 +1517,7 @@ class _WorkerSide:
                 continue
             theirs = [(j, h) for j, h in zip(pos, hits) if not (mine and h[3])]
             if not theirs and not bad_j:
-                self._release_async(ctx, lease)
+                release_async(self.door.stub, pb.ReleaseRequest(session=ctx.session, boot_id=ctx.boot, lease=lease), self.c.timeout)
                 continue
             try:
                 rel = self.door.stub.Release(pb.ReleaseRequest(session=ctx.session, boot_id=ctx.boot, lease=lease,
@@ -1538,20 +1535,6 @@ class _WorkerSide:
                                  h[0])
                     self.c._count(load_corrupt_blocks=1)
                     failed.add(h[0])
-
-    def _release_async(self, ctx, lease):
-        """Sends a Release without waiting for its reply (a failure is
-        logged; the pins then end with the lease)."""
-        def done(f):
-            e = f.exception()
-            if e is not None:
-                logger.info("kvtier: release of lease %d: %s (its pins end with the lease)", lease, e)
-        try:
-            f = self.door.stub.Release.future(pb.ReleaseRequest(session=ctx.session, boot_id=ctx.boot, lease=lease),
-                                              timeout=self.c.timeout)
-            f.add_done_callback(done)
-        except (grpc.RpcError, ValueError) as e:  # the channel closed meanwhile
-            logger.info("kvtier: release of lease %d: %s", lease, e)
 
     def _load(self, hashes, block_ids):
         """A whole load (every layer): the block ids that failed."""

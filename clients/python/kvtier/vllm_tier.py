@@ -55,7 +55,7 @@ import grpc
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
 
 from kvtier.store.v1 import store_pb2 as pb
-from kvtier._storeclient import MappedSlab, PieceBatch, address as _address, default_socket as _default_socket, \
+from kvtier._storeclient import MappedSlab, release_async, PieceBatch, address as _address, default_socket as _default_socket, \
     native_sums as _native_sums
 from kvtier.store.v1 import store_pb2_grpc as pbg
 
@@ -877,7 +877,7 @@ class KvtierTier(SecondaryTierManager):
                     # none): the reply is not needed, so the Release is not
                     # waited for. A failed page's report is waited for:
                     # serve has dropped it when the call returns.
-                    self._release_async(sess, rep.lease)
+                    release_async(self._stub, pb.ReleaseRequest(session=sess.session, boot_id=sess.boot_id, lease=rep.lease), self.timeout)
                     corrupt = set()
                 elif rep.lease:
                     try:
@@ -914,20 +914,6 @@ class KvtierTier(SecondaryTierManager):
         with self._stats_mu:
             self.counters["load_copy_s"] += copy_s
         return all_ok and loaded == len(keys)
-
-    def _release_async(self, sess, lease):
-        """Sends a Release without waiting for its reply (a failure is
-        logged; the lease then ends by itself)."""
-        def done(f):
-            e = f.exception()
-            if e is not None:
-                logger.info("kvtier: release of lease %d: %s (its pins end with the lease)", lease, e)
-        try:
-            f = self._stub.Release.future(pb.ReleaseRequest(session=sess.session, boot_id=sess.boot_id, lease=lease),
-                                          timeout=self.timeout)
-            f.add_done_callback(done)
-        except (grpc.RpcError, ValueError) as e:  # the channel closed meanwhile
-            logger.info("kvtier: release of lease %d: %s", lease, e)
 
     # ---- the end ------------------------------------------------------------------
 
