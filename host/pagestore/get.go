@@ -123,7 +123,7 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 	}
 	d.mu.Unlock()
 	if len(committing) > 0 {
-		d.awaitCommitting(ctx, wait, l, hs, committing, ready, out, q.GetClientVerifies())
+		d.awaitCommitting(ctx, wait, l, hs, committing, ready, out, sumsFor)
 	}
 	if len(cand) > 0 {
 		// Only pages the store holds take a slot (and may evict): a get
@@ -263,7 +263,7 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 // positions committing, whose checksums their Commit is taking, and pins
 // those that became readable as L2 hits: their checksums were just taken
 // from these bytes, so they are not checked again.
-func (d *Door) awaitCommitting(ctx context.Context, wait time.Duration, l *lease, hs []pagehash.Hash, committing []int, ready []chan struct{}, out *pb.GetReply, sums bool) {
+func (d *Door) awaitCommitting(ctx context.Context, wait time.Duration, l *lease, hs []pagehash.Hash, committing []int, ready []chan struct{}, out *pb.GetReply, sumsFor func([]uint32) []uint32) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for _, c := range ready {
@@ -289,10 +289,7 @@ func (d *Door) awaitCommitting(ctx context.Context, wait time.Duration, l *lease
 			d.updateEvictable(e)
 			d.hit(e)
 			l.pinned[i] = e
-			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_HIT, Tier: pb.Tier_TIER_L2, Spans: d.spansOf(e.slot)}
-			if sums {
-				out.Pages[i].Sums = e.crc
-			}
+			out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_HIT, Tier: pb.Tier_TIER_L2, Spans: d.spansOf(e.slot), Sums: sumsFor(e.crc)}
 			d.st.hitL2++
 			d.st.readBytes += uint64(d.pageBytes)
 		}

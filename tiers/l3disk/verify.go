@@ -16,21 +16,31 @@ var ErrSlotMismatch = errors.New("slot holds another page")
 // or bit rot).
 var ErrPayloadCorrupt = errors.New("slot payload corrupt")
 
+// slotPayload decodes buf's header (a whole slot), checks it against
+// what the index promises, and returns it with the payload's bytes
+// (their CRC not yet checked).
+func slotPayload(buf []byte, kind uint8, epoch uint64, hash pagehash.Hash, pageBytes int64) (SlotHeader, []byte, error) {
+	h, err := DecodeSlotHeader(buf)
+	if err != nil {
+		return h, nil, err
+	}
+	if err := matchHeader(h, kind, epoch, hash, pageBytes); err != nil {
+		return h, nil, err
+	}
+	if int64(len(buf)) < HeaderSize+pageBytes {
+		return h, nil, fmt.Errorf("slot buffer of %d bytes holds no %d-byte payload: %w", len(buf), pageBytes, ErrPayloadCorrupt)
+	}
+	return h, buf[HeaderSize : HeaderSize+pageBytes], nil
+}
+
 // verifySlot checks that buf (a whole slot) holds page hash of kind at
 // epoch with a payload of pageBytes whose CRC matches. It returns the
 // payload on success.
 func verifySlot(buf []byte, kind uint8, epoch uint64, hash pagehash.Hash, pageBytes int64) ([]byte, error) {
-	h, err := DecodeSlotHeader(buf)
+	h, p, err := slotPayload(buf, kind, epoch, hash, pageBytes)
 	if err != nil {
 		return nil, err
 	}
-	if err := matchHeader(h, kind, epoch, hash, pageBytes); err != nil {
-		return nil, err
-	}
-	if int64(len(buf)) < HeaderSize+pageBytes {
-		return nil, fmt.Errorf("slot buffer of %d bytes holds no %d-byte payload: %w", len(buf), pageBytes, ErrPayloadCorrupt)
-	}
-	p := buf[HeaderSize : HeaderSize+pageBytes]
 	if got := PayloadCRC(p); got != h.PayloadCRC {
 		return nil, fmt.Errorf("payload crc %#08x, header says %#08x: %w", got, h.PayloadCRC, ErrPayloadCorrupt)
 	}
@@ -42,17 +52,11 @@ func verifySlot(buf []byte, kind uint8, epoch uint64, hash pagehash.Hash, pageBy
 // CRC. On an error dst holds unverified bytes (GetRequest.Dst is then
 // unspecified).
 func copyVerifiedSlot(dst, buf []byte, kind uint8, epoch uint64, hash pagehash.Hash, pageBytes int64) (uint32, error) {
-	h, err := DecodeSlotHeader(buf)
+	h, p, err := slotPayload(buf, kind, epoch, hash, pageBytes)
 	if err != nil {
 		return 0, err
 	}
-	if err := matchHeader(h, kind, epoch, hash, pageBytes); err != nil {
-		return 0, err
-	}
-	if int64(len(buf)) < HeaderSize+pageBytes {
-		return 0, fmt.Errorf("slot buffer of %d bytes holds no %d-byte payload: %w", len(buf), pageBytes, ErrPayloadCorrupt)
-	}
-	if got := crc32c.CopyUpdate(0, dst[:pageBytes], buf[HeaderSize:HeaderSize+pageBytes]); got != h.PayloadCRC {
+	if got := crc32c.CopyUpdate(0, dst[:pageBytes], p); got != h.PayloadCRC {
 		return 0, fmt.Errorf("payload crc %#08x, header says %#08x: %w", got, h.PayloadCRC, ErrPayloadCorrupt)
 	}
 	return h.PayloadCRC, nil
