@@ -24,12 +24,15 @@ func TestLower(t *testing.T) {
 			enabled.Store(tc.enable)
 			defer enabled.Store(false)
 			got := make(chan [2]int64)
+			fin := make(chan struct{})
 			go func() {
+				defer close(fin) // after done: Lowered() is back when fin closes
 				done := Lower()
 				defer done()
 				got <- [2]int64{int64(threadNice()), Lowered()}
 			}()
 			g := <-got
+			<-fin
 			if int(g[0]) != tc.want || g[1] != tc.lowered {
 				t.Fatalf("nice %d, lowered %d; want nice %d, lowered %d", g[0], g[1], tc.want, tc.lowered)
 			}
