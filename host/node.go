@@ -15,6 +15,7 @@ package host
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -198,10 +199,17 @@ type Node struct {
 	storeKeepsSums bool
 	group          Group
 	engine         Engine
-	log            *slog.Logger
-	opts           Options
-	layout         placement.Layout
-	kinds          int
+	// facts takes the Node's local facts (Done, Longest): the Machine
+	// itself, or, for a rank of a Multi, the Multi's reduction over its
+	// local ranks.
+	facts facts
+	// multi: the Node is a local rank of a Multi, which applies events
+	// and ticks; the Node only carries out.
+	multi  bool
+	log    *slog.Logger
+	opts   Options
+	layout placement.Layout
+	kinds  int
 
 	// plans is the L1 pool when the engine runs its copies (RunsPlans),
 	// else nil.
@@ -271,7 +279,7 @@ func New(s *stack.Stack, m *control.Machine, opts Options) (*Node, error) {
 		return nil, fmt.Errorf("host: the machine's L2 layout has %d kinds, the stack's payload %d", len(lay.Kinds), len(s.Config.Payload.Kinds))
 	}
 	n := &Node{
-		m: m, s: s, store: st, group: opts.Group, engine: opts.Engine, log: opts.Logger, opts: opts,
+		m: m, s: s, store: st, group: opts.Group, engine: opts.Engine, facts: m, log: opts.Logger, opts: opts,
 		layout: lay, kinds: len(lay.Kinds), sums: newSlabSums(lay),
 		pool: map[tiers.BatchID]*batch{}, puts: map[tiers.BatchID]*batch{},
 		stats:    Stats{Skips: map[string]int64{}, FailedOps: map[string]int64{}},
@@ -287,6 +295,9 @@ func New(s *stack.Stack, m *control.Machine, opts Options) (*Node, error) {
 	n.jobCtx, n.jobCancel = context.WithCancel(context.Background())
 	return n, nil
 }
+
+// errMultiRank refuses an event or a tick on a local rank of a Multi.
+var errMultiRank = errors.New("host: a local rank of a Multi: apply events and tick through the Multi")
 
 // Machine returns the Node's Machine (for read-only views: MatchedL1,
 // Stats, Digest).
@@ -322,14 +333,16 @@ func (n *Node) InFlight() (pool, store int) { return len(n.pool), len(n.puts) + 
 // placements, holds) for the driver. A refused event is the Machine's
 // *control.EventError and changes nothing.
 func (n *Node) Apply(ctx context.Context, e control.Event) (control.Ready, error) {
+	if n.multi {
+		return control.Ready{}, errMultiRank
+	}
 	if err := n.m.Apply(e); err != nil {
 		return control.Ready{}, err
 	}
 	return n.run(ctx, e)
 }
 
-// run consumes the Machine's Ready: placements to the engine first (the
-// backups of the same Ready read what it wrote), then copies, store ops.
+// run takes the Machine's Ready and carries it out.
 func (n *Node) run(ctx context.Context, e control.Event) (control.Ready, error) {
 	// The contribution is taken at the tick (Tick), not per event.
 	rd := n.m.Output()
@@ -337,6 +350,13 @@ func (n *Node) run(ctx context.Context, e control.Event) (control.Ready, error) 
 	for _, sk := range rd.Skips {
 		n.stats.Skips[sk.Reason.String()]++
 	}
+	return rd, n.carry(ctx, e, rd)
+}
+
+// carry does this rank's part of rd, the Machine's output for event e
+// (the zero Event for a tick): placements to the engine first (the
+// backups of the same Ready read what it wrote), then copies, store ops.
+func (n *Node) carry(ctx context.Context, e control.Event, rd control.Ready) error {
 	if n.engine != nil {
 		for _, p := range rd.Placements {
 			var hs []pagehash.Hash
@@ -350,12 +370,12 @@ func (n *Node) run(ctx context.Context, e control.Event) (control.Ready, error) 
 				}
 			}
 			if err := n.engine.Place(p, hs); err != nil {
-				return rd, fmt.Errorf("host: engine place req %d node %d: %w", p.Req, p.Node, err)
+				return fmt.Errorf("host: engine place req %d node %d: %w", p.Req, p.Node, err)
 			}
 		}
 	}
 	if err := n.copies(ctx, rd.Copies); err != nil {
-		return rd, err
+		return err
 	}
 	for _, p := range rd.Puts {
 		n.put(p)
@@ -380,7 +400,7 @@ func (n *Node) run(ctx context.Context, e control.Event) (control.Ready, error) 
 			}
 		}
 	}
-	return rd, nil
+	return nil
 }
 
 // owns reports whether the page at position i of its key is this Node's.
@@ -565,7 +585,7 @@ func (n *Node) lookup(l control.Lookup) {
 			return
 		}
 	}
-	if err := n.m.Longest(l.Op, c); err != nil {
+	if err := n.facts.Longest(l.Op, c); err != nil {
 		n.log.Error("kvtier host: longest", "op", uint64(l.Op), "err", err)
 	}
 }
@@ -608,7 +628,7 @@ func (n *Node) fail(op control.OpID, kind string, stages ...control.Stage) {
 }
 
 func (n *Node) done(op control.OpID, st control.Stage, ok bool) {
-	if err := n.m.Done(op, st, ok); err != nil {
+	if err := n.facts.Done(op, st, ok); err != nil {
 		n.log.Error("kvtier host: done", "op", uint64(op), "stage", st.String(), "err", err)
 	}
 }
@@ -793,6 +813,9 @@ func (n *Node) abandon(why string) {
 // the Machine with the frontier and carries out what the tick asks. The
 // returned Ready holds the tick's answers (unholds, skips).
 func (n *Node) Tick(ctx context.Context) (control.Ready, error) {
+	if n.multi {
+		return control.Ready{}, errMultiRank
+	}
 	n.Drain()
 	c := n.m.Contribution()
 	f, err := n.group.Exchange(ctx, n.m.Ticks(), c)

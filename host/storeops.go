@@ -215,7 +215,7 @@ func (n *Node) finish(j *storeJob) {
 			n.stats.FailedOps["lookup"]++
 			n.log.Warn("kvtier host: lookup", "op", uint64(j.op), "err", j.err)
 		}
-		if err := n.m.Longest(j.op, j.pages); err != nil {
+		if err := n.facts.Longest(j.op, j.pages); err != nil {
 			n.log.Error("kvtier host: longest", "op", uint64(j.op), "err", err)
 		}
 	case jobGet:
@@ -276,7 +276,7 @@ func (n *Node) abandonJobs(why string) {
 		case jobLookup:
 			n.log.Warn("kvtier host: store operation abandoned", "op", uint64(j.op), "kind", j.kind.String(), "why", why)
 			n.stats.FailedOps["timeout"]++
-			if err := n.m.Longest(j.op, 0); err != nil {
+			if err := n.facts.Longest(j.op, 0); err != nil {
 				n.log.Error("kvtier host: longest", "op", uint64(j.op), "err", err)
 			}
 		case jobGet:

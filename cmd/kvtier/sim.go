@@ -35,18 +35,28 @@ its end; then every rank runs 4×(--max-ack-skew+4) more ticks so held acks
 land: the ticks printed exceed --ticks by those. Failed ops are the ok
 bits --fail-rate cleared plus the ops the ranks' tiers failed.
 
-SPEC is a comma-separated list of stall:RANK@TICK and crash:RANK@TICK.`,
+With --nodes M the ranks are spread over M simulated nodes, N/M each: the
+ranks of a node share one control Machine (host.Multi), which carries
+each decision out on every rank's own tiers and reduces what each rank
+finished before it ticks, and the group exchange (with its delays,
+faults and digest checks) runs between the nodes. Ack skew is then
+reported between nodes; inside a node it is absorbed by the reduction.
+
+SPEC is a comma-separated list of stall:RANK@TICK and crash:RANK@TICK
+(with --nodes, RANK is a node: the group's member).`,
 		Example: `  kvtier sim --ranks 4 --ticks 20000 --seed 3
-  kvtier sim --ranks 8 --faults stall:2@500,crash:5@900 --fail-rate 0.001 --json`,
+  kvtier sim --ranks 8 --faults stall:2@500,crash:5@900 --fail-rate 0.001 --json
+  kvtier sim --ranks 8 --nodes 2 --fail-rate 0.001`,
 	}
 	fs := cmd.Flags()
 	ranks := fs.Int("ranks", 8, "group size (1..64)")
+	nodes := fs.Int("nodes", 0, "simulated nodes the ranks are spread over, one Machine each (0: one per rank; must divide --ranks)")
 	ticks := fs.Uint64("ticks", 100_000, "ticks to run")
 	seed := fs.Uint64("seed", 1, "seed of the workload, delays and faults")
 	skew := fs.Int("max-ack-skew", 8, "most ticks a tier ack is held back on a rank (0..1000)")
 	failRate := fs.Float64("fail-rate", 0, "probability an ok bit of a rank's contribution is cleared, an injected op failure (0: none)")
 	faults := fs.String("faults", "", "stall:RANK@TICK and crash:RANK@TICK, comma-separated")
-	inject := fs.Uint64("inject-divergence", 0, "rank 0 applies an extra event at this tick (0: never)")
+	inject := fs.Uint64("inject-divergence", 0, "rank 0 (with --nodes, node 0) applies an extra event at this tick (0: never)")
 	digestEvery := fs.Uint64("digest-every", 16, "digest interval in ticks")
 	timeout := fs.Duration("timeout", 5*time.Second, "exchange deadline")
 	replicate := fs.Bool("replicate", false, "every rank moves every page (data-parallel replicas) instead of its owner lane's (page i: rank i mod N)")
@@ -61,6 +71,8 @@ SPEC is a comma-separated list of stall:RANK@TICK and crash:RANK@TICK.`,
 		switch {
 		case *ranks < 1 || *ranks > 64:
 			return fmt.Errorf("sim: --ranks %d: want 1..64: %w", *ranks, errUsage)
+		case *nodes < 0 || (*nodes > 0 && (*nodes > *ranks || *ranks%*nodes != 0)):
+			return fmt.Errorf("sim: --nodes %d: want 0 or a divisor of --ranks %d: %w", *nodes, *ranks, errUsage)
 		case *ticks < 1 || *ticks > 1<<32:
 			return fmt.Errorf("sim: --ticks %d: want 1..2^32: %w", *ticks, errUsage)
 		case *skew < 0 || *skew > 1000:
@@ -74,11 +86,15 @@ SPEC is a comma-separated list of stall:RANK@TICK and crash:RANK@TICK.`,
 		case !(*evictAhead >= 0 && *evictAhead <= 0.5):
 			return fmt.Errorf("sim: --evict-ahead %v: want 0..0.5: %w", *evictAhead, errUsage)
 		}
-		fl, err := parseSimFaults(*faults, *ranks)
+		members := *ranks
+		if *nodes > 0 {
+			members = *nodes
+		}
+		fl, err := parseSimFaults(*faults, members)
 		if err != nil {
 			return fmt.Errorf("sim: --faults: %w: %w", err, errUsage)
 		}
-		res, err := simrun.Run(ctx, simrun.Config{Ranks: *ranks, Ticks: *ticks, Seed: *seed, MaxAckSkew: *skew, OpFailRate: *failRate,
+		res, err := simrun.Run(ctx, simrun.Config{Ranks: *ranks, Nodes: *nodes, Ticks: *ticks, Seed: *seed, MaxAckSkew: *skew, OpFailRate: *failRate,
 			Faults: fl, InjectDivergence: *inject, DigestEvery: *digestEvery, Timeout: *timeout, Replicate: *replicate, EvictAhead: evictAhead})
 		if err != nil {
 			return err
@@ -87,7 +103,7 @@ SPEC is a comma-separated list of stall:RANK@TICK and crash:RANK@TICK.`,
 			enc := json.NewEncoder(stdout)
 			return enc.Encode(res)
 		}
-		fmt.Fprintf(stdout, "ranks %d, ticks %d (%.0f/s), requests %d%s\n", res.Ranks, res.Ticks, res.TicksPerSecond, res.Requests, simTicksNote(res.Ticks, *ticks, *skew))
+		fmt.Fprintf(stdout, "ranks %d on %d nodes, ticks %d (%.0f/s), requests %d%s\n", res.Ranks, res.Nodes, res.Ticks, res.TicksPerSecond, res.Requests, simTicksNote(res.Ticks, *ticks, *skew))
 		fmt.Fprintf(stdout, "digest checks %d, divergences %d, hangs %d, failed ops %d %s, max ack skew %d ticks\n",
 			res.DigestChecks, res.Divergences, res.Hangs, res.FailedOps, simFailedOpsNote(res, *failRate), res.MaxAckSkewTicks)
 		fmt.Fprintf(stdout, "verified pages %d, wrong bytes %d\n", res.VerifiedPages, res.WrongBytes)

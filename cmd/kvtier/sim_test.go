@@ -70,12 +70,21 @@ func TestSimCommand(t *testing.T) {
 	slices.Sort(keys)
 	want := []string{"digest_checks", "digest_every_ticks", "divergences", "evict_ahead", "failed_ops", "foreign_pages", "hangs",
 		"l1_admissions", "l1_capacity_skips", "l1_plans", "l1_to_l2_bytes", "l2_to_l1_bytes", "l2_to_l3_bytes", "l3_to_l2_bytes",
-		"max_ack_skew_ticks", "owner_lanes", "ranks", "requests", "seconds", "seed", "ticks", "ticks_per_second", "verified_pages", "wrong_bytes"}
+		"max_ack_skew_ticks", "nodes", "owner_lanes", "ranks", "requests", "seconds", "seed", "ticks", "ticks_per_second", "verified_pages", "wrong_bytes"}
 	if !slices.Equal(keys, want) {
 		t.Errorf("json keys %q, want %q", keys, want)
 	}
 	if got["failed_ops"] == 0.0 {
 		t.Errorf("--fail-rate 0.01 injected nothing: %s", out)
+	}
+	// Four ranks on two nodes: a Machine a node, the exchange between
+	// them; a node count that does not divide the ranks is refused.
+	out, _, err = runCLI(t, "sim", "--ranks", "4", "--nodes", "2", "--ticks", "200")
+	if err != nil || !strings.Contains(out, "ranks 4 on 2 nodes") || !strings.Contains(out, "wrong bytes 0") {
+		t.Errorf("--nodes 2: %v\n%s", err, out)
+	}
+	if _, _, err = runCLI(t, "sim", "--ranks", "4", "--nodes", "3"); err == nil || !strings.Contains(err.Error(), "--nodes 3") {
+		t.Errorf("--nodes 3 of 4 ranks: %v", err)
 	}
 }
 

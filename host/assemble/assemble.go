@@ -94,3 +94,22 @@ func Node(s *stack.Stack, mo control.Options, o host.Options, group func(*contro
 	}
 	return n, m, nil
 }
+
+// Multi builds one Machine from mo for the ranks a node hosts together
+// and a host.Multi that carries its decisions out on each rank's stack;
+// group, when not nil, builds the Multi's group (the other nodes) around
+// the Machine.
+func Multi(locals []host.Local, mo control.Options, o host.Options, group func(*control.Machine) host.Group) (*host.Multi, *control.Machine, error) {
+	m, err := control.New(mo)
+	if err != nil {
+		return nil, nil, err
+	}
+	if group != nil {
+		o.Group = group(m)
+	}
+	mu, err := host.NewMulti(m, locals, o)
+	if err != nil {
+		return nil, nil, err
+	}
+	return mu, m, nil
+}

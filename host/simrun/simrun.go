@@ -37,6 +37,11 @@ import (
 type Config struct {
 	// Ranks is the group size (1..64).
 	Ranks int
+	// Nodes is the number of simulated nodes the ranks are spread over,
+	// Ranks/Nodes each (0: Ranks, a rank per node). The ranks of a node
+	// share one control Machine (host.Multi) and the group exchange runs
+	// between the nodes; each rank keeps its own tiers and engine.
+	Nodes int
 	// Ticks is how many ticks to run: requests start while the group's
 	// tick is below it, the last one runs to its end, then every rank
 	// runs DrainTicks(MaxAckSkew) more (Result.Ticks counts them all).
@@ -51,8 +56,8 @@ type Config struct {
 	OpFailRate float64
 	// Faults are stalls and crashes (simgroup faults).
 	Faults []simgroup.Fault
-	// InjectDivergence, when above zero, makes rank 0 apply an event the
-	// others do not at that tick.
+	// InjectDivergence, when above zero, makes node 0 (and so each of its
+	// ranks) apply an event the other nodes do not at that tick.
 	InjectDivergence uint64
 	// DigestEvery is the digest interval in ticks (default 16).
 	DigestEvery uint64
@@ -75,6 +80,7 @@ type Config struct {
 // Result is one simulation. The JSON keys are a public contract.
 type Result struct {
 	Ranks            int     `json:"ranks"`
+	Nodes            int     `json:"nodes"`
 	Ticks            uint64  `json:"ticks"`
 	Requests         int64   `json:"requests"`
 	DigestChecks     uint64  `json:"digest_checks"`
@@ -124,7 +130,7 @@ func DrainTicks(maxAckSkew int) uint64 { return uint64(4 * (maxAckSkew + 4)) }
 
 // foreignPages asks each rank's store, page by page, for every page of the
 // workload that another lane owns: with owner lanes none may be there.
-func foreignPages(ctx context.Context, ranks []*rankRun, keys [][]pagehash.Hash) (int64, error) {
+func foreignPages(ctx context.Context, stacks []*stack.Stack, keys [][]pagehash.Hash) (int64, error) {
 	pos := map[pagehash.Hash]int{}
 	for _, k := range keys {
 		for j, h := range k {
@@ -133,10 +139,10 @@ func foreignPages(ctx context.Context, ranks []*rankRun, keys [][]pagehash.Hash)
 	}
 	var n int64
 	one := make([]pagehash.Hash, 1)
-	for i, r := range ranks {
-		st := r.s.Stores[0].Store
+	for i, s := range stacks {
+		st := s.Stores[0].Store
 		for h, j := range pos {
-			if control.OwnerOf(j, len(ranks)) == i {
+			if control.OwnerOf(j, len(stacks)) == i {
 				continue
 			}
 			one[0] = h
@@ -173,13 +179,25 @@ policy:
 write_policy: write_through
 `
 
-// rankRun is one rank of the simulation.
-type rankRun struct {
+// driver is what a node's loop asks of its host: a host.Node for a node
+// of one rank, a host.Multi for a node of several.
+type driver interface {
+	Apply(ctx context.Context, e control.Event) (control.Ready, error)
+	Tick(ctx context.Context) (control.Ready, error)
+	Drain()
+	Stats() host.Stats
+	Close() error
+}
+
+// nodeRun is one simulated node: its ranks' tiers and engines, and the
+// one Machine they share.
+type nodeRun struct {
 	idx    int
-	s      *stack.Stack
+	first  int // the global index of its first rank
+	stacks []*stack.Stack
+	engs   []*host.SimEngine
 	m      *control.Machine
-	node   *host.Node
-	eng    *host.SimEngine
+	node   driver
 	now    atomic.Uint64
 	delays []*delayer
 	refs   []control.PageRef
@@ -191,6 +209,12 @@ type rankRun struct {
 func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	if cfg.Ranks < 1 || cfg.Ranks > 64 {
 		return res, fmt.Errorf("sim: %d ranks, want 1..64", cfg.Ranks)
+	}
+	if cfg.Nodes == 0 {
+		cfg.Nodes = cfg.Ranks
+	}
+	if cfg.Nodes < 1 || cfg.Nodes > cfg.Ranks || cfg.Ranks%cfg.Nodes != 0 {
+		return res, fmt.Errorf("sim: %d ranks over %d nodes, want a node count that divides the ranks", cfg.Ranks, cfg.Nodes)
 	}
 	if cfg.DigestEvery == 0 {
 		cfg.DigestEvery = 16
@@ -204,7 +228,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	if cfg.MaxAckSkew < 0 || cfg.MaxAckSkew > 1000 {
 		return res, fmt.Errorf("sim: max ack skew %d ticks, want 0..1000", cfg.MaxAckSkew)
 	}
-	res = Result{Ranks: cfg.Ranks, Seed: cfg.Seed, DigestEveryTicks: cfg.DigestEvery, OwnerLanes: !cfg.Replicate}
+	res = Result{Ranks: cfg.Ranks, Nodes: cfg.Nodes, Seed: cfg.Seed, DigestEveryTicks: cfg.DigestEvery, OwnerLanes: !cfg.Replicate}
 	if cfg.Dir == "" {
 		base := ""
 		if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
@@ -217,23 +241,31 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		defer os.RemoveAll(d)
 		cfg.Dir = d
 	}
-	grp, err := simgroup.New(cfg.Ranks, simgroup.Options{Seed: cfg.Seed, OpFailRate: cfg.OpFailRate, Faults: cfg.Faults, Timeout: cfg.Timeout})
+	grp, err := simgroup.New(cfg.Nodes, simgroup.Options{Seed: cfg.Seed, OpFailRate: cfg.OpFailRate, Faults: cfg.Faults, Timeout: cfg.Timeout})
 	if err != nil {
 		return res, fmt.Errorf("sim: %w", err)
 	}
-	ranks := make([]*rankRun, cfg.Ranks)
+	nodes := make([]*nodeRun, cfg.Nodes)
 	defer func() {
-		for _, r := range ranks {
-			if r != nil {
-				if cerr := r.s.Close(); cerr != nil && err == nil {
-					err = fmt.Errorf("sim: rank %d: %w", r.idx, cerr)
+		for _, nd := range nodes {
+			if nd == nil {
+				continue
+			}
+			if nd.node != nil {
+				if cerr := nd.node.Close(); cerr != nil && err == nil {
+					err = fmt.Errorf("sim: node %d: %w", nd.idx, cerr)
+				}
+			}
+			for i, s := range nd.stacks {
+				if cerr := s.Close(); cerr != nil && err == nil {
+					err = fmt.Errorf("sim: rank %d: %w", nd.first+i, cerr)
 				}
 			}
 		}
 	}()
-	for i := range ranks {
-		if ranks[i], err = openRank(ctx, cfg, i, grp.Members()[i]); err != nil {
-			return res, fmt.Errorf("sim: rank %d: %w", i, err)
+	for i := range nodes {
+		if nodes[i], err = openNode(ctx, cfg, i, grp.Members()[i]); err != nil {
+			return res, fmt.Errorf("sim: node %d: %w", i, err)
 		}
 	}
 	gen := workload.DefaultGeneratorConfig()
@@ -246,19 +278,19 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	for i, rq := range reqs {
 		keys[i] = chainKey(rq.HashIDs, cfg.MaxPages)
 	}
-	skew := newSkew(cfg.Ranks)
+	skew := newSkew(cfg.Nodes)
 	start := time.Now()
 	var wg sync.WaitGroup
-	outs := make([]rankOut, cfg.Ranks)
+	outs := make([]rankOut, cfg.Nodes)
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	for i, r := range ranks {
+	for i, nd := range nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			outs[i] = r.run(rctx, cfg, keys, skew)
+			outs[i] = nd.run(rctx, cfg, keys, skew)
 			if outs[i].err != nil {
-				// The group stopped: release a rank stalled in its
+				// The group stopped: release a node stalled in its
 				// exchange (a stall blocks until its context ends).
 				cancel()
 			}
@@ -266,12 +298,16 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	}
 	wg.Wait()
 	res.Seconds = time.Since(start).Seconds()
+	var stacks []*stack.Stack
 	for i, o := range outs {
-		r := ranks[i]
-		res.Ticks = max(res.Ticks, r.m.Ticks())
-		res.VerifiedPages += r.eng.VerifiedPages
-		res.WrongBytes += r.eng.WrongBytes
-		st := r.node.Stats()
+		nd := nodes[i]
+		stacks = append(stacks, nd.stacks...)
+		res.Ticks = max(res.Ticks, nd.m.Ticks())
+		for _, e := range nd.engs {
+			res.VerifiedPages += e.VerifiedPages
+			res.WrongBytes += e.WrongBytes
+		}
+		st := nd.node.Stats()
 		res.L1ToL2 += st.L1ToL2
 		res.L2ToL3 += st.L2ToL3
 		res.L3ToL2 += st.L3ToL2
@@ -283,10 +319,10 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		res.InjectedFailedOps += int64(grp.Members()[i].FailedOps())
 		if i == 0 {
 			res.Requests = o.requests
-			res.DigestChecks = r.checks
-			res.EvictAhead = r.m.Options().EvictAhead
-			res.L1Admissions, res.L1Plans = r.m.Count("l1 admit"), r.m.Count("l1 plan")
-			res.L1CapacitySkips = r.m.Count(control.SkipCapacity.String() + " at l1 admit")
+			res.DigestChecks = nd.checks
+			res.EvictAhead = nd.m.Options().EvictAhead
+			res.L1Admissions, res.L1Plans = nd.m.Count("l1 admit"), nd.m.Count("l1 plan")
+			res.L1CapacitySkips = nd.m.Count(control.SkipCapacity.String() + " at l1 admit")
 		}
 		if o.err != nil && res.StoppedBy == "" {
 			res.StoppedBy = o.err.Error()
@@ -294,7 +330,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		var mm *consensus.MismatchError
 		switch {
 		// A divergence shows as differing digests, or earlier as a
-		// contribution of another shape (the ranks issued different ops).
+		// contribution of another shape (the nodes issued different ops).
 		case errors.As(o.err, &mm) || errors.Is(o.err, consensus.ErrShape):
 			if res.CaughtAtTick == 0 || o.tick < res.CaughtAtTick {
 				res.CaughtAtTick = o.tick
@@ -311,7 +347,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	}
 	res.MaxAckSkewTicks = skew.max()
 	if !cfg.Replicate && cfg.Ranks > 1 {
-		if res.ForeignPages, err = foreignPages(ctx, ranks, keys); err != nil {
+		if res.ForeignPages, err = foreignPages(ctx, stacks, keys); err != nil {
 			return res, fmt.Errorf("sim: %w", err)
 		}
 	}
@@ -336,75 +372,97 @@ func chainKey(ids []uint64, max int) []pagehash.Hash {
 	return out
 }
 
-func openRank(ctx context.Context, cfg Config, i int, member consensus.Group) (*rankRun, error) {
-	dir := filepath.Join(cfg.Dir, fmt.Sprintf("rank%d", i))
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
-	}
-	st, regs, err := assemble.Load(fmt.Appendf(nil, stackYAML, dir), "sim stack")
-	if err != nil {
-		return nil, err
-	}
-	quiet := slog.New(slog.DiscardHandler)
-	s, err := stack.Open(ctx, st, regs, stack.Options{Logger: quiet, StackID: fmt.Sprintf("sim-r%d", i), ColdStart: tiers.ColdStartClear, IndexDir: dir})
-	if err != nil {
-		return nil, err
-	}
-	r := &rankRun{idx: i, s: s}
-	ok := false
+// openNode opens node i's ranks (their stacks, engines and ack delays)
+// and the Machine they share.
+func openNode(ctx context.Context, cfg Config, i int, member consensus.Group) (_ *nodeRun, err error) {
+	per := cfg.Ranks / cfg.Nodes
+	nd := &nodeRun{idx: i, first: i * per}
 	defer func() {
-		if !ok {
-			_ = s.Close()
+		if err != nil {
+			for _, s := range nd.stacks {
+				_ = s.Close()
+			}
 		}
 	}()
-	pd := newDelayer(&r.now, cfg.MaxAckSkew, cfg.Seed, uint64(2*i+1))
-	sd := newDelayer(&r.now, cfg.MaxAckSkew, cfg.Seed, uint64(2*i+2))
-	r.delays = []*delayer{pd, sd}
-	realPool := s.Pool
-	s.Pool = &delayPool{Pool: realPool, d: pd}
-	s.Stores[0].Store = &delayStore{Store: s.Stores[0].Store, d: sd}
+	quiet := slog.New(slog.DiscardHandler)
+	lanes := 1
+	if !cfg.Replicate {
+		lanes = cfg.Ranks
+	}
+	var locals []host.Local
+	for j := range per {
+		rank := nd.first + j
+		dir := filepath.Join(cfg.Dir, fmt.Sprintf("rank%d", rank))
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, err
+		}
+		st, regs, err := assemble.Load(fmt.Appendf(nil, stackYAML, dir), "sim stack")
+		if err != nil {
+			return nil, err
+		}
+		s, err := stack.Open(ctx, st, regs, stack.Options{Logger: quiet, StackID: fmt.Sprintf("sim-r%d", rank), ColdStart: tiers.ColdStartClear, IndexDir: dir})
+		if err != nil {
+			return nil, fmt.Errorf("rank %d: %w", rank, err)
+		}
+		nd.stacks = append(nd.stacks, s)
+		pd := newDelayer(&nd.now, cfg.MaxAckSkew, cfg.Seed, uint64(2*rank+1))
+		sd := newDelayer(&nd.now, cfg.MaxAckSkew, cfg.Seed, uint64(2*rank+2))
+		nd.delays = append(nd.delays, pd, sd)
+		realPool := s.Pool
+		s.Pool = &delayPool{Pool: realPool, d: pd}
+		s.Stores[0].Store = &delayStore{Store: s.Stores[0].Store, d: sd}
+		eng, err := host.NewSimEngine(realPool, st.Payload)
+		if err != nil {
+			return nil, fmt.Errorf("rank %d: %w", rank, err)
+		}
+		lane := 0
+		if lanes > 1 {
+			lane = rank
+		}
+		if err := eng.OwnLane(lane, lanes); err != nil {
+			return nil, err
+		}
+		nd.engs = append(nd.engs, eng)
+		locals = append(locals, host.Local{Stack: s, Rank: lane, Engine: eng})
+	}
 	base := control.DefaultOptions()
 	base.SpillQueueCap, base.SpillInflight = 1024, 64
 	base.ReloadMaxInflight, base.ReloadTTL = 16, uint64(4*cfg.MaxAckSkew+64)
 	base.DigestEvery = cfg.DigestEvery
 	base.Logger = quiet
-	lanes, lane := 1, 0
-	if !cfg.Replicate {
-		lanes, lane = cfg.Ranks, i
-	}
 	if cfg.EvictAhead != nil {
 		base.EvictAhead = *cfg.EvictAhead
 	}
-	mo, err := host.MachineOptions(s, base, "")
+	mo, err := host.MachineOptions(nd.stacks[0], base, "")
 	if err != nil {
 		return nil, err
 	}
-	if r.eng, err = host.NewSimEngine(realPool, st.Payload); err != nil {
-		return nil, err
-	}
-	if err := r.eng.OwnLane(lane, lanes); err != nil {
-		return nil, err
-	}
 	group := func(m *control.Machine) host.Group {
-		return &countingGroup{ConsensusGroup: host.ConsensusGroup{G: member, M: m, DigestEvery: cfg.DigestEvery}, r: r}
+		return &countingGroup{ConsensusGroup: host.ConsensusGroup{G: member, M: m, DigestEvery: cfg.DigestEvery}, nd: nd}
 	}
-	if r.node, r.m, err = assemble.Node(s, mo, host.Options{Engine: r.eng, Logger: quiet, SettleTimeout: 10 * time.Second, Lanes: lanes, Rank: lane}, group); err != nil {
+	opts := host.Options{Logger: quiet, SettleTimeout: 10 * time.Second, Lanes: lanes}
+	if per == 1 {
+		opts.Engine, opts.Rank = locals[0].Engine, locals[0].Rank
+		nd.node, nd.m, err = assemble.Node(nd.stacks[0], mo, opts, group)
+	} else {
+		nd.node, nd.m, err = assemble.Multi(locals, mo, opts, group)
+	}
+	if err != nil {
 		return nil, err
 	}
-	ok = true
-	return r, nil
+	return nd, nil
 }
 
-// countingGroup counts the digest ticks a rank exchanged successfully.
+// countingGroup counts the digest ticks a node exchanged successfully.
 type countingGroup struct {
 	host.ConsensusGroup
-	r *rankRun
+	nd *nodeRun
 }
 
 func (g *countingGroup) Exchange(ctx context.Context, tick uint64, c control.Contribution) (control.Frontier, error) {
 	f, err := g.ConsensusGroup.Exchange(ctx, tick, c)
 	if err == nil && g.DigestEvery > 0 && tick%g.DigestEvery == 0 {
-		g.r.checks++
+		g.nd.checks++
 	}
 	return f, err
 }
@@ -415,57 +473,58 @@ type rankOut struct {
 	err      error
 }
 
-// run drives the rank: the same requests, in the same order, as every
-// other rank; every loop bound reads replicated state only, so every rank
+// run drives the node: the same requests, in the same order, as every
+// other node; every loop bound reads replicated state only, so every node
 // ticks the same number of times.
-func (r *rankRun) run(ctx context.Context, cfg Config, keys [][]pagehash.Hash, sk *skew) (out rankOut) {
+func (nd *nodeRun) run(ctx context.Context, cfg Config, keys [][]pagehash.Hash, sk *skew) (out rankOut) {
 	tick := func() (control.Ready, error) {
-		r.node.Drain()
-		rd, err := r.node.Tick(ctx)
+		nd.node.Drain()
+		rd, err := nd.node.Tick(ctx)
 		if err != nil {
 			return rd, err
 		}
-		r.now.Store(r.m.Ticks())
-		sk.observe(r.idx, r.m.Ticks(), r.m.Contribution())
+		nd.now.Store(nd.m.Ticks())
+		sk.observe(nd.idx, nd.m.Ticks(), nd.m.Contribution())
 		return rd, nil
 	}
-	apply := func(e control.Event) (control.Ready, error) { return r.node.Apply(ctx, e) }
+	apply := func(e control.Event) (control.Ready, error) { return nd.node.Apply(ctx, e) }
 	injected := false
-	for i := 0; r.m.Ticks() < cfg.Ticks; i++ {
+	for i := 0; nd.m.Ticks() < cfg.Ticks; i++ {
 		key := keys[i%len(keys)]
 		if len(key) == 0 {
 			continue
 		}
 		req := control.ReqID(i + 1)
-		if err := r.request(req, key, apply, tick); err != nil {
-			return rankOut{requests: out.requests, tick: r.m.Ticks(), err: err}
+		if err := nd.request(req, key, apply, tick); err != nil {
+			return rankOut{requests: out.requests, tick: nd.m.Ticks(), err: err}
 		}
 		out.requests++
-		if r.idx == 0 && !injected && cfg.InjectDivergence > 0 && r.m.Ticks() >= cfg.InjectDivergence {
+		if nd.idx == 0 && !injected && cfg.InjectDivergence > 0 && nd.m.Ticks() >= cfg.InjectDivergence {
 			injected = true
 			h := pagehash.Next(pagehash.Root, []uint32{0xdead, uint32(cfg.Seed)})
 			if _, err := apply(control.Event{Kind: control.EvInsert, Req: 1 << 62, Pages: 1, Hashes: []pagehash.Hash{h}}); err != nil {
-				return rankOut{requests: out.requests, tick: r.m.Ticks(), err: err}
+				return rankOut{requests: out.requests, tick: nd.m.Ticks(), err: err}
 			}
 			if _, err := apply(control.Event{Kind: control.EvRelease, Req: 1 << 62}); err != nil {
-				return rankOut{requests: out.requests, tick: r.m.Ticks(), err: err}
+				return rankOut{requests: out.requests, tick: nd.m.Ticks(), err: err}
 			}
 		}
 	}
 	// Let the held acks land and the op pipelines drain, within a bound.
 	for range DrainTicks(cfg.MaxAckSkew) {
 		if _, err := tick(); err != nil {
-			return rankOut{requests: out.requests, tick: r.m.Ticks(), err: err}
+			return rankOut{requests: out.requests, tick: nd.m.Ticks(), err: err}
 		}
 	}
-	out.tick = r.m.Ticks()
+	out.tick = nd.m.Ticks()
 	return out
 }
 
-// request runs one request on the rank: match, wait out a reload hold
+// request runs one request on the node: match, wait out a reload hold
 // (re-matching once when it landed), wait (bounded) for the load-backs to
-// commit, verify the L1 prefix byte for byte, insert, finish, release.
-func (r *rankRun) request(req control.ReqID, key []pagehash.Hash, apply func(control.Event) (control.Ready, error), tick func() (control.Ready, error)) error {
+// commit, verify each rank's L1 prefix byte for byte, insert, finish,
+// release.
+func (nd *nodeRun) request(req control.ReqID, key []pagehash.Hash, apply func(control.Event) (control.Ready, error), tick func() (control.Ready, error)) error {
 	rd, err := apply(control.Event{Kind: control.EvMatch, Req: req, Pages: len(key), Hashes: key})
 	if err != nil {
 		return err
@@ -475,7 +534,7 @@ func (r *rankRun) request(req control.ReqID, key []pagehash.Hash, apply func(con
 		var reason control.HoldReason
 		for n := 0; reason == 0; n++ {
 			if n > 10000 {
-				return fmt.Errorf("rank %d: request %d held for %d ticks", r.idx, req, n)
+				return fmt.Errorf("node %d: request %d held for %d ticks", nd.idx, req, n)
 			}
 			trd, err := tick()
 			if err != nil {
@@ -495,16 +554,18 @@ func (r *rankRun) request(req control.ReqID, key []pagehash.Hash, apply func(con
 	}
 	want := res.L1 + res.L2
 	for n := 0; ; n++ {
-		r.refs = r.m.MatchedL1(req, r.refs[:0])
-		if len(r.refs) >= want || n >= 4*64 {
+		nd.refs = nd.m.MatchedL1(req, nd.refs[:0])
+		if len(nd.refs) >= want || n >= 4*64 {
 			break
 		}
 		if _, err := tick(); err != nil {
 			return err
 		}
 	}
-	if _, err := r.eng.Verify(r.refs); err != nil {
-		return err
+	for _, e := range nd.engs {
+		if _, err := e.Verify(nd.refs); err != nil {
+			return err
+		}
 	}
 	if _, err := apply(control.Event{Kind: control.EvInsert, Req: req, Pages: len(key), Hashes: key}); err != nil {
 		return err

@@ -3,6 +3,7 @@ package simrun
 import (
 	"context"
 	"flag"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,17 +14,18 @@ import (
 var long = flag.Bool("long", false, "run the 8-rank soak")
 
 // TestSim: ranks under random ack skew and injected op failures never
-// diverge or hang and read no wrong byte.
+// diverge or hang and read no wrong byte, a rank a node (a Machine each)
+// and several ranks a node (one Machine a node, host.Multi).
 func TestSim(t *testing.T) {
 	for _, tc := range []struct {
-		ranks int
-		ticks uint64
-		seed  uint64
-	}{{2, 3000, 1}, {4, 3000, 2}, {8, 2000, 3}} {
+		ranks, nodes int
+		ticks        uint64
+		seed         uint64
+	}{{2, 0, 3000, 1}, {4, 0, 3000, 2}, {8, 0, 2000, 3}, {8, 2, 2000, 3}, {4, 1, 2000, 4}, {6, 3, 2000, 5}} {
 		if raceEnabled {
 			tc.ticks /= 5 // the race detector slows the ranks tenfold
 		}
-		res, err := Run(context.Background(), Config{Ranks: tc.ranks, Ticks: tc.ticks, Seed: tc.seed, MaxAckSkew: 8, OpFailRate: 0.001})
+		res, err := Run(context.Background(), Config{Ranks: tc.ranks, Nodes: tc.nodes, Ticks: tc.ticks, Seed: tc.seed, MaxAckSkew: 8, OpFailRate: 0.001})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -34,7 +36,7 @@ func TestSim(t *testing.T) {
 		if res.Ticks < tc.ticks || res.DigestChecks == 0 || res.VerifiedPages == 0 {
 			t.Fatalf("seed %d: ran too little: %+v", tc.seed, res)
 		}
-		if res.MaxAckSkewTicks < 4 {
+		if tc.nodes != 1 && res.MaxAckSkewTicks < 4 {
 			t.Fatalf("seed %d: ack skew %d ticks, the delays did not skew the ranks", tc.seed, res.MaxAckSkewTicks)
 		}
 	}
@@ -94,16 +96,30 @@ func TestSimOwnerLanes(t *testing.T) {
 	}
 }
 
-// TestSimCatchesDivergence: an event only rank 0 applies is caught at the
-// next digest tick.
+// TestSimCatchesDivergence: an event only node 0 applies is caught at the
+// next digest tick, with a rank a node and with ranks sharing a node's
+// Machine.
 func TestSimCatchesDivergence(t *testing.T) {
-	res, err := Run(context.Background(), Config{Ranks: 3, Ticks: 2000, Seed: 5, MaxAckSkew: 4, InjectDivergence: 300})
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct{ ranks, nodes int }{{3, 0}, {8, 2}} {
+		res, err := Run(context.Background(), Config{Ranks: tc.ranks, Nodes: tc.nodes, Ticks: 2000, Seed: 5, MaxAckSkew: 4, InjectDivergence: 300})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%+v", res)
+		if res.Divergences != 1 || res.CaughtAtTick == 0 || res.CaughtAtTick < res.InjectedAtTick || res.CaughtAtTick > res.InjectedAtTick+2*res.DigestEveryTicks {
+			t.Fatalf("%d ranks over %d nodes: divergence injected at %d caught at %d (digest every %d): %+v", tc.ranks, tc.nodes, res.InjectedAtTick, res.CaughtAtTick, res.DigestEveryTicks, res)
+		}
 	}
-	t.Logf("%+v", res)
-	if res.Divergences != 1 || res.CaughtAtTick == 0 || res.CaughtAtTick < res.InjectedAtTick || res.CaughtAtTick > res.InjectedAtTick+2*res.DigestEveryTicks {
-		t.Fatalf("divergence injected at %d caught at %d (digest every %d): %+v", res.InjectedAtTick, res.CaughtAtTick, res.DigestEveryTicks, res)
+}
+
+// TestSimNodesConfig: a node count that does not divide the ranks is
+// refused, naming both.
+func TestSimNodesConfig(t *testing.T) {
+	for _, tc := range []struct{ ranks, nodes int }{{8, 3}, {2, 4}, {4, -1}} {
+		_, err := Run(context.Background(), Config{Ranks: tc.ranks, Nodes: tc.nodes, Ticks: 10})
+		if err == nil || !strings.Contains(err.Error(), "nodes") {
+			t.Fatalf("%d ranks over %d nodes: err %v, want one naming the nodes", tc.ranks, tc.nodes, err)
+		}
 	}
 }
 
@@ -145,12 +161,16 @@ func TestSim100k(t *testing.T) {
 	if testing.Short() || raceEnabled || invariants.Enabled {
 		t.Skip("100k ticks: not with -short, -race or -tags invariants (make test runs it without)")
 	}
-	res, err := Run(context.Background(), Config{Ranks: 8, Ticks: 100_000, Seed: 1, MaxAckSkew: 8, OpFailRate: 0.001})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("%+v", res)
-	if res.Divergences != 0 || res.Hangs != 0 || res.WrongBytes != 0 || res.StoppedBy != "" || res.MaxAckSkewTicks < 8 || res.FailedOps == 0 {
-		t.Fatalf("%+v", res)
+	// NB: 8 ranks as 8 nodes (a Machine each), then as 2 nodes of 4
+	// (issue 26: one Machine a node, the exchange between the nodes).
+	for _, nodes := range []int{8, 2} {
+		res, err := Run(context.Background(), Config{Ranks: 8, Nodes: nodes, Ticks: 100_000, Seed: 1, MaxAckSkew: 8, OpFailRate: 0.001})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%+v", res)
+		if res.Divergences != 0 || res.Hangs != 0 || res.WrongBytes != 0 || res.StoppedBy != "" || res.MaxAckSkewTicks < 8 || res.FailedOps == 0 || res.ForeignPages != 0 || res.VerifiedPages == 0 {
+			t.Fatalf("%d nodes: %+v", nodes, res)
+		}
 	}
 }
