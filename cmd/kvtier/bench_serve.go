@@ -165,6 +165,7 @@ type serveRound struct {
 	traceFile                             string // with process: each child serve writes FILE.serve.N
 	cpuProfile                            string // with process: each child serve writes FILE.serve.N
 	bgNice                                bool   // serve's --background-nice
+	machinePerRank                        bool   // serve's --machine-per-rank
 }
 
 // yaml is the embedded demo stack, or with pageBytes set that stack with

@@ -31,21 +31,35 @@ func parseSessionCounts(v []string) ([]int, error) {
 // counts (the ranks of one engine, stepping in lockstep), rounds times in
 // turn, and reports serve's CPU per engine step (user+system over the
 // run, over the steps every rank made) for each, and each count's ratio
-// to the first: what one more local rank costs the control plane.
+// to the first: what one more local rank costs the control plane. A
+// count above one runs twice a round: with one Machine for the node's
+// ranks (serve's default) and with a Machine a rank (--machine-per-rank,
+// the rows ending _machine_per_rank), so the change shows in one run.
 func benchServeSessions(ctx context.Context, o serveRound, l3 string, counts []int, rounds int, stdout io.Writer, asJSON bool) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("bench serve: %w", err)
 	}
-	per := make([][]float64, len(counts))
-	steps := make([]int64, len(counts))
+	type run struct {
+		n       int
+		perRank bool
+	}
+	var runs []run
+	for _, n := range counts {
+		runs = append(runs, run{n, false})
+		if n > 1 {
+			runs = append(runs, run{n, true})
+		}
+	}
+	per := make([][]float64, len(runs))
+	steps := make([]int64, len(runs))
 	for r := range rounds {
-		for i, n := range counts {
+		for i, rn := range runs {
 			oo := o
-			oo.sessions = n
+			oo.sessions, oo.machinePerRank = rn.n, rn.perRank
 			cpu, _, res, err := oo.runChild(ctx, exe, l3, nil)
 			if err != nil {
-				return fmt.Errorf("round %d (--sessions %d): %w", r+1, n, err)
+				return fmt.Errorf("round %d (--sessions %d, machine per rank %v): %w", r+1, rn.n, rn.perRank, err)
 			}
 			per[i] = append(per[i], cpu.Seconds()*1e6/float64(res.Steps))
 			steps[i] = res.Steps
@@ -57,11 +71,16 @@ func benchServeSessions(ctx context.Context, o serveRound, l3 string, counts []i
 	}
 	base := median(per[0])
 	var rows []benchreport.Result
-	for i, n := range counts {
+	for i, rn := range runs {
+		n := rn.n
 		v := median(per[i])
-		note := fmt.Sprintf("serve subprocess, its CPU (user+system, /proc) over the run / engine steps (%d a round; each a Step of every session); rounds %v; L3 %s; %s; %s; %d new requests a step, %d requests; %s",
-			steps[i], roundUs(per[i]), l3, what, o.geometry(), o.perStep, o.requests, loadNote())
-		row := benchreport.Result{Bench: fmt.Sprintf("serve/cpu_per_step_s%d", n), Value: v, Unit: "us", Note: note}
+		name, mode := fmt.Sprintf("serve/cpu_per_step_s%d", n), "one control Machine for the node's ranks"
+		if rn.perRank {
+			name, mode = name+"_machine_per_rank", "a control Machine a rank (--machine-per-rank)"
+		}
+		note := fmt.Sprintf("serve subprocess, %s, its CPU (user+system, /proc) over the run / engine steps (%d a round; each a Step of every session); rounds %v; L3 %s; %s; %s; %d new requests a step, %d requests; %s",
+			mode, steps[i], roundUs(per[i]), l3, what, o.geometry(), o.perStep, o.requests, loadNote())
+		row := benchreport.Result{Bench: name, Value: v, Unit: "us", Note: note}
 		if i > 0 {
 			row.Limit, row.LimitName, row.Target = base, fmt.Sprintf("serve CPU per step with %d sessions, same run", counts[0]), 1/1.5
 			if v > 0 {

@@ -126,6 +126,9 @@ func (o serveRound) runChild(ctx context.Context, exe, l3 string, shadow []strin
 	if !o.bgNice {
 		args = append(args, "--background-nice=false")
 	}
+	if o.machinePerRank {
+		args = append(args, "--machine-per-rank")
+	}
 	if o.traceFile != "" || o.cpuProfile != "" {
 		n := childTraces.Add(1)
 		if o.traceFile != "" {

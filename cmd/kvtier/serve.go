@@ -63,6 +63,7 @@ See docs/serve.md and docs/engine-api.md.`,
 	groupHub := fs.String("group-hub", "", "with --group tcp: the hub's `addr` (rank 0 listens, the others dial; loopback unless --allow-remote)")
 	groupName := fs.String("group-name", "kvtier", "with --group tcp: the group's name (peers of another name are refused)")
 	groupTimeout := fs.Duration("group-timeout", 30*time.Second, "a rank that does not step within this stops the group")
+	machinePerRank := fs.Bool("machine-per-rank", false, "run a control Machine on each rank this serve hosts, exchanging between them in process, instead of one Machine for the node's ranks (for comparisons; docs/serve.md)")
 	ownerLanes := fs.Bool("owner-lanes", false, "the ranks are a context-parallel group: page i of a key is rank i mod the group size's, and each rank moves only its own pages (lets a node's ranks share one slab and one index)")
 	cold := fs.String("cold-start", "load", "what stores do with a previous run's data: load or clear")
 	ttl := fs.Duration("session-ttl", 30*time.Second, "expire a session silent this long")
@@ -194,7 +195,7 @@ See docs/serve.md and docs/engine-api.md.`,
 		logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 		s, err := serve.Open(ctx, serve.Config{YAML: text, ConfigName: *cfgPath, DataDir: dir, Ranks: *ranks, Socket: sock,
 			Listen: *listen, AllowRemote: *allowRemote, Metrics: *metricsAddr, ColdStart: cs, SessionTTL: *ttl, PlanTimeout: *planTimeout, MaxMessageBytes: *maxMsg, Group: *group,
-			GroupRank: *groupRank, GroupSize: *groupSize, GroupHub: *groupHub, GroupName: *groupName, GroupTimeout: *groupTimeout, OwnerLanes: *ownerLanes,
+			GroupRank: *groupRank, GroupSize: *groupSize, GroupHub: *groupHub, GroupName: *groupName, GroupTimeout: *groupTimeout, OwnerLanes: *ownerLanes, MachinePerRank: *machinePerRank,
 			Version: version, Logger: logger, Doors: doors, StoreYAML: storeText, StoreConfigName: *storeCfg, StoreSkipVerify: !*storeVerify,
 			StoreLimits: pagestore.Limits{Lease: *storeLease, SessionTTL: *storeTTL},
 			Record:      *record, RecordMaxBytes: int64(recMax), RecordKeep: *recordKeep, Shadow: splitList(*shadow)})

@@ -92,6 +92,11 @@ func (s *Server) openRank(ctx context.Context, i int) (_ *rank, err error) {
 	r := &rank{idx: i, srv: s, st: stk, log: log, calls: make(chan call), closeHook: closeHook,
 		byID: map[control.ReqID]*request{}, mo: mo,
 		nodeOpts: host.Options{Logger: log, SettleTimeout: s.cfg.DrainTimeout, Lanes: lanes, Rank: lane}}
+	if s.oneMachine() {
+		// The node's one Machine is built over every rank's stack once
+		// they are all open (Open).
+		return r, nil
+	}
 	if r.node, err = s.build(r, s.epoch); err != nil {
 		return nil, err
 	}

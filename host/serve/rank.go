@@ -188,7 +188,7 @@ type callReply struct {
 // as they arrive and expiring a silent session.
 func (r *rank) loop(ctx context.Context) {
 	var storeReady <-chan struct{}
-	if len(r.st.Stores) > 0 {
+	if len(r.st.Stores) > 0 && !r.srv.oneMachine() {
 		storeReady = r.st.Stores[0].Store.AckReady()
 	}
 	expire := time.NewTicker(expireEvery(r.srv.cfg.SessionTTL))
@@ -200,6 +200,7 @@ func (r *rank) loop(ctx context.Context) {
 			return
 		case c := <-r.calls:
 			var out callReply
+			r.srv.lockNode()
 			// Nothing of a call applies to the Machine of an epoch that
 			// ended: the rank moves to the current one first.
 			r.catchUp(ctx)
@@ -223,6 +224,7 @@ func (r *rank) loop(ctx context.Context) {
 				// catchUp moved the rank to c.epoch or a later one.
 			}
 			r.publish()
+			r.srv.unlockNode()
 			c.reply <- out // buffered: never blocks
 		case <-storeReady:
 			// NB: while a tick waits for the engine's frontier its
@@ -241,12 +243,14 @@ func (r *rank) loop(ctx context.Context) {
 				trace.WithRegion(ctx, "serve.drain.store", r.node.Drain)
 			}
 		case now := <-expire.C:
+			r.srv.lockNode()
 			if s := r.sess; s != nil && now.Sub(s.seen) > r.srv.cfg.SessionTTL {
 				r.log.Warn("kvtier serve: session expired", "session", s.id, "engine", s.engineID, "silent", now.Sub(s.seen).Round(time.Millisecond))
 				r.stats.expired.Add(1)
 				r.endSession(ctx, "expired")
 				r.publish()
 			}
+			r.srv.unlockNode()
 		}
 	}
 }

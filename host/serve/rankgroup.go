@@ -89,7 +89,7 @@ func (s *Server) newEpoch(n uint64) (*epoch, error) {
 		e.members, e.close = []consensus.Group{m}, m.Close
 		return e, nil
 	}
-	if s.cfg.Ranks > 1 {
+	if s.cfg.Ranks > 1 && !s.oneMachine() {
 		ms, err := inproc.New(s.cfg.Ranks, inproc.Options{Timeout: s.cfg.GroupTimeout})
 		if err != nil {
 			e.cancel(err)

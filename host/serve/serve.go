@@ -138,6 +138,11 @@ type Config struct {
 	// ranks of a node can share one slab and one index: every page is
 	// written by one rank.
 	OwnerLanes bool
+	// MachinePerRank runs a control Machine on each rank the process
+	// hosts, exchanging through the in-process group, instead of one
+	// Machine for all of them (the default; nodemachine.go). For
+	// comparisons (kvtier bench serve --cpu-sessions).
+	MachinePerRank bool
 	// Version is reported by Health.
 	Version string
 	// Logger receives serve's and the tiers' lines (nil: discarded).
@@ -216,6 +221,11 @@ type Server struct {
 
 	emu   sync.Mutex // guards epoch
 	epoch *epoch
+
+	// nodeMu guards nm, the node's one Machine of the current epoch
+	// (oneMachine; nodemachine.go), and every use of it.
+	nodeMu sync.Mutex
+	nm     *nodeMachine
 
 	mu       sync.RWMutex
 	sessions map[string]*rank
@@ -361,6 +371,14 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 			return nil, fmt.Errorf("serve: rank %d: %w", i, err)
 		}
 		s.ranks = append(s.ranks, r)
+	}
+	if s.oneMachine() && len(s.ranks) > 0 {
+		if s.nm, err = s.buildNode(s.epoch); err != nil {
+			return nil, fmt.Errorf("serve: the node's machine: %w", err)
+		}
+		for i, r := range s.ranks {
+			r.node, r.epoch = s.nm.view(i), s.epoch
+		}
 	}
 	if s.door(DoorStore) {
 		if err := s.openStoreDoor(ctx); err != nil {

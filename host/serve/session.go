@@ -127,6 +127,22 @@ func (r *rank) reset(ctx context.Context, e *epoch, why string) {
 		return
 	}
 	r.abortTick()
+	if r.srv.oneMachine() {
+		// The node's Machine: the first rank to reach e builds it (the
+		// old one settles and closes then); the others take their view.
+		nm, err := r.srv.nodeFor(ctx, e)
+		if err != nil {
+			r.broken = fmt.Errorf("rank %d: rebuild for epoch %d: %w: %w", r.idx, e.n, err, errBroken)
+			r.log.Error("kvtier serve: rank broken", "err", r.broken)
+			return
+		}
+		r.retire()
+		r.node, r.epoch = nm.view(r.idx), e
+		clear(r.byID)
+		r.nextReq = 0
+		r.log.Debug("kvtier serve: new epoch", "epoch", e.n, "why", why)
+		return
+	}
 	if err := r.node.Settle(ctx); err != nil {
 		r.log.Error("kvtier serve: settle before a new epoch", "err", err)
 	}

@@ -12,6 +12,7 @@ import (
 	pb "github.com/kvtier/kvtier/api/enginev1"
 	"github.com/kvtier/kvtier/host"
 	"github.com/kvtier/kvtier/host/consensus"
+	"github.com/kvtier/kvtier/host/consensus/enginegroup"
 	"github.com/kvtier/kvtier/host/control"
 	"github.com/kvtier/kvtier/internal/nsdigest"
 	"github.com/kvtier/kvtier/pagehash"
@@ -44,37 +45,53 @@ func (e stepErrs) add(item ref, req string, code pb.ErrorCode, format string, ar
 }
 
 // step runs one scheduler step of the session. It never panics on input
-// and never changes state for a refused item.
+// and never changes state for a refused item. With one Machine for the
+// node's ranks the step waits for the other ranks' (nodemachine.go).
 func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
-	out := &pb.StepReply{BootId: r.srv.boot, Tick: r.node.Ticks()}
-	errs := stepErrs{out, &r.stats}
+	out, errs, eg, ok := r.stepStart(ctx, q)
+	if !ok {
+		return out
+	}
+	if r.srv.oneMachine() {
+		return r.srv.stepTogether(ctx, r, q, out, errs)
+	}
+	r.stepCompletions(ctx, q, errs)
+	return r.stepRest(ctx, q, out, errs, eg)
+}
+
+// stepStart checks the step's session, boot, number and size, and (the
+// engine transport) completes the tick the last step started. ok false:
+// the step was refused or the group stopped, and out says why.
+func (r *rank) stepStart(ctx context.Context, q *pb.StepRequest) (out *pb.StepReply, errs stepErrs, eg *enginegroup.Member, ok bool) {
+	out = &pb.StepReply{BootId: r.srv.boot, Tick: r.node.Ticks()}
+	errs = stepErrs{out, &r.stats}
 	s := r.sess
 	switch {
 	case s == nil || q.GetSession() != s.id:
 		if why := r.srv.endedWhy(q.GetSession()); why != "" {
 			errs.add(ref{"session", -1}, "", pb.ErrorCode_ERROR_CODE_UNKNOWN, "session %q ended: %s; register again", q.GetSession(), why)
-			return out
+			return out, errs, nil, false
 		}
 		errs.add(ref{"session", -1}, "", pb.ErrorCode_ERROR_CODE_UNKNOWN, "session %q is not open on rank %d: register again", q.GetSession(), r.idx)
-		return out
+		return out, errs, nil, false
 	case q.GetBootId() != r.srv.boot:
 		errs.add(ref{"boot_id", -1}, "", pb.ErrorCode_ERROR_CODE_STATE, "boot_id %q is stale: serve is %q since its restart; register again", q.GetBootId(), r.srv.boot)
-		return out
+		return out, errs, nil, false
 	case q.GetStep() <= s.lastStep:
 		errs.add(ref{"step", -1}, "", pb.ErrorCode_ERROR_CODE_STATE, "step %d does not follow step %d", q.GetStep(), s.lastStep)
-		return out
+		return out, errs, nil, false
 	}
 	items := len(q.GetCompletions()) + len(q.GetLookups()) + len(q.GetStores()) + len(q.GetFinished()) + len(q.GetAborted()) + len(q.GetUpcoming())
 	if limit := r.srv.cfg.MaxItemsPerStep; items > limit {
 		errs.add(ref{"step", -1}, "", pb.ErrorCode_ERROR_CODE_LIMIT, "%d items, at most %d a step", items, limit)
-		return out
+		return out, errs, nil, false
 	}
-	eg := r.engineMember()
+	eg = r.engineMember()
 	if eg != nil && r.tickDone != nil && len(q.GetFrontier()) == 0 {
 		errs.add(ref{"frontier", -1}, "", pb.ErrorCode_ERROR_CODE_STATE,
 			"tick %d waits for the engine's frontier: all-reduce the contributions the ranks' last steps returned and send it; nothing of this step was applied", r.node.Ticks())
 		out.Contribution, _, _ = eg.PendingEncoded()
-		return out
+		return out, errs, nil, false
 	}
 	s.lastStep = q.GetStep()
 	s.seen = time.Now()
@@ -89,10 +106,15 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 		// started, before anything of this step applies.
 		if err := r.finishTick(ctx, eg, q.GetFrontier()); err != nil {
 			r.groupStopped(ctx, errs, ref{"frontier", -1}, err)
-			return out
+			return out, errs, nil, false
 		}
 	}
+	return out, errs, eg, true
+}
 
+// stepCompletions applies the step's completions (to the rank's own
+// Node) and fails the plans past their deadline.
+func (r *rank) stepCompletions(ctx context.Context, q *pb.StepRequest, errs stepErrs) {
 	// 1. Completions.
 	seen := map[uint64]bool{}
 	for i, c := range q.GetCompletions() {
@@ -124,6 +146,12 @@ func (r *rank) step(ctx context.Context, q *pb.StepRequest) *pb.StepReply {
 		}
 	}
 	r.failOverdue(errs, time.Now())
+}
+
+// stepRest runs the rest of an accepted step: its lookups, stores, ends
+// and hint, the tick, and the reply.
+func (r *rank) stepRest(ctx context.Context, q *pb.StepRequest, out *pb.StepReply, errs stepErrs, eg *enginegroup.Member) *pb.StepReply {
+	s := r.sess
 	trace.WithRegion(ctx, "serve.step.drain", r.node.Drain)
 
 	// 2. Lookups.
