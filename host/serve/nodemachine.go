@@ -34,10 +34,10 @@ import (
 //  2. rank 0's step runs against the Machine, and each of its Machine
 //     calls (events and the tick) and their answers are logged;
 //  3. every other rank's step runs the same code over the log: each
-//     Machine call it makes must be the logged one (the same event, or
-//     the tick), and gets the logged answer. What a reply reads of the
-//     Machine after the tick reads the same state for every rank, since
-//     nothing between changes it;
+//     Machine call it makes must be the logged one (the same event, the
+//     tick, or a read of a request's state: whether it loads, its pages
+//     in L1), and gets the logged answer, so a reply reads the Machine
+//     as rank 0's did at the same point of the step;
 //  4. a rank whose calls differ from rank 0's (its engine sent another
 //     step) stops the group, as a digest mismatch did: every session
 //     ends, and the engine registers again.
@@ -59,13 +59,29 @@ type nodeMachine struct {
 	closed  bool
 }
 
-// machineCall is one logged Machine call: an event or the tick, and its
-// answer.
+// machineCall is one logged Machine call and its answer.
 type machineCall struct {
-	tick bool
+	kind callOf
 	e    control.Event
 	rd   control.Ready
 	err  error
+	// req, loading and refs: a read of a request's state.
+	req     control.ReqID
+	loading bool
+	refs    []control.PageRef
+}
+
+type callOf uint8
+
+const (
+	callOfEvent callOf = iota
+	callOfTick
+	callOfLoading
+	callOfMatched
+)
+
+func (c callOf) String() string {
+	return [...]string{"an event", "the tick", "a read of whether a request loads", "a read of a request's L1 pages"}[c]
 }
 
 // stepSlot is one rank's step at the barrier.
@@ -227,8 +243,9 @@ func (s *Server) runStep(ctx context.Context, nm *nodeMachine) {
 	var differ error
 	for k, sl := range slots {
 		v := sl.r.node.(*rankView)
-		v.replay, v.cursor, v.differ = k > 0, 0, nil
+		v.inStep, v.replay, v.cursor, v.differ = true, k > 0, 0, nil
 		sl.out = sl.r.stepRest(ctx, sl.q, sl.out, sl.errs, nil)
+		v.inStep = false
 		if v.replay && v.differ == nil && v.cursor != len(nm.log) {
 			v.differ = fmt.Errorf("rank %d made %d of rank %d's %d calls to the Machine: %w", s.groupRank(sl.r.idx), v.cursor, s.groupRank(0), len(nm.log), errRanksDiffer)
 		}
@@ -259,9 +276,12 @@ func (s *Server) runStep(ctx context.Context, nm *nodeMachine) {
 // and answered from it for the others; its plans, stats and in-flight
 // counts are the rank's own Node's.
 type rankView struct {
-	nm     *nodeMachine
-	n      *host.Node
-	i      int
+	nm *nodeMachine
+	n  *host.Node
+	i  int
+	// inStep: the rank's step runs (runStep): its Machine calls are
+	// logged (rank 0) or replayed (replay, the others).
+	inStep bool
 	replay bool
 	cursor int
 	// differ is the first call that differed from the log.
@@ -273,19 +293,61 @@ var _ rankNode = (*rankView)(nil)
 func (v *rankView) Apply(ctx context.Context, e control.Event) (control.Ready, error) {
 	if !v.replay {
 		rd, err := v.nm.multi.Apply(ctx, e)
-		v.nm.log = append(v.nm.log, machineCall{e: e, rd: answer(rd), err: err})
+		if v.inStep {
+			v.nm.log = append(v.nm.log, machineCall{kind: callOfEvent, e: e, rd: answer(rd), err: err})
+		}
 		return rd, err
 	}
-	return v.next(false, e)
+	c, err := v.next(machineCall{kind: callOfEvent, e: e})
+	if err != nil {
+		return control.Ready{}, err
+	}
+	return c.rd, c.err
 }
 
 func (v *rankView) Tick(ctx context.Context) (control.Ready, error) {
 	if !v.replay {
 		rd, err := v.nm.multi.Tick(ctx)
-		v.nm.log = append(v.nm.log, machineCall{tick: true, rd: answer(rd), err: err})
+		if v.inStep {
+			v.nm.log = append(v.nm.log, machineCall{kind: callOfTick, rd: answer(rd), err: err})
+		}
 		return rd, err
 	}
-	return v.next(true, control.Event{})
+	c, err := v.next(machineCall{kind: callOfTick})
+	if err != nil {
+		return control.Ready{}, err
+	}
+	return c.rd, c.err
+}
+
+// Loading and MatchedL1 read a request's state; in a step they are
+// logged and replayed like the events (see the file comment).
+func (v *rankView) Loading(req control.ReqID) bool {
+	if !v.replay {
+		b := v.n.Loading(req)
+		if v.inStep {
+			v.nm.log = append(v.nm.log, machineCall{kind: callOfLoading, req: req, loading: b})
+		}
+		return b
+	}
+	c, err := v.next(machineCall{kind: callOfLoading, req: req})
+	return err == nil && c.loading
+}
+
+func (v *rankView) MatchedL1(req control.ReqID, dst []control.PageRef) []control.PageRef {
+	if !v.replay {
+		n := len(dst)
+		dst = v.n.MatchedL1(req, dst)
+		if v.inStep {
+			v.nm.log = append(v.nm.log, machineCall{kind: callOfMatched, req: req, refs: slices.Clone(dst[n:])})
+		}
+		return dst
+	}
+	c, err := v.next(machineCall{kind: callOfMatched, req: req})
+	if err != nil {
+		return dst
+	}
+	return append(dst, c.refs...)
 }
 
 // answer keeps what a rank's code reads of a Ready (matches, placements,
@@ -297,25 +359,28 @@ func answer(rd control.Ready) control.Ready {
 
 // next answers a replaying rank's call from the log, or records that it
 // differs.
-func (v *rankView) next(tick bool, e control.Event) (control.Ready, error) {
+func (v *rankView) next(want machineCall) (machineCall, error) {
 	if v.differ != nil {
-		return control.Ready{}, v.differ
+		return machineCall{}, v.differ
 	}
-	what := "the tick"
-	if !tick {
-		what = fmt.Sprintf("a %s event of request %d", e.Kind, e.Req)
+	what := want.kind.String()
+	switch want.kind {
+	case callOfEvent:
+		what = fmt.Sprintf("a %s event of request %d", want.e.Kind, want.e.Req)
+	case callOfLoading, callOfMatched:
+		what = fmt.Sprintf("%s (%d)", what, want.req)
 	}
 	if v.cursor >= len(v.nm.log) {
 		v.differ = fmt.Errorf("rank %d's call %d to the Machine (%s) is one rank 0 did not make: %w", v.i, v.cursor+1, what, errRanksDiffer)
-		return control.Ready{}, v.differ
+		return machineCall{}, v.differ
 	}
 	c := v.nm.log[v.cursor]
 	v.cursor++
-	if c.tick != tick || (!tick && !sameEvent(c.e, e)) {
+	if c.kind != want.kind || c.req != want.req || (c.kind == callOfEvent && !sameEvent(c.e, want.e)) {
 		v.differ = fmt.Errorf("rank %d's call %d to the Machine (%s) differs from rank 0's: %w", v.i, v.cursor, what, errRanksDiffer)
-		return control.Ready{}, v.differ
+		return machineCall{}, v.differ
 	}
-	return c.rd, c.err
+	return c, nil
 }
 
 func sameEvent(a, b control.Event) bool {
@@ -353,11 +418,7 @@ func (v *rankView) Ticks() uint64 { return v.n.Ticks() }
 func (v *rankView) AppendContribution(dst []byte, env consensus.Envelope) ([]byte, error) {
 	return v.n.AppendContribution(dst, env)
 }
-func (v *rankView) DueDigest() ([32]byte, bool)    { return v.n.DueDigest() }
-func (v *rankView) Loading(req control.ReqID) bool { return v.n.Loading(req) }
-func (v *rankView) MatchedL1(req control.ReqID, dst []control.PageRef) []control.PageRef {
-	return v.n.MatchedL1(req, dst)
-}
+func (v *rankView) DueDigest() ([32]byte, bool) { return v.n.DueDigest() }
 func (v *rankView) Free() (l1, l2 int64)        { return v.n.Free() }
 func (v *rankView) SpillQueueLen() int          { return v.n.SpillQueueLen() }
 func (v *rankView) InFlight() (pool, store int) { return v.n.InFlight() }

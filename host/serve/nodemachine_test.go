@@ -8,6 +8,8 @@ import (
 	"time"
 
 	pb "github.com/kvtier/kvtier/api/enginev1"
+	"github.com/kvtier/kvtier/loadgen"
+	"github.com/kvtier/kvtier/workload"
 )
 
 // TestOneMachineMatchesMachinePerRank is metamorphic: one workload
@@ -124,5 +126,55 @@ func TestOneMachineRanksDiffer(t *testing.T) {
 	}
 	if n := s.ranks[0].stats.mismatches.Load(); n < 2 {
 		t.Fatalf("mismatches counted %d, want 2", n)
+	}
+}
+
+// TestOneMachineLoadgen drives a generated workload through serve's one
+// Machine with loadgen's engine ranks, many lookups, stores and ends a
+// step: a reply reads the Machine in the middle of a step (a lookup of a
+// prefix whose load-back commits at this step's tick is PENDING before
+// the tick and DONE after it), where a replaying rank must read what
+// rank 0 read. No step errs, no byte is wrong, and pages hit.
+func TestOneMachineLoadgen(t *testing.T) {
+	noL3 := DefaultYAML()
+	i, j := strings.Index(noL3, "  - name: l3\n"), strings.Index(noL3, "policy:")
+	if i < 0 || j < i {
+		t.Fatal("the embedded stack has no l3 entry")
+	}
+	noL3 = noL3[:i] + noL3[j:]
+	for _, c := range []struct {
+		ranks    int
+		lanes    bool
+		yaml     string
+		requests int
+		cfg      loadgen.Config
+	}{
+		{3, false, "", 500, loadgen.Config{PerStep: 12, MaxLive: 24, MaxPages: 32}},
+		{4, true, "", 1500, loadgen.Config{PerStep: 16, MaxLive: 32, MaxPages: 48}},
+		// kvtier bench serve --cpu-sessions 1,8's shape, where a replay
+		// that read the Machine live (after rank 0's tick) once answered
+		// a rank otherwise than rank 0 and its engine stepped otherwise.
+		{8, false, noL3, 8000, loadgen.Config{PerStep: 32, MaxLive: 64, MaxPages: 64, NoPayload: true, NoCopies: true}},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		_, sock, stop := startWith(t, Config{DataDir: t.TempDir(), Ranks: c.ranks, OwnerLanes: c.lanes, YAML: c.yaml})
+		g := workload.DefaultGeneratorConfig()
+		g.Requests, g.Seed = c.requests, uint64(c.ranks)
+		reqs, err := workload.Generate(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lc := c.cfg
+		lc.Socket, lc.Ranks, lc.Requests = sock, c.ranks, reqs
+		res, err := loadgen.Run(ctx, lc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%d ranks, lanes %v: %d requests, hit rate %.3f by tier %v, verified %d pages", c.ranks, c.lanes, res.Requests, res.HitRate, res.HitTokensByTier, res.VerifiedPages)
+		if res.Errors != 0 || res.WrongBytes != 0 || res.HitRate == 0 || (!lc.NoPayload && res.VerifiedPages == 0) {
+			t.Fatalf("%d ranks, lanes %v: %d errors (%s), %d wrong bytes, %d verified pages, hit rate %v", c.ranks, c.lanes, res.Errors, res.FirstError, res.WrongBytes, res.VerifiedPages, res.HitRate)
+		}
+		stop()
+		cancel()
 	}
 }
