@@ -363,24 +363,28 @@ func (v *rankView) next(want machineCall) (machineCall, error) {
 	if v.differ != nil {
 		return machineCall{}, v.differ
 	}
-	what := want.kind.String()
-	switch want.kind {
-	case callOfEvent:
-		what = fmt.Sprintf("a %s event of request %d", want.e.Kind, want.e.Req)
-	case callOfLoading, callOfMatched:
-		what = fmt.Sprintf("%s (%d)", what, want.req)
-	}
 	if v.cursor >= len(v.nm.log) {
-		v.differ = fmt.Errorf("rank %d's call %d to the Machine (%s) is one rank 0 did not make: %w", v.i, v.cursor+1, what, errRanksDiffer)
+		v.differ = fmt.Errorf("rank %d's call %d to the Machine (%s) is one rank 0 did not make: %w", v.i, v.cursor+1, want, errRanksDiffer)
 		return machineCall{}, v.differ
 	}
-	c := v.nm.log[v.cursor]
+	c := &v.nm.log[v.cursor]
 	v.cursor++
 	if c.kind != want.kind || c.req != want.req || (c.kind == callOfEvent && !sameEvent(c.e, want.e)) {
-		v.differ = fmt.Errorf("rank %d's call %d to the Machine (%s) differs from rank 0's: %w", v.i, v.cursor, what, errRanksDiffer)
+		v.differ = fmt.Errorf("rank %d's call %d to the Machine (%s) differs from rank 0's (%s): %w", v.i, v.cursor, want, c, errRanksDiffer)
 		return machineCall{}, v.differ
 	}
-	return c, nil
+	return *c, nil
+}
+
+// String names the call, for the error that says a rank's differed.
+func (c machineCall) String() string {
+	switch c.kind {
+	case callOfEvent:
+		return fmt.Sprintf("a %s event of request %d, %d pages", c.e.Kind, c.e.Req, c.e.Pages)
+	case callOfLoading, callOfMatched:
+		return fmt.Sprintf("%s (%d)", c.kind, c.req)
+	}
+	return c.kind.String()
 }
 
 func sameEvent(a, b control.Event) bool {
