@@ -197,13 +197,16 @@ func (s *Server) stepTogether(ctx context.Context, r *rank, q *pb.StepRequest, o
 		return slot.out
 	}
 	r.exchanging.Add(1)
+	// NB: the epoch is read under the lock: the rank that runs the step
+	// may move this rank to a new epoch meanwhile (its session ended).
+	ectx := r.epoch.ctx
 	s.nodeMu.Unlock()
 	t := time.NewTimer(s.cfg.GroupTimeout)
 	var why error
 	select {
 	case <-slot.done:
 	case <-t.C:
-	case <-r.epoch.ctx.Done():
+	case <-ectx.Done():
 	case <-ctx.Done():
 	}
 	t.Stop()
@@ -215,8 +218,8 @@ func (s *Server) stepTogether(ctx context.Context, r *rank, q *pb.StepRequest, o
 	nm.slots[r.idx] = nil
 	nm.arrived--
 	switch {
-	case r.epoch.ctx.Err() != nil:
-		why = context.Cause(r.epoch.ctx)
+	case ectx.Err() != nil:
+		why = context.Cause(ectx)
 	case ctx.Err() != nil:
 		why = ctx.Err()
 	default:
