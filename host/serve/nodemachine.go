@@ -100,7 +100,7 @@ var errRanksDiffer = errors.New("the engine's ranks sent different steps")
 // oneMachine reports whether the ranks share one Machine: more than one
 // rank in the in-process group, unless Config.MachinePerRank.
 func (s *Server) oneMachine() bool {
-	return s.cfg.Group == GroupInproc && s.cfg.Ranks > 1 && !s.cfg.MachinePerRank
+	return (s.cfg.Group == GroupInproc || s.cfg.Group == GroupTCP) && s.cfg.Ranks > 1 && !s.cfg.MachinePerRank
 }
 
 // lockNode and unlockNode guard the node's Machine (one-Machine mode
@@ -128,8 +128,16 @@ func (s *Server) buildNode(e *epoch) (*nodeMachine, error) {
 	}
 	opts := r0.nodeOpts
 	opts.Logger = s.log
-	opts.Group = timedGroup{g: host.Solo{}, m: s.metrics, rank: 0, st: &r0.stats, waiting: &r0.exchanging}
-	mu, _, err := assemble.Multi(locals, r0.mo, opts, nil)
+	// The group: none in process (host.Solo); with --group tcp the other
+	// nodes' serve processes, digests compared every DigestEvery ticks.
+	// NB: the digests a reply offers are counted per rank (finishStep).
+	mu, _, err := assemble.Multi(locals, r0.mo, opts, func(m *control.Machine) host.Group {
+		var g host.Group = host.Solo{}
+		if e.members != nil {
+			g = epochGroup{g: host.ConsensusGroup{G: e.members[0], M: m, DigestEvery: r0.mo.DigestEvery}, ctx: e.ctx}
+		}
+		return timedGroup{g: g, m: s.metrics, rank: 0, st: &r0.stats, waiting: &r0.exchanging}
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -199,15 +199,23 @@ func (t timedGroup) Exchange(ctx context.Context, tick uint64, c control.Contrib
 // errTCPRestart ends Serve when the TCP group would need a new epoch.
 var errTCPRestart = errors.New("the tcp rank group does not restart inside a process: restart every rank's serve")
 
-// checkTCPGroup validates and completes the GroupTCP fields of cfg.
+// checkTCPGroup validates and completes the GroupTCP fields of cfg. A
+// process hosts Ranks ranks (one node: GroupRank is its first, a multiple
+// of Ranks) with one Machine, and the group over TCP has a member per
+// process: GroupSize/Ranks of them.
 func checkTCPGroup(cfg *Config) error {
+	cfg.Ranks = max(cfg.Ranks, 1)
 	switch {
-	case cfg.Ranks > 1:
-		return fmt.Errorf("serve: group tcp: one rank per process (ranks %d)", cfg.Ranks)
+	case cfg.Ranks > 1 && cfg.MachinePerRank:
+		return fmt.Errorf("serve: group tcp: a Machine a rank (--machine-per-rank) needs one rank per process (ranks %d)", cfg.Ranks)
 	case cfg.GroupSize < 1 || cfg.GroupSize > consensus.MaxGroupSize:
 		return fmt.Errorf("serve: group tcp: group size %d, want 1..%d", cfg.GroupSize, consensus.MaxGroupSize)
 	case cfg.GroupRank < 0 || cfg.GroupRank >= cfg.GroupSize:
 		return fmt.Errorf("serve: group tcp: rank %d outside a group of %d", cfg.GroupRank, cfg.GroupSize)
+	case cfg.GroupSize%cfg.Ranks != 0:
+		return fmt.Errorf("serve: group tcp: group size %d is not a multiple of the %d ranks a process hosts", cfg.GroupSize, cfg.Ranks)
+	case cfg.GroupRank%cfg.Ranks != 0:
+		return fmt.Errorf("serve: group tcp: rank %d: a process of %d ranks hosts ranks from a multiple of %d (its first rank)", cfg.GroupRank, cfg.Ranks, cfg.Ranks)
 	case cfg.GroupHub == "":
 		return fmt.Errorf("serve: group tcp: no hub address (rank 0 listens there, the others dial it)")
 	}
@@ -219,7 +227,6 @@ func checkTCPGroup(cfg *Config) error {
 	if cfg.GroupName == "" {
 		cfg.GroupName = "kvtier"
 	}
-	cfg.Ranks = 1
 	return nil
 }
 
@@ -264,9 +271,11 @@ func (s *Server) tcpMember() (*tcpgroup.Member, error) {
 	for _, k := range st.Payload.Kinds {
 		_, _ = fmt.Fprintf(h, "\x00%s=%d", k.Name, k.PageBytes)
 	}
-	opts := tcpgroup.Options{Group: group, Stack: h.Sum64(), Rank: s.cfg.GroupRank, Size: s.cfg.GroupSize,
+	// NB: a member per process (node): its index is its first rank over
+	// the ranks each process hosts.
+	opts := tcpgroup.Options{Group: group, Stack: h.Sum64(), Rank: s.cfg.GroupRank / s.cfg.Ranks, Size: s.cfg.GroupSize / s.cfg.Ranks,
 		HubAddr: s.cfg.GroupHub, Timeout: s.cfg.GroupTimeout, Logger: s.log}
-	if s.cfg.GroupRank == 0 {
+	if opts.Rank == 0 {
 		lis, err := net.Listen("tcp", s.cfg.GroupHub)
 		if err != nil {
 			return nil, fmt.Errorf("hub listen %s: %w", s.cfg.GroupHub, err)

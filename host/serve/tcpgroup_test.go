@@ -51,13 +51,19 @@ type tcpRank struct {
 // lanes over one shared slab and one shared index (config); it waits for
 // every socket.
 func startTCPGroup(t *testing.T, bin, dir, sd, hub, config string, size int) []*tcpRank {
+	return startTCPNodes(t, bin, dir, sd, hub, config, size, 1)
+}
+
+// startTCPNodes starts size/per serve processes (nodes) of per ranks each
+// (one Machine a process), as startTCPGroup does.
+func startTCPNodes(t *testing.T, bin, dir, sd, hub, config string, size, per int) []*tcpRank {
 	t.Helper()
-	rs := make([]*tcpRank, size)
+	rs := make([]*tcpRank, size/per)
 	for i := range rs {
 		r := &tcpRank{sock: filepath.Join(sd, fmt.Sprintf("r%d.sock", i)), out: &syncBuffer{}, done: make(chan error, 1)}
 		os.Remove(r.sock)
-		r.cmd = exec.Command(bin, "serve", "--data-dir", dir, "--config", config, "--owner-lanes", "--socket", r.sock, "--log-level", "warn",
-			"--group", "tcp", "--group-rank", fmt.Sprint(i), "--group-size", fmt.Sprint(size), "--group-hub", hub, "--group-timeout", "2s")
+		r.cmd = exec.Command(bin, "serve", "--data-dir", dir, "--config", config, "--owner-lanes", "--socket", r.sock, "--log-level", "warn", "--ranks", fmt.Sprint(per),
+			"--group", "tcp", "--group-rank", fmt.Sprint(i*per), "--group-size", fmt.Sprint(size), "--group-hub", hub, "--group-timeout", "2s")
 		r.cmd.Stdout, r.cmd.Stderr = r.out, r.out
 		if err := r.cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -254,6 +260,107 @@ func TestServeTCPGroup(t *testing.T) {
 	}
 }
 
+// TestServeTCPNodes: two `kvtier serve` processes of two ranks each (a
+// node each, one Machine a process) form the group over TCP, one member
+// a process. An engine of four ranks caches and hits, every byte right,
+// and every rank of both nodes reports the same digest at the same tick.
+// SIGKILL of one node stops the other, naming the group.
+func TestServeTCPNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs two kvtier serve processes (-short)")
+	}
+	const size, per = 4, 2
+	ctx := context.Background()
+	bin := buildKvtier(t)
+	dir := t.TempDir()
+	sd, err := os.MkdirTemp("", "kvt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(sd)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hub := l.Addr().String()
+	l.Close()
+	config := filepath.Join(sd, "shared.yaml")
+	if err := os.WriteFile(config, []byte(SharedYAML()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rs := startTCPNodes(t, bin, dir, sd, hub, config, size, per)
+	es := make([]*testEngine, size)
+	for i := range es {
+		es[i] = dialEngine(t, rs[i/per].sock, uint32(i), size)
+		if err := es[i].register(ctx); err != nil {
+			t.Fatalf("rank %d: %v", i, err)
+		}
+		if es[i].reg.GroupTransport != GroupTCP || es[i].reg.OwnerLanes != size {
+			t.Fatalf("rank %d: group transport %q, owner lanes %d", i, es[i].reg.GroupTransport, es[i].reg.OwnerLanes)
+		}
+	}
+	keys := make([][]pagehash.Hash, 24)
+	for i := range keys {
+		keys[i] = chain(fmt.Sprintf("tcpn-%d", i%8), 8, 12, fmt.Sprintf("t%d", i))
+	}
+	driveKeys(t, ctx, es, "tcpn-a", keys)
+	hit, _ := driveKeys(t, ctx, es, "tcpn-b", keys)
+	digests := 0
+	for range 70 {
+		outs := stepAll(t, ctx, es, func() *pb.StepRequest { return &pb.StepRequest{} }, nil)
+		if len(outs[0].Digest) == 0 {
+			continue
+		}
+		for i, out := range outs[1:] {
+			if !bytes.Equal(out.Digest, outs[0].Digest) || out.Tick != outs[0].Tick {
+				t.Fatalf("tick %d: rank %d digest %x, rank 0 %x (tick %d)", outs[0].Tick, i+1, out.Digest, outs[0].Digest, out.Tick)
+			}
+		}
+		digests++
+	}
+	wrong, verified := 0, 0
+	for _, e := range es {
+		wrong, verified = wrong+e.wrong, verified+e.verified
+	}
+	t.Logf("%d hit pages on the second pass, %d verified, %d digest ticks equal on %d ranks of %d nodes", hit, verified, digests, size, size/per)
+	if hit == 0 || wrong != 0 || digests == 0 || verified == 0 {
+		t.Fatalf("%d hit pages, %d wrong, %d verified, %d digest ticks", hit, wrong, verified, digests)
+	}
+	if err := rs[1].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-rs[1].done
+	rs[1].done <- nil
+	outs := make([]*pb.StepReply, per)
+	var wg sync.WaitGroup
+	for i := range per {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			outs[i], _ = es[i].run(ctx, &pb.StepRequest{}, nil)
+		}()
+	}
+	wg.Wait()
+	for i, out := range outs {
+		if out != nil && (len(out.Errors) == 0 || out.Errors[0].Code != pb.ErrorCode_ERROR_CODE_UNAVAILABLE) {
+			t.Errorf("rank %d: a step with node 1 dead: errors %v, want UNAVAILABLE", i, out.Errors)
+		}
+	}
+	select {
+	case err := <-rs[0].done:
+		rs[0].done <- err
+		var ee *exec.ExitError
+		if err == nil || !errors.As(err, &ee) || ee.ExitCode() != 1 {
+			t.Fatalf("node 0 exited with %v, want status 1", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatalf("node 0 still runs 15 s after node 1 died:\n%s", rs[0].out.String())
+	}
+	for _, e := range es {
+		e.close()
+	}
+}
+
 // TestTCPGroupConfigRefused: a tcp group configuration that cannot work is
 // refused at Open with an error naming the field, before any tier opens.
 func TestTCPGroupConfigRefused(t *testing.T) {
@@ -262,7 +369,9 @@ func TestTCPGroupConfigRefused(t *testing.T) {
 		cfg  Config
 		want string
 	}{
-		{"two ranks in one process", Config{Ranks: 2, GroupSize: 2, GroupHub: "127.0.0.1:1"}, "one rank per process"},
+		{"a machine a rank, two ranks a process", Config{Ranks: 2, GroupSize: 4, GroupHub: "127.0.0.1:1", MachinePerRank: true}, "one rank per process"},
+		{"ranks do not divide the size", Config{Ranks: 2, GroupSize: 3, GroupHub: "127.0.0.1:1"}, "not a multiple of the 2 ranks"},
+		{"first rank not a multiple", Config{Ranks: 2, GroupRank: 1, GroupSize: 4, GroupHub: "127.0.0.1:1"}, "from a multiple of 2"},
 		{"no size", Config{GroupHub: "127.0.0.1:1"}, "group size 0"},
 		{"rank outside", Config{GroupRank: 4, GroupSize: 4, GroupHub: "127.0.0.1:1"}, "rank 4 outside a group of 4"},
 		{"negative rank", Config{GroupRank: -1, GroupSize: 4, GroupHub: "127.0.0.1:1"}, "rank -1 outside"},
