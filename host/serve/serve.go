@@ -335,8 +335,8 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	if cfg.Ranks <= 0 {
 		// Read the world size from the config itself (rank 0's view).
-		// NB: not with GroupTCP, which set Ranks to 1 (one rank per
-		// process).
+		// NB: not with GroupTCP, which set Ranks to at least 1 (the
+		// ranks this process hosts, not the group's world size).
 		st, _, err := assemble.Load([]byte(expand(text, cfg, 0, 1)), name)
 		if err != nil {
 			return nil, fmt.Errorf("serve: %w", err)
