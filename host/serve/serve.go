@@ -574,8 +574,13 @@ func (s *Server) closeRanks(ctx context.Context) error {
 		}
 	}
 	s.emu.Unlock()
+	// NB: every session first, so that the plans every engine owed are
+	// failed before any settle waits: with one Machine for the ranks a
+	// settle waits for every rank's work.
 	for _, r := range s.ranks {
 		r.dropSession("serve stopped")
+	}
+	for _, r := range s.ranks {
 		if err := r.node.Settle(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("rank %d: settle: %w", r.idx, err))
 		}
