@@ -71,14 +71,20 @@ func (r *rank) publish() {
 	pool, store := r.node.InFlight()
 	sn := &snapshot{node: tot.node, ticks: tot.ticks, l1Total: r.mo.L1Pages, l2Total: r.mo.L2.Kinds[0].Pages(), l1Free: l1, l2Free: l2,
 		poolInflight: pool, storeInflight: store, queue: r.node.SpillQueueLen()}
-	if r.sess != nil {
-		sn.liveRequests = len(r.sess.reqs)
+	// NB: with one Machine for the node's ranks only rank 0 keeps the
+	// session's requests (nodemachine.go); the others report its.
+	src := r
+	if r.srv.oneMachine() && len(r.srv.ranks) > 0 {
+		src = r.srv.ranks[0]
+	}
+	if r.sess != nil && src.sess != nil {
+		sn.liveRequests = len(src.sess.reqs)
 		// Held: live requests whose lookup is still PENDING (waiting
 		// for an L3 lookup or reload, or for the load-back plan into
 		// L1), what the engine sees as held. The Machine's Held set
 		// alone misses the load-backs: a request whose pages came back
 		// from L3 waits for its FROM_SLAB plan, not for a reload.
-		for _, rq := range r.sess.reqs {
+		for _, rq := range src.sess.reqs {
 			if !rq.done {
 				sn.held++
 			}

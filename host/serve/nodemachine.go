@@ -1,10 +1,10 @@
 package serve
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	pb "github.com/kvtier/kvtier/api/enginev1"
@@ -26,21 +26,21 @@ import (
 // every page without) and reduces what each rank finished before it
 // ticks. There is no exchange between the ranks: their steps meet at a
 // barrier instead, and the last rank to arrive runs the step for all of
-// them, in rank order:
+// them:
 //
 //  1. every rank's completions go to its own Node (they are in the tick
 //     of this step, as the frontier had them when each rank had a
 //     Machine);
-//  2. rank 0's step runs against the Machine, and each of its Machine
-//     calls (events and the tick) and their answers are logged;
-//  3. every other rank's step runs the same code over the log: each
-//     Machine call it makes must be the logged one (the same event, the
-//     tick, or a read of a request's state: whether it loads, its pages
-//     in L1), and gets the logged answer, so a reply reads the Machine
-//     as rank 0's did at the same point of the step;
-//  4. a rank whose calls differ from rank 0's (its engine sent another
-//     step) stops the group, as a digest mismatch did: every session
-//     ends, and the engine registers again.
+//  2. every other rank's step must carry rank 0's items (the same
+//     lookups, stores, ends and hint, under the same namespace); a rank
+//     whose step differs stops the group before anything of the step
+//     applies, as a digest mismatch did: every session ends, and the
+//     engine registers again;
+//  3. rank 0's step runs against the Machine;
+//  4. every other rank's reply is rank 0's answers (its item errors,
+//     lookup results and placements, shared) with the rank's own copy
+//     plans, tick, digest and contribution. Only rank 0 keeps the
+//     session's requests; the others' counters take rank 0's step's.
 //
 // Each rank's goroutine still owns its session and requests; while the
 // step runs, every other rank's goroutine waits at the barrier. Every
@@ -51,37 +51,10 @@ import (
 type nodeMachine struct {
 	epoch *epoch
 	multi *host.Multi
-	// log is rank 0's Machine calls of the step in progress.
-	log []machineCall
 	// slots holds, per rank, its step waiting at the barrier (nil: none).
 	slots   []*stepSlot
 	arrived int
 	closed  bool
-}
-
-// machineCall is one logged Machine call and its answer.
-type machineCall struct {
-	kind callOf
-	e    control.Event
-	rd   control.Ready
-	err  error
-	// req, loading and refs: a read of a request's state.
-	req     control.ReqID
-	loading bool
-	refs    []control.PageRef
-}
-
-type callOf uint8
-
-const (
-	callOfEvent callOf = iota
-	callOfTick
-	callOfLoading
-	callOfMatched
-)
-
-func (c callOf) String() string {
-	return [...]string{"an event", "the tick", "a read of whether a request loads", "a read of a request's L1 pages"}[c]
 }
 
 // stepSlot is one rank's step at the barrier.
@@ -250,27 +223,30 @@ func (s *Server) runStep(ctx context.Context, nm *nodeMachine) {
 	for _, sl := range slots {
 		sl.r.stepCompletions(ctx, sl.q, sl.errs)
 	}
-	nm.log = nm.log[:0]
+	r0 := slots[0]
 	var differ error
-	for k, sl := range slots {
-		v := sl.r.node.(*rankView)
-		v.inStep, v.replay, v.cursor, v.differ = true, k > 0, 0, nil
-		sl.out = sl.r.stepRest(ctx, sl.q, sl.out, sl.errs, nil)
-		v.inStep = false
-		if v.replay && v.differ == nil && v.cursor != len(nm.log) {
-			v.differ = fmt.Errorf("rank %d made %d of rank %d's %d calls to the Machine: %w", s.groupRank(sl.r.idx), v.cursor, s.groupRank(0), len(nm.log), errRanksDiffer)
-		}
-		v.replay = false
-		if differ == nil {
-			differ = v.differ
+	for _, sl := range slots[1:] {
+		if differ = s.sameStep(r0, sl); differ != nil {
+			break
 		}
 	}
-	if differ != nil {
+	switch {
+	case differ != nil:
 		for _, sl := range slots {
-			o := sl.out
-			o.Lookups, o.Placements, o.Plans, o.Digest, o.Contribution = nil, nil, nil, nil, nil
 			sl.r.stats.mismatches.Add(1)
 			sl.r.groupStopped(ctx, sl.errs, ref{"step", -1}, differ)
+		}
+	default:
+		start, before, ep := len(r0.out.Errors), r0.r.stats.stepCounts(), r0.r.epoch
+		r0.out = r0.r.stepRest(ctx, r0.q, r0.out, r0.errs, nil)
+		delta := r0.r.stats.stepCounts().minus(before)
+		for _, sl := range slots[1:] {
+			if r0.r.epoch != ep {
+				// Rank 0's tick failed: the group stopped for all.
+				sl.r.groupStopped(ctx, sl.errs, ref{"step", -1}, r0.r.stopErr)
+				continue
+			}
+			sl.r.mirror(sl.out, r0.out, start, delta)
 		}
 	}
 	for i, sl := range slots {
@@ -281,126 +257,101 @@ func (s *Server) runStep(ctx context.Context, nm *nodeMachine) {
 	nm.arrived = 0
 }
 
+// sameStep reports how rank sl's step differs from rank 0's (r0) in what
+// the Machine would apply, or nil.
+func (s *Server) sameStep(r0, sl *stepSlot) error {
+	differ := func(format string, args ...any) error {
+		return fmt.Errorf("rank %d's step %d differs from rank %d's: %s: %w", s.groupRank(sl.r.idx), sl.q.GetStep(), s.groupRank(r0.r.idx), fmt.Sprintf(format, args...), errRanksDiffer)
+	}
+	a, b := r0.q, sl.q
+	if r0.r.sess.keyer != sl.r.sess.keyer {
+		return differ("its session's namespace (model, layout, dtype, salt or page geometry)")
+	}
+	if len(a.GetLookups()) != len(b.GetLookups()) {
+		return differ("%d lookups, rank 0 %d", len(b.GetLookups()), len(a.GetLookups()))
+	}
+	for i, x := range a.GetLookups() {
+		y := b.GetLookups()[i]
+		if x.GetReqId() != y.GetReqId() || x.GetPages() != y.GetPages() || !bytes.Equal(x.GetHashes(), y.GetHashes()) {
+			return differ("lookups[%d] (%q)", i, y.GetReqId())
+		}
+	}
+	if len(a.GetStores()) != len(b.GetStores()) {
+		return differ("%d stores, rank 0 %d", len(b.GetStores()), len(a.GetStores()))
+	}
+	for i, x := range a.GetStores() {
+		y := b.GetStores()[i]
+		if x.GetReqId() != y.GetReqId() || x.GetPages() != y.GetPages() || !bytes.Equal(x.GetHashes(), y.GetHashes()) {
+			return differ("stores[%d] (%q)", i, y.GetReqId())
+		}
+	}
+	if len(a.GetFinished()) != len(b.GetFinished()) {
+		return differ("%d finished, rank 0 %d", len(b.GetFinished()), len(a.GetFinished()))
+	}
+	for i, x := range a.GetFinished() {
+		if y := b.GetFinished()[i]; x.GetReqId() != y.GetReqId() {
+			return differ("finished[%d] (%q)", i, y.GetReqId())
+		}
+	}
+	if len(a.GetAborted()) != len(b.GetAborted()) {
+		return differ("%d aborted, rank 0 %d", len(b.GetAborted()), len(a.GetAborted()))
+	}
+	for i, x := range a.GetAborted() {
+		if y := b.GetAborted()[i]; x.GetReqId() != y.GetReqId() {
+			return differ("aborted[%d] (%q)", i, y.GetReqId())
+		}
+	}
+	if len(a.GetUpcoming()) != len(b.GetUpcoming()) {
+		return differ("%d upcoming, rank 0 %d", len(b.GetUpcoming()), len(a.GetUpcoming()))
+	}
+	for i, x := range a.GetUpcoming() {
+		if y := b.GetUpcoming()[i]; x.GetPages() != y.GetPages() || !bytes.Equal(x.GetHashes(), y.GetHashes()) {
+			return differ("upcoming[%d]", i)
+		}
+	}
+	return nil
+}
+
+// mirror completes rank r's reply out from rank 0's reply r0 to the same
+// step: the step's item errors (from index start of r0's; r0's earlier
+// ones are its own completions'), lookup results and placements, shared;
+// its own plans, tick, digest and contribution; and rank 0's step's
+// counts added to r's.
+func (r *rank) mirror(out, r0 *pb.StepReply, start int, delta stepCounts) {
+	for _, e := range r0.Errors[start:] {
+		out.Errors = append(out.Errors, e)
+		if c := int(e.GetCode()); c < len(r.stats.itemErrors) {
+			r.stats.itemErrors[c].Add(1)
+		}
+	}
+	out.Lookups, out.Placements = r0.Lookups, r0.Placements
+	r.stats.add(delta)
+	r.finishPlans(out)
+	r.contribution(out)
+}
+
 // rankView is one rank's view of the node's Machine: what the rank's
-// code asks of its Node (rankNode). Its events and ticks go to the
-// Machine when it is rank 0's (logged) and are checked against the log
-// and answered from it for the others; its plans, stats and in-flight
+// code asks of its Node (rankNode). Its events and ticks (rank 0's
+// alone, in a step) go to the Machine; its plans, stats and in-flight
 // counts are the rank's own Node's.
 type rankView struct {
 	nm *nodeMachine
 	n  *host.Node
 	i  int
-	// inStep: the rank's step runs (runStep): its Machine calls are
-	// logged (rank 0) or replayed (replay, the others).
-	inStep bool
-	replay bool
-	cursor int
-	// differ is the first call that differed from the log.
-	differ error
 }
 
 var _ rankNode = (*rankView)(nil)
 
 func (v *rankView) Apply(ctx context.Context, e control.Event) (control.Ready, error) {
-	if !v.replay {
-		rd, err := v.nm.multi.Apply(ctx, e)
-		if v.inStep {
-			v.nm.log = append(v.nm.log, machineCall{kind: callOfEvent, e: e, rd: answer(rd), err: err})
-		}
-		return rd, err
-	}
-	c, err := v.next(machineCall{kind: callOfEvent, e: e})
-	if err != nil {
-		return control.Ready{}, err
-	}
-	return c.rd, c.err
+	return v.nm.multi.Apply(ctx, e)
 }
 
-func (v *rankView) Tick(ctx context.Context) (control.Ready, error) {
-	if !v.replay {
-		rd, err := v.nm.multi.Tick(ctx)
-		if v.inStep {
-			v.nm.log = append(v.nm.log, machineCall{kind: callOfTick, rd: answer(rd), err: err})
-		}
-		return rd, err
-	}
-	c, err := v.next(machineCall{kind: callOfTick})
-	if err != nil {
-		return control.Ready{}, err
-	}
-	return c.rd, c.err
-}
+func (v *rankView) Tick(ctx context.Context) (control.Ready, error) { return v.nm.multi.Tick(ctx) }
 
-// Loading and MatchedL1 read a request's state; in a step they are
-// logged and replayed like the events (see the file comment).
-func (v *rankView) Loading(req control.ReqID) bool {
-	if !v.replay {
-		b := v.n.Loading(req)
-		if v.inStep {
-			v.nm.log = append(v.nm.log, machineCall{kind: callOfLoading, req: req, loading: b})
-		}
-		return b
-	}
-	c, err := v.next(machineCall{kind: callOfLoading, req: req})
-	return err == nil && c.loading
-}
+func (v *rankView) Loading(req control.ReqID) bool { return v.n.Loading(req) }
 
 func (v *rankView) MatchedL1(req control.ReqID, dst []control.PageRef) []control.PageRef {
-	if !v.replay {
-		n := len(dst)
-		dst = v.n.MatchedL1(req, dst)
-		if v.inStep {
-			v.nm.log = append(v.nm.log, machineCall{kind: callOfMatched, req: req, refs: slices.Clone(dst[n:])})
-		}
-		return dst
-	}
-	c, err := v.next(machineCall{kind: callOfMatched, req: req})
-	if err != nil {
-		return dst
-	}
-	return append(dst, c.refs...)
-}
-
-// answer keeps what a rank's code reads of a Ready (matches, placements,
-// unholds: fresh at every Advance, so they outlive the step); the work
-// lists, reused by later Advances, are the Multi's business.
-func answer(rd control.Ready) control.Ready {
-	return control.Ready{Tick: rd.Tick, Matches: rd.Matches, Placements: rd.Placements, Holds: rd.Holds, Unholds: rd.Unholds, Skips: rd.Skips}
-}
-
-// next answers a replaying rank's call from the log, or records that it
-// differs.
-func (v *rankView) next(want machineCall) (machineCall, error) {
-	if v.differ != nil {
-		return machineCall{}, v.differ
-	}
-	if v.cursor >= len(v.nm.log) {
-		v.differ = fmt.Errorf("rank %d's call %d to the Machine (%s) is one rank 0 did not make: %w", v.i, v.cursor+1, want, errRanksDiffer)
-		return machineCall{}, v.differ
-	}
-	c := &v.nm.log[v.cursor]
-	v.cursor++
-	if c.kind != want.kind || c.req != want.req || (c.kind == callOfEvent && !sameEvent(c.e, want.e)) {
-		v.differ = fmt.Errorf("rank %d's call %d to the Machine (%s) differs from rank 0's (%s): %w", v.i, v.cursor, want, c, errRanksDiffer)
-		return machineCall{}, v.differ
-	}
-	return *c, nil
-}
-
-// String names the call, for the error that says a rank's differed.
-func (c machineCall) String() string {
-	switch c.kind {
-	case callOfEvent:
-		return fmt.Sprintf("a %s event of request %d, %d pages", c.e.Kind, c.e.Req, c.e.Pages)
-	case callOfLoading, callOfMatched:
-		return fmt.Sprintf("%s (%d)", c.kind, c.req)
-	}
-	return c.kind.String()
-}
-
-func sameEvent(a, b control.Event) bool {
-	return a.Kind == b.Kind && a.Req == b.Req && a.Node == b.Node && a.Pages == b.Pages && a.Op == b.Op &&
-		a.Stage == b.Stage && a.OK == b.OK && a.Tier == b.Tier && slices.Equal(a.Hashes, b.Hashes)
+	return v.n.MatchedL1(req, dst)
 }
 
 // Drain feeds every rank's acks to the Machine (the Multi's reduction).

@@ -62,6 +62,9 @@ type rank struct {
 	// exchanging counts the rank's goroutines in the group exchange now
 	// (0 or 1; a test waits for a rank to be there).
 	exchanging atomic.Int32
+
+	// stopErr is why the rank's group last stopped (groupStopped).
+	stopErr error
 }
 
 // rankNode is what a rank asks of its host.Node, which owns the rank's
@@ -123,6 +126,45 @@ type rankStats struct {
 	mismatches atomic.Int64
 	// overduePlans counts plans failed by the plan deadline.
 	overduePlans atomic.Int64
+}
+
+// stepCounts are the counters a step's lookups and stores move: with one
+// Machine for the node's ranks, rank 0's step moves them and the other
+// ranks take its difference (mirror).
+type stepCounts struct {
+	lookups, hitPages, missPages       int64
+	hitByTier                          [4]int64
+	stores, placedPages, refusedStores int64
+}
+
+func (s *rankStats) stepCounts() stepCounts {
+	c := stepCounts{lookups: s.lookups.Load(), hitPages: s.hitPages.Load(), missPages: s.missPages.Load(),
+		stores: s.stores.Load(), placedPages: s.placedPages.Load(), refusedStores: s.refusedStores.Load()}
+	for i := range c.hitByTier {
+		c.hitByTier[i] = s.hitByTier[i].Load()
+	}
+	return c
+}
+
+func (c stepCounts) minus(b stepCounts) stepCounts {
+	d := stepCounts{lookups: c.lookups - b.lookups, hitPages: c.hitPages - b.hitPages, missPages: c.missPages - b.missPages,
+		stores: c.stores - b.stores, placedPages: c.placedPages - b.placedPages, refusedStores: c.refusedStores - b.refusedStores}
+	for i := range d.hitByTier {
+		d.hitByTier[i] = c.hitByTier[i] - b.hitByTier[i]
+	}
+	return d
+}
+
+func (s *rankStats) add(d stepCounts) {
+	s.lookups.Add(d.lookups)
+	s.hitPages.Add(d.hitPages)
+	s.missPages.Add(d.missPages)
+	s.stores.Add(d.stores)
+	s.placedPages.Add(d.placedPages)
+	s.refusedStores.Add(d.refusedStores)
+	for i := range d.hitByTier {
+		s.hitByTier[i].Add(d.hitByTier[i])
+	}
 }
 
 // session is the engine rank connected to this rank.
@@ -193,7 +235,9 @@ func (r *rank) loop(ctx context.Context) {
 	}
 	expire := time.NewTicker(expireEvery(r.srv.cfg.SessionTTL))
 	defer expire.Stop()
+	r.srv.lockNode()
 	r.publish()
+	r.srv.unlockNode()
 	for {
 		select {
 		case <-ctx.Done():

@@ -266,6 +266,7 @@ func (r *rank) groupStopped(ctx context.Context, errs stepErrs, item ref, err er
 		return
 	}
 	errs.add(item, "", pb.ErrorCode_ERROR_CODE_UNAVAILABLE, "tick: %v; the session ended, register again", err)
+	r.stopErr = err
 	r.stats.groupStopped.Add(1)
 	r.endSession(ctx, "group stopped: "+err.Error())
 }
@@ -298,6 +299,12 @@ func (r *rank) finishStep(s *session, out *pb.StepReply) {
 		}
 		out.Lookups = append(out.Lookups, r.result(rq))
 	}
+	r.finishPlans(out)
+}
+
+// finishPlans adds the rank's own part of a reply: its copy plans, the
+// tick and, every DigestEvery ticks, the digest.
+func (r *rank) finishPlans(out *pb.StepReply) {
 	r.plans = r.node.TakePlans(r.plans[:0])
 	out.Plans = planMsgs(out.Plans, r.plans)
 	if len(out.Plans) > 0 {
