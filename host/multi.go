@@ -71,13 +71,6 @@ type Multi struct {
 
 	skips map[string]int64
 	ticks uint64
-
-	// ready receives a value whenever any rank's pool, store or store
-	// worker has something for Drain (forwarded by one goroutine per
-	// source until Close).
-	ready chan struct{}
-	stop  chan struct{}
-	fwd   sync.WaitGroup
 }
 
 type factKey struct {
@@ -153,7 +146,6 @@ func NewMulti(m *control.Machine, locals []Local, opts Options) (*Multi, error) 
 	mu := &Multi{
 		m: m, group: opts.Group, log: opts.Logger, opts: opts,
 		pend: map[factKey]factSum{}, skips: map[string]int64{},
-		ready: make(chan struct{}, 1), stop: make(chan struct{}),
 	}
 	mo := m.Options()
 	for i, l := range locals {
@@ -171,13 +163,6 @@ func NewMulti(m *control.Machine, locals []Local, opts Options) (*Multi, error) 
 		}
 		n.facts, n.multi = rankFacts{mu, i}, true
 		mu.ranks = append(mu.ranks, n)
-	}
-	for _, n := range mu.ranks {
-		mu.forward(n.s.Pool.AckReady())
-		if n.store != nil {
-			mu.forward(n.store.AckReady())
-		}
-		mu.forward(n.jobReady)
 	}
 	return mu, nil
 }
@@ -206,23 +191,37 @@ func sameLayout(a, b placement.Layout) bool {
 	})
 }
 
-// forward passes every value of src on to the Multi's ready channel.
-func (mu *Multi) forward(src <-chan struct{}) {
-	mu.fwd.Add(1)
-	go func() {
-		defer mu.fwd.Done()
-		for {
-			select {
-			case <-src:
+// forward passes every value of each rank's pool, store and store worker
+// channels on to ready until stop closes, and returns a wait for its
+// goroutines. The sources are buffered and read by no one else, so a
+// value sent before forward starts is still forwarded.
+func (mu *Multi) forward(ready chan<- struct{}, stop <-chan struct{}) func() {
+	var wg sync.WaitGroup
+	pass := func(src <-chan struct{}) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
 				select {
-				case mu.ready <- struct{}{}:
-				default:
+				case <-src:
+					select {
+					case ready <- struct{}{}:
+					default:
+					}
+				case <-stop:
+					return
 				}
-			case <-mu.stop:
-				return
 			}
+		}()
+	}
+	for _, n := range mu.ranks {
+		pass(n.s.Pool.AckReady())
+		if n.store != nil {
+			pass(n.store.AckReady())
 		}
-	}()
+		pass(n.jobReady)
+	}
+	return wg.Wait
 }
 
 // Machine returns the Multi's Machine (for read-only views).
@@ -236,10 +235,6 @@ func (mu *Multi) Ranks() int { return len(mu.ranks) }
 // tiers. Events and ticks go through the Multi; the rank's Node refuses
 // them.
 func (mu *Multi) Rank(i int) *Node { return mu.ranks[i] }
-
-// Ready returns a channel that receives a value whenever any local rank
-// has acks or store results for Drain.
-func (mu *Multi) Ready() <-chan struct{} { return mu.ready }
 
 // Apply hands one replicated engine event to the Machine and carries out
 // what it asks on every local rank (Node.Apply).
@@ -308,13 +303,21 @@ func (mu *Multi) Settle(ctx context.Context) error {
 	}
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
+	// NB: the forwarders run only while Settle waits: between calls a
+	// driver drains at its own pace, and no goroutine wakes per ack.
+	ready, stop := make(chan struct{}, 1), make(chan struct{})
+	wait := mu.forward(ready, stop)
+	defer func() {
+		close(stop)
+		wait()
+	}()
 	for {
 		mu.Drain()
 		if mu.Outstanding() == 0 {
 			return nil
 		}
 		select {
-		case <-mu.ready:
+		case <-ready:
 		case <-ctx.Done():
 			for _, n := range mu.ranks {
 				n.abandon("canceled")
@@ -347,18 +350,9 @@ func (mu *Multi) Stats() Stats {
 	return s
 }
 
-// Close closes every local rank's Node (Node.Close) and stops the
-// forwarders. Call it from the owner goroutine.
-func (mu *Multi) Close() error {
-	err := mu.closeRanks()
-	select {
-	case <-mu.stop:
-	default:
-		close(mu.stop)
-	}
-	mu.fwd.Wait()
-	return err
-}
+// Close closes every local rank's Node (Node.Close). Call it from the
+// owner goroutine.
+func (mu *Multi) Close() error { return mu.closeRanks() }
 
 func (mu *Multi) closeRanks() error {
 	var errs []error
