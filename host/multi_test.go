@@ -68,63 +68,27 @@ func newMultiDriver(t *testing.T, stacks []*stack.Stack, lanes int, opts host.Op
 
 func (d *multiDriver) apply(e control.Event) control.Ready {
 	d.t.Helper()
-	rd, err := d.mu.Apply(d.ctx, e)
-	if err != nil {
-		d.t.Fatal(err)
-	}
-	return rd
+	return mustApply(d.t, d.ctx, d.mu, e)
 }
 
-func (d *multiDriver) tick() control.Ready {
-	d.t.Helper()
-	if err := d.mu.Settle(d.ctx); err != nil {
-		d.t.Fatal(err)
-	}
-	rd, err := d.mu.Tick(d.ctx)
-	if err != nil {
-		d.t.Fatal(err)
-	}
-	return rd
-}
+func (d *multiDriver) tick() control.Ready { d.t.Helper(); return mustTick(d.t, d.ctx, d.mu) }
 
 // request runs one request as driver.request does and returns the pages
 // every rank read from its L1 with the right bytes (the least of the
 // ranks' counts).
 func (d *multiDriver) request(req control.ReqID, k []pagehash.Hash) int {
 	d.t.Helper()
-	rd := d.apply(control.Event{Kind: control.EvMatch, Req: req, Pages: len(k), Hashes: k})
-	if res := rd.Matches[len(rd.Matches)-1]; res.Held {
-		var reason control.HoldReason
-		for i := 0; reason == 0 && i < 100; i++ {
-			for _, u := range d.tick().Unholds {
-				if u.Req == req {
-					reason = u.Reason
-				}
+	return runRequest(d.t, d.apply, d.tick, func(refs []control.PageRef) int {
+		good := len(refs)
+		for i, e := range d.engs {
+			g, err := e.Verify(refs)
+			if err != nil {
+				d.t.Fatalf("rank %d: %v", i, err)
 			}
+			good = min(good, g)
 		}
-		if reason == 0 {
-			d.t.Fatalf("request %d held for 100 ticks", req)
-		}
-		if reason == control.Loaded {
-			d.apply(control.Event{Kind: control.EvMatch, Req: req, Pages: len(k), Hashes: k})
-		}
-	}
-	d.tick()
-	refs := d.m.MatchedL1(req, nil)
-	good := len(refs)
-	for i, e := range d.engs {
-		g, err := e.Verify(refs)
-		if err != nil {
-			d.t.Fatalf("rank %d: %v", i, err)
-		}
-		good = min(good, g)
-	}
-	d.apply(control.Event{Kind: control.EvInsert, Req: req, Pages: len(k), Hashes: k})
-	d.tick()
-	d.apply(control.Event{Kind: control.EvFinish, Req: req})
-	d.apply(control.Event{Kind: control.EvRelease, Req: req})
-	d.tick()
-	return good
+		return good
+	}, d.m, req, k)
 }
 
 func openStacks(t *testing.T, n int, entry func(dir string) string) []*stack.Stack {

@@ -135,59 +135,85 @@ func newDriver(t *testing.T, s *stack.Stack, opts host.Options) *driver {
 	return &driver{t: t, ctx: context.Background(), n: n, eng: eng}
 }
 
-func (d *driver) apply(e control.Event) control.Ready {
-	d.t.Helper()
-	rd, err := d.n.Apply(d.ctx, e)
+// drivable is a host.Node or a host.Multi.
+type drivable interface {
+	Apply(ctx context.Context, e control.Event) (control.Ready, error)
+	Settle(ctx context.Context) error
+	Tick(ctx context.Context) (control.Ready, error)
+}
+
+func mustApply(t *testing.T, ctx context.Context, x drivable, e control.Event) control.Ready {
+	t.Helper()
+	rd, err := x.Apply(ctx, e)
 	if err != nil {
-		d.t.Fatal(err)
+		t.Fatal(err)
 	}
 	return rd
 }
 
-func (d *driver) tick() control.Ready {
-	d.t.Helper()
-	if err := d.n.Settle(d.ctx); err != nil {
-		d.t.Fatal(err)
+// mustTick settles (every answer in before the frontier) and ticks.
+func mustTick(t *testing.T, ctx context.Context, x drivable) control.Ready {
+	t.Helper()
+	if err := x.Settle(ctx); err != nil {
+		t.Fatal(err)
 	}
-	rd, err := d.n.Tick(d.ctx)
+	rd, err := x.Tick(ctx)
 	if err != nil {
-		d.t.Fatal(err)
+		t.Fatal(err)
 	}
 	return rd
 }
+
+func (d *driver) apply(e control.Event) control.Ready {
+	d.t.Helper()
+	return mustApply(d.t, d.ctx, d.n, e)
+}
+func (d *driver) tick() control.Ready { d.t.Helper(); return mustTick(d.t, d.ctx, d.n) }
 
 // request runs one request and returns the pages it read from L1 with the
 // right bytes.
 func (d *driver) request(req control.ReqID, k []pagehash.Hash) int {
 	d.t.Helper()
-	rd := d.apply(control.Event{Kind: control.EvMatch, Req: req, Pages: len(k), Hashes: k})
-	res := rd.Matches[len(rd.Matches)-1]
-	if res.Held {
+	return runRequest(d.t, d.apply, d.tick, func(refs []control.PageRef) int {
+		good, err := d.eng.Verify(refs)
+		if err != nil {
+			d.t.Fatal(err)
+		}
+		return good
+	}, d.n.Machine(), req, k)
+}
+
+// runRequest runs one request through apply and tick: match (waiting out
+// a reload hold, re-matching once when it landed), tick, verify the L1
+// prefix, insert, tick, finish, release, tick. It returns what verify
+// returned.
+func runRequest(t *testing.T, apply func(control.Event) control.Ready, tick func() control.Ready, verify func([]control.PageRef) int,
+	m *control.Machine, req control.ReqID, k []pagehash.Hash) int {
+	t.Helper()
+	rd := apply(control.Event{Kind: control.EvMatch, Req: req, Pages: len(k), Hashes: k})
+	if res := rd.Matches[len(rd.Matches)-1]; res.Held {
 		var reason control.HoldReason
 		for i := 0; reason == 0 && i < 100; i++ {
-			for _, u := range d.tick().Unholds {
+			for _, u := range tick().Unholds {
 				if u.Req == req {
 					reason = u.Reason
 				}
 			}
 		}
 		if reason == 0 {
-			d.t.Fatalf("request %d held for 100 ticks", req)
+			t.Fatalf("request %d held for 100 ticks", req)
 		}
 		if reason == control.Loaded {
-			d.apply(control.Event{Kind: control.EvMatch, Req: req, Pages: len(k), Hashes: k})
+			apply(control.Event{Kind: control.EvMatch, Req: req, Pages: len(k), Hashes: k})
 		}
 	}
-	d.tick()
-	good, err := d.eng.Verify(d.n.Machine().MatchedL1(req, nil))
-	if err != nil {
-		d.t.Fatal(err)
-	}
-	d.apply(control.Event{Kind: control.EvInsert, Req: req, Pages: len(k), Hashes: k})
-	d.tick()
-	d.apply(control.Event{Kind: control.EvFinish, Req: req})
-	d.apply(control.Event{Kind: control.EvRelease, Req: req})
-	d.tick()
+	tick()
+	good := verify(m.MatchedL1(req, nil))
+	apply(control.Event{Kind: control.EvInsert, Req: req, Pages: len(k), Hashes: k})
+	tick()
+	apply(control.Event{Kind: control.EvFinish, Req: req})
+	apply(control.Event{Kind: control.EvRelease, Req: req})
+	tick()
 	return good
 }
 

@@ -87,6 +87,51 @@ func startTCPNodes(t *testing.T, bin, dir, sd, hub, config string, size, per int
 	return rs
 }
 
+// tcpSetup builds kvtier and returns it, a data dir, a socket dir
+// (removed at the test's end), a free loopback hub address and the
+// embedded shared stack written as a config file.
+func tcpSetup(t *testing.T) (bin, dir, sd, hub, config string) {
+	t.Helper()
+	bin, dir = buildKvtier(t), t.TempDir()
+	sd, err := os.MkdirTemp("", "kvt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sd) })
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hub = l.Addr().String()
+	l.Close()
+	config = filepath.Join(sd, "shared.yaml")
+	if err := os.WriteFile(config, []byte(SharedYAML()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return bin, dir, sd, hub, config
+}
+
+// equalDigests runs 70 idle steps on every rank (past a digest tick) and
+// fails unless every rank reports rank 0's digest at rank 0's tick; it
+// returns the digest ticks seen.
+func equalDigests(t *testing.T, ctx context.Context, es []*testEngine) int {
+	t.Helper()
+	digests := 0
+	for range 70 {
+		outs := stepAll(t, ctx, es, func() *pb.StepRequest { return &pb.StepRequest{} }, nil)
+		if len(outs[0].Digest) == 0 {
+			continue
+		}
+		for i, out := range outs[1:] {
+			if !bytes.Equal(out.Digest, outs[0].Digest) || out.Tick != outs[0].Tick {
+				t.Fatalf("tick %d: rank %d digest %x, rank 0 %x (tick %d)", outs[0].Tick, i+1, out.Digest, outs[0].Digest, out.Tick)
+			}
+		}
+		digests++
+	}
+	return digests
+}
+
 // TestServeTCPGroup: four `kvtier serve` processes, one rank each, form
 // the rank group over TCP on loopback. An engine of four ranks caches and
 // hits with every byte right and equal digests on every rank. SIGKILL one
@@ -99,24 +144,7 @@ func TestServeTCPGroup(t *testing.T) {
 	}
 	const size = 4
 	ctx := context.Background()
-	bin := buildKvtier(t)
-	dir := t.TempDir()
-	sd, err := os.MkdirTemp("", "kvt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(sd)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hub := l.Addr().String()
-	l.Close()
-
-	config := filepath.Join(sd, "shared.yaml")
-	if err := os.WriteFile(config, []byte(SharedYAML()), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	bin, dir, sd, hub, config := tcpSetup(t)
 	rs := startTCPGroup(t, bin, dir, sd, hub, config, size)
 	dial := func() []*testEngine {
 		es := make([]*testEngine, size)
@@ -142,19 +170,7 @@ func TestServeTCPGroup(t *testing.T) {
 	driveKeys(t, ctx, es, "tcp-a", keys)
 	hit, _ := driveKeys(t, ctx, es, "tcp-b", keys)
 	// Idle steps up to a digest tick: every rank reports the same digest.
-	digests := 0
-	for range 70 {
-		outs := stepAll(t, ctx, es, func() *pb.StepRequest { return &pb.StepRequest{} }, nil)
-		if len(outs[0].Digest) == 0 {
-			continue
-		}
-		for i, out := range outs[1:] {
-			if !bytes.Equal(out.Digest, outs[0].Digest) || out.Tick != outs[0].Tick {
-				t.Fatalf("tick %d: rank %d digest %x, rank 0 %x (tick %d)", outs[0].Tick, i+1, out.Digest, outs[0].Digest, out.Tick)
-			}
-		}
-		digests++
-	}
+	digests := equalDigests(t, ctx, es)
 	wrong, verified := 0, 0
 	for _, e := range es {
 		wrong, verified = wrong+e.wrong, verified+e.verified
@@ -271,23 +287,7 @@ func TestServeTCPNodes(t *testing.T) {
 	}
 	const size, per = 4, 2
 	ctx := context.Background()
-	bin := buildKvtier(t)
-	dir := t.TempDir()
-	sd, err := os.MkdirTemp("", "kvt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(sd)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hub := l.Addr().String()
-	l.Close()
-	config := filepath.Join(sd, "shared.yaml")
-	if err := os.WriteFile(config, []byte(SharedYAML()), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	bin, dir, sd, hub, config := tcpSetup(t)
 	rs := startTCPNodes(t, bin, dir, sd, hub, config, size, per)
 	es := make([]*testEngine, size)
 	for i := range es {
@@ -305,19 +305,7 @@ func TestServeTCPNodes(t *testing.T) {
 	}
 	driveKeys(t, ctx, es, "tcpn-a", keys)
 	hit, _ := driveKeys(t, ctx, es, "tcpn-b", keys)
-	digests := 0
-	for range 70 {
-		outs := stepAll(t, ctx, es, func() *pb.StepRequest { return &pb.StepRequest{} }, nil)
-		if len(outs[0].Digest) == 0 {
-			continue
-		}
-		for i, out := range outs[1:] {
-			if !bytes.Equal(out.Digest, outs[0].Digest) || out.Tick != outs[0].Tick {
-				t.Fatalf("tick %d: rank %d digest %x, rank 0 %x (tick %d)", outs[0].Tick, i+1, out.Digest, outs[0].Digest, out.Tick)
-			}
-		}
-		digests++
-	}
+	digests := equalDigests(t, ctx, es)
 	wrong, verified := 0, 0
 	for _, e := range es {
 		wrong, verified = wrong+e.wrong, verified+e.verified
