@@ -63,16 +63,14 @@ func TestGrafanaDashboard(t *testing.T) {
 		}
 	}
 
-	// A live serve, with a session that stepped, so every family shows.
+	// A live serve of two ranks (one Machine: the barrier's histogram),
+	// with sessions that stepped, so every family shows.
 	ctx := context.Background()
 	maddr := freePort(t)
-	_, sock, _ := startWith(t, Config{DataDir: t.TempDir(), Metrics: maddr, Shadow: []string{"lru"}, Doors: []string{DoorEngine, DoorStore}})
-	e := dialEngine(t, sock, 0, 1)
-	if err := e.register(ctx); err != nil {
-		t.Fatal(err)
-	}
-	drive(t, ctx, e, "dash", chain("dash", 4, 4, ""))
-	e.run(ctx, &pb.StepRequest{Finished: []*pb.Finish{{ReqId: "none"}}}, nil)
+	s, sock, _ := startWith(t, Config{DataDir: t.TempDir(), Ranks: 2, Metrics: maddr, Shadow: []string{"lru"}, Doors: []string{DoorEngine, DoorStore}})
+	es := openGroup(t, ctx, s, sock, 2)
+	driveGroup(t, ctx, es, "dash", chain("dash", 4, 4, ""))
+	stepAll(t, ctx, es, func() *pb.StepRequest { return &pb.StepRequest{Finished: []*pb.Finish{{ReqId: "none"}}} }, nil)
 	fams := scrapeMetrics(t, maddr)
 	labels := map[string]map[string]bool{} // series name -> its labels
 	for name, f := range fams {

@@ -99,6 +99,9 @@ type metrics struct {
 	s              *Server
 	reg            *prometheus.Registry
 	step, exchange *prometheus.HistogramVec
+	// barrier: with one Machine for the node's ranks, how long a rank's
+	// step waited for the others' (nodemachine.go).
+	barrier        *prometheus.HistogramVec
 	unknownSession atomic.Int64
 }
 
@@ -108,13 +111,18 @@ func newMetrics(s *Server) *metrics {
 	m := &metrics{s: s, reg: prometheus.NewRegistry()}
 	m.step = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvtier_step_duration_seconds", Help: "Time serve spends on one Step call of an engine rank, queueing excluded.", Buckets: latencyBuckets}, []string{"rank"})
 	m.exchange = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvtier_group_exchange_duration_seconds", Help: "Time of one rank-group exchange (contribution to frontier).", Buckets: latencyBuckets}, []string{"rank"})
-	m.reg.MustRegister(m.step, m.exchange, collector{m}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.barrier = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvtier_step_barrier_wait_seconds", Help: "With one Machine for the node's ranks: time a rank's step waited for the other ranks' steps (0 for the last to arrive).", Buckets: latencyBuckets}, []string{"rank"})
+	m.reg.MustRegister(m.step, m.exchange, m.barrier, collector{m}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reg.MustRegister(storeCollector{s})
 	return m
 }
 
 func (m *metrics) observeStep(rank int, d time.Duration) {
 	m.step.WithLabelValues(strconv.Itoa(rank)).Observe(d.Seconds())
+}
+
+func (m *metrics) observeBarrier(rank int, d time.Duration) {
+	m.barrier.WithLabelValues(strconv.Itoa(rank)).Observe(d.Seconds())
 }
 
 func (m *metrics) observeExchange(rank int, d time.Duration) {

@@ -105,10 +105,10 @@ func (s *Server) buildNode(e *epoch) (*nodeMachine, error) {
 	// nodes' serve processes, digests compared every DigestEvery ticks.
 	// NB: the digests a reply offers are counted per rank (finishStep).
 	mu, _, err := assemble.Multi(locals, r0.mo, opts, func(m *control.Machine) host.Group {
-		var g host.Group = host.Solo{}
-		if e.members != nil {
-			g = epochGroup{g: host.ConsensusGroup{G: e.members[0], M: m, DigestEvery: r0.mo.DigestEvery}, ctx: e.ctx}
+		if e.members == nil {
+			return host.Solo{}
 		}
+		g := epochGroup{g: host.ConsensusGroup{G: e.members[0], M: m, DigestEvery: r0.mo.DigestEvery}, ctx: e.ctx}
 		return timedGroup{g: g, m: s.metrics, rank: 0, st: &r0.stats, waiting: &r0.exchanging}
 	})
 	if err != nil {
@@ -174,9 +174,12 @@ func (s *Server) stepTogether(ctx context.Context, r *rank, q *pb.StepRequest, o
 	nm.slots[r.idx] = slot
 	nm.arrived++
 	if nm.arrived == len(nm.slots) {
+		s.metrics.observeBarrier(r.idx, 0)
 		s.runStep(ctx, nm)
 		return slot.out
 	}
+	t0 := time.Now()
+	defer func() { s.metrics.observeBarrier(r.idx, time.Since(t0)) }()
 	r.exchanging.Add(1)
 	// NB: the epoch is read under the lock: the rank that runs the step
 	// may move this rank to a new epoch meanwhile (its session ended).

@@ -372,6 +372,12 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 		}
 		s.ranks = append(s.ranks, r)
 	}
+	for i := range s.ranks {
+		// Every rank's latency series exist from the start (empty), in
+		// every group mode, so a dashboard's queries always find them.
+		s.metrics.exchange.WithLabelValues(strconv.Itoa(i))
+		s.metrics.barrier.WithLabelValues(strconv.Itoa(i))
+	}
 	if s.oneMachine() && len(s.ranks) > 0 {
 		if s.nm, err = s.buildNode(s.epoch); err != nil {
 			return nil, fmt.Errorf("serve: the node's machine: %w", err)
