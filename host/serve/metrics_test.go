@@ -461,6 +461,9 @@ func TestGroupStopCounted(t *testing.T) {
 		t.Fatalf("a step whose peer never stepped: %v, want item step, UNAVAILABLE", out.Errors)
 	}
 	t.Logf("group stop: %s", out.Errors[0].Message)
+	if msg := out.Errors[0].Message; !strings.Contains(msg, "ranks [1] did not step within 300ms") {
+		t.Fatalf("the group stop %q does not name the rank that did not step", msg)
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		after := scrapeMetrics(t, maddr)
