@@ -317,9 +317,10 @@ func (s *Server) sameStep(r0, sl *stepSlot) error {
 
 // mirror completes rank r's reply out from rank 0's reply r0 to the same
 // step: the step's item errors (from index start of r0's; r0's earlier
-// ones are its own completions'), lookup results and placements, shared;
-// its own plans, tick, digest and contribution; and rank 0's step's
-// counts added to r's.
+// ones are its own completions'), lookup results, placements, tick and
+// digest, shared; its own plans; rank 0's contribution under r's
+// envelope; and rank 0's step's counts added to r's. Nothing of the
+// Machine is computed again (a digest tick's digests are one Machine's).
 func (r *rank) mirror(out, r0 *pb.StepReply, start int, delta stepCounts) {
 	for _, e := range r0.Errors[start:] {
 		out.Errors = append(out.Errors, e)
@@ -327,10 +328,23 @@ func (r *rank) mirror(out, r0 *pb.StepReply, start int, delta stepCounts) {
 			r.stats.itemErrors[c].Add(1)
 		}
 	}
-	out.Lookups, out.Placements = r0.Lookups, r0.Placements
+	out.Lookups, out.Placements, out.Tick, out.Digest = r0.Lookups, r0.Placements, r0.Tick, r0.Digest
+	if len(out.Digest) > 0 {
+		r.stats.digests.Add(1)
+	}
 	r.stats.add(delta)
-	r.finishPlans(out)
-	r.contribution(out)
+	r.ownPlans(out)
+	if len(r0.Contribution) == 0 {
+		return
+	}
+	env := consensus.Envelope{Rank: r.srv.groupRank(r.idx), Size: r.srv.world()}
+	_, c, err := consensus.DecodeContribution(r0.Contribution, consensus.Expect{Size: env.Size})
+	if err == nil {
+		out.Contribution, err = consensus.AppendContribution(nil, env, c)
+	}
+	if err != nil {
+		r.log.Error("kvtier serve: re-address rank 0's contribution", "tick", out.Tick, "err", err)
+	}
 }
 
 // rankView is one rank's view of the node's Machine: what the rank's

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	pb "github.com/kvtier/kvtier/api/enginev1"
+	"github.com/kvtier/kvtier/host/consensus"
 	"github.com/kvtier/kvtier/loadgen"
 	"github.com/kvtier/kvtier/workload"
 )
@@ -37,6 +38,19 @@ func TestOneMachineMatchesMachinePerRank(t *testing.T) {
 				key := chain("sys", 4, 6+i%5, fmt.Sprintf("c%d", i%9))
 				res := driveGroup(t, ctx, es, fmt.Sprintf("r%d", i), key)
 				got[k] = append(got[k], fmt.Sprintf("%d/%d/%d/%d", res[0].HitPages, res[0].L1Hit, res[0].L2Hit, res[0].L3Hit))
+			}
+			// Every rank offers the same digest at the same tick, and its
+			// own contribution: the engine's reduce of them works.
+			if digests := equalDigests(t, ctx, es); digests == 0 {
+				t.Fatalf("per rank %v: no digest tick in 70 steps", perRank)
+			}
+			outs := stepAll(t, ctx, es, func() *pb.StepRequest { return &pb.StepRequest{} }, nil)
+			cs := make([][]byte, len(outs))
+			for r, out := range outs {
+				cs[r] = out.Contribution
+			}
+			if _, err := consensus.ReduceEncoded(cs); err != nil {
+				t.Fatalf("per rank %v: the ranks' contributions do not reduce: %v", perRank, err)
 			}
 			for r, e := range es {
 				if e.wrong != 0 || e.verified == 0 {

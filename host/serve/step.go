@@ -305,6 +305,21 @@ func (r *rank) finishStep(s *session, out *pb.StepReply) {
 // finishPlans adds the rank's own part of a reply: its copy plans, the
 // tick and, every DigestEvery ticks, the digest.
 func (r *rank) finishPlans(out *pb.StepReply) {
+	r.ownPlans(out)
+	out.Tick = r.node.Ticks()
+	if d, ok := r.node.DueDigest(); ok {
+		out.Digest = d[:]
+		if r.epoch == nil || r.epoch.members == nil || r.srv.oneMachine() {
+			// A rank of one offers its digest to the engine only; a
+			// group's exchange counts its own (timedGroup).
+			r.stats.digests.Add(1)
+		}
+	}
+}
+
+// ownPlans adds the copy plans the rank's pool made since its last reply
+// and notes when they went out (the plan deadline).
+func (r *rank) ownPlans(out *pb.StepReply) {
 	r.plans = r.node.TakePlans(r.plans[:0])
 	out.Plans = planMsgs(out.Plans, r.plans)
 	if len(out.Plans) > 0 {
@@ -314,15 +329,6 @@ func (r *rank) finishPlans(out *pb.StepReply) {
 		}
 		for _, p := range out.Plans {
 			r.planSent[tiers.BatchID(p.Plan)] = now
-		}
-	}
-	out.Tick = r.node.Ticks()
-	if d, ok := r.node.DueDigest(); ok {
-		out.Digest = d[:]
-		if r.epoch == nil || r.epoch.members == nil || r.srv.oneMachine() {
-			// A rank of one offers its digest to the engine only; a
-			// group's exchange counts its own (timedGroup).
-			r.stats.digests.Add(1)
 		}
 	}
 }
