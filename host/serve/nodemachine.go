@@ -20,13 +20,13 @@ import (
 // The ranks one serve hosts are one engine's ranks: they step in
 // lockstep, send the same lookups, stores and ends, and their Machines
 // decide the same by design. With more than one rank and the in-process
-// group (Config.MachinePerRank off), serve runs that Machine once, in a
-// host.Multi that carries each decision out on every rank's own tiers
-// (its L1 plans, its slab, its store: its own pages with owner lanes,
-// every page without) and reduces what each rank finished before it
-// ticks. There is no exchange between the ranks: their steps meet at a
-// barrier instead, and the last rank to arrive runs the step for all of
-// them:
+// or TCP group (Config.MachinePerRank off), serve runs that Machine once,
+// in a host.Multi that carries each decision out on every rank's own
+// tiers (its L1 plans, its slab, its store: its own pages with owner
+// lanes, every page without) and reduces what each rank finished before
+// it ticks. There is no exchange between the ranks (with --group tcp,
+// only between the nodes): their steps meet at a barrier instead, and
+// the last rank to arrive runs the step for all of them:
 //
 //  1. every rank's completions go to its own Node (they are in the tick
 //     of this step, as the frontier had them when each rank had a
@@ -38,9 +38,10 @@ import (
 //     engine registers again;
 //  3. rank 0's step runs against the Machine;
 //  4. every other rank's reply is rank 0's answers (its item errors,
-//     lookup results and placements, shared) with the rank's own copy
-//     plans, tick, digest and contribution. Only rank 0 keeps the
-//     session's requests; the others' counters take rank 0's step's.
+//     lookup results, placements, tick and digest, shared) with the
+//     rank's own copy plans and rank 0's contribution under the rank's
+//     envelope. Only rank 0 keeps the session's requests; the others'
+//     counters take rank 0's step's.
 //
 // Each rank's goroutine still owns its session and requests; while the
 // step runs, every other rank's goroutine waits at the barrier. Every
@@ -71,7 +72,8 @@ type stepSlot struct {
 var errRanksDiffer = errors.New("the engine's ranks sent different steps")
 
 // oneMachine reports whether the ranks share one Machine: more than one
-// rank in the in-process group, unless Config.MachinePerRank.
+// rank in the in-process or TCP group, unless Config.MachinePerRank (the
+// engine transport keeps a Machine a rank: docs/serve.md).
 func (s *Server) oneMachine() bool {
 	return (s.cfg.Group == GroupInproc || s.cfg.Group == GroupTCP) && s.cfg.Ranks > 1 && !s.cfg.MachinePerRank
 }
