@@ -87,6 +87,7 @@ var readmePlaceholders = map[string]string{
 	"PATH":    "<path>", // by command: readmeEnv.path
 	"DIR":     "<dir>",
 	"N":       "4",
+	"M":       "2", // kvtier sim --nodes: divides N
 	"T":       "100",
 	"S":       "1",
 	"P":       "lru",
