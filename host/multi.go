@@ -332,6 +332,15 @@ func (mu *Multi) Settle(ctx context.Context) error {
 	}
 }
 
+// RankStats returns local rank i's counters (its bytes and failed ops)
+// with the Machine's skips and ticks, as a Node of its own would count
+// them.
+func (mu *Multi) RankStats(i int) Stats {
+	s := mu.ranks[i].Stats()
+	s.Skips, s.Ticks = clone(mu.skips), mu.ticks
+	return s
+}
+
 // Stats sums the local ranks' counters; the skips and ticks are the
 // Machine's, counted once.
 func (mu *Multi) Stats() Stats {

@@ -33,8 +33,8 @@ import (
 //     Machine);
 //  2. every other rank's step must carry rank 0's items (the same
 //     lookups, stores, ends and hint, under the same namespace); a rank
-//     whose step differs stops the group before anything of the step
-//     applies, as a digest mismatch did: every session ends, and the
+//     whose step differs stops the group before any lookup, store or
+//     end of the step applies, as a digest mismatch did: every session ends, and the
 //     engine registers again;
 //  3. rank 0's step runs against the Machine;
 //  4. every other rank's reply is rank 0's answers (its item errors,
@@ -272,23 +272,11 @@ func (s *Server) sameStep(r0, sl *stepSlot) error {
 	if r0.r.sess.keyer != sl.r.sess.keyer {
 		return differ("its session's namespace (model, layout, dtype, salt or page geometry)")
 	}
-	if len(a.GetLookups()) != len(b.GetLookups()) {
-		return differ("%d lookups, rank 0 %d", len(b.GetLookups()), len(a.GetLookups()))
+	if i, n, ok := sameKeys(a.GetLookups(), b.GetLookups()); !ok {
+		return differ("lookups[%d] (it sent %d, rank 0 %d)", i, n, len(a.GetLookups()))
 	}
-	for i, x := range a.GetLookups() {
-		y := b.GetLookups()[i]
-		if x.GetReqId() != y.GetReqId() || x.GetPages() != y.GetPages() || !bytes.Equal(x.GetHashes(), y.GetHashes()) {
-			return differ("lookups[%d] (%q)", i, y.GetReqId())
-		}
-	}
-	if len(a.GetStores()) != len(b.GetStores()) {
-		return differ("%d stores, rank 0 %d", len(b.GetStores()), len(a.GetStores()))
-	}
-	for i, x := range a.GetStores() {
-		y := b.GetStores()[i]
-		if x.GetReqId() != y.GetReqId() || x.GetPages() != y.GetPages() || !bytes.Equal(x.GetHashes(), y.GetHashes()) {
-			return differ("stores[%d] (%q)", i, y.GetReqId())
-		}
+	if i, n, ok := sameKeys(a.GetStores(), b.GetStores()); !ok {
+		return differ("stores[%d] (it sent %d, rank 0 %d)", i, n, len(a.GetStores()))
 	}
 	if len(a.GetFinished()) != len(b.GetFinished()) {
 		return differ("%d finished, rank 0 %d", len(b.GetFinished()), len(a.GetFinished()))
@@ -315,6 +303,26 @@ func (s *Server) sameStep(r0, sl *stepSlot) error {
 		}
 	}
 	return nil
+}
+
+// keyed is a step item that names a request's pages (Lookup, Store).
+type keyed interface {
+	GetReqId() string
+	GetPages() uint32
+	GetHashes() []byte
+}
+
+// sameKeys reports whether b's items name the same requests and pages
+// as a's, in order; when not, the first index that differs (len(a) when
+// b is longer) and b's length.
+func sameKeys[T keyed](a, b []T) (i, n int, ok bool) {
+	for i = range min(len(a), len(b)) {
+		x, y := a[i], b[i]
+		if x.GetReqId() != y.GetReqId() || x.GetPages() != y.GetPages() || !bytes.Equal(x.GetHashes(), y.GetHashes()) {
+			return i, len(b), false
+		}
+	}
+	return min(len(a), len(b)), len(b), len(a) == len(b)
 }
 
 // mirror completes rank r's reply out from rank 0's reply r0 to the same
@@ -355,7 +363,7 @@ func (r *rank) mirror(out, r0 *pb.StepReply, start int, delta stepCounts) {
 // counts are the rank's own Node's.
 type rankView struct {
 	nm *nodeMachine
-	n  *host.Node
+	n  *host.Node // the rank's own Node in the Multi (rank i)
 	i  int
 }
 
@@ -411,9 +419,4 @@ func (v *rankView) Outstanding() int            { return v.n.Outstanding() }
 
 // Stats are the rank's own Node's counters, with the Machine's skips and
 // ticks (each rank's own Machine would have counted the same).
-func (v *rankView) Stats() host.Stats {
-	st := v.n.Stats()
-	ms := v.nm.multi.Stats()
-	st.Skips, st.Ticks = ms.Skips, ms.Ticks
-	return st
-}
+func (v *rankView) Stats() host.Stats { return v.nm.multi.RankStats(v.i) }

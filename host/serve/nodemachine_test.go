@@ -145,10 +145,10 @@ func TestOneMachineRanksDiffer(t *testing.T) {
 
 // TestOneMachineLoadgen drives a generated workload through serve's one
 // Machine with loadgen's engine ranks, many lookups, stores and ends a
-// step: a reply reads the Machine in the middle of a step (a lookup of a
-// prefix whose load-back commits at this step's tick is PENDING before
-// the tick and DONE after it), where a replaying rank must read what
-// rank 0 read. No step errs, no byte is wrong, and pages hit.
+// step (lookups PENDING before a step's tick and DONE after it, reloads,
+// evictions): every rank gets rank 0's answers, so every engine rank
+// steps alike. No step errs (a rank answered otherwise would send
+// another step and stop the group), no byte is wrong, and pages hit.
 func TestOneMachineLoadgen(t *testing.T) {
 	noL3 := DefaultYAML()
 	i, j := strings.Index(noL3, "  - name: l3\n"), strings.Index(noL3, "policy:")
@@ -165,9 +165,8 @@ func TestOneMachineLoadgen(t *testing.T) {
 	}{
 		{3, false, "", 500, loadgen.Config{PerStep: 12, MaxLive: 24, MaxPages: 32}},
 		{4, true, "", 1500, loadgen.Config{PerStep: 16, MaxLive: 32, MaxPages: 48}},
-		// kvtier bench serve --cpu-sessions 1,8's shape, where a replay
-		// that read the Machine live (after rank 0's tick) once answered
-		// a rank otherwise than rank 0 and its engine stepped otherwise.
+		// kvtier bench serve --cpu-sessions 1,8's shape (16,000 requests
+		// of it once stopped the first build's group).
 		{8, false, noL3, 8000, loadgen.Config{PerStep: 32, MaxLive: 64, MaxPages: 64, NoPayload: true, NoCopies: true}},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

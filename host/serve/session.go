@@ -127,35 +127,7 @@ func (r *rank) reset(ctx context.Context, e *epoch, why string) {
 		return
 	}
 	r.abortTick()
-	if r.srv.oneMachine() {
-		// The node's Machine: the first rank to reach e builds it (the
-		// old one settles and closes then); the others take their view.
-		nm, err := r.srv.nodeFor(ctx, e)
-		if err != nil {
-			r.broken = fmt.Errorf("rank %d: rebuild for epoch %d: %w: %w", r.idx, e.n, err, errBroken)
-			r.log.Error("kvtier serve: rank broken", "err", r.broken)
-			return
-		}
-		r.retire()
-		r.node, r.epoch = nm.view(r.idx), e
-		clear(r.byID)
-		r.nextReq = 0
-		r.log.Debug("kvtier serve: new epoch", "epoch", e.n, "why", why)
-		return
-	}
-	if err := r.node.Settle(ctx); err != nil {
-		r.log.Error("kvtier serve: settle before a new epoch", "err", err)
-	}
-	if r.node.Outstanding() > 0 {
-		r.log.Warn("kvtier serve: store operations abandoned at a new epoch", "batches", r.node.Outstanding())
-	}
-	// NB: Close waits (bounded) for a Get still writing into a slab span
-	// of the old Machine's reload, which the new Machine may reuse; the
-	// old Node's late results go nowhere.
-	if err := r.node.Close(); err != nil {
-		r.log.Error("kvtier serve: close the old epoch's node", "err", err)
-	}
-	node, err := r.srv.build(r, e)
+	node, err := r.nextNode(ctx, e)
 	if err != nil {
 		// The options built a Machine once, so this is a bug; the old
 		// Machine's L1 is the last engine's: refuse sessions, never
@@ -171,4 +143,35 @@ func (r *rank) reset(ctx context.Context, e *epoch, why string) {
 	// Machine numbers them from 1, whatever the old epoch applied.
 	r.nextReq = 0
 	r.log.Debug("kvtier serve: new epoch", "epoch", e.n, "why", why)
+}
+
+// nextNode returns the rank's Node for epoch e: with one Machine for the
+// node's ranks, its view of that Machine (the first rank to reach e
+// builds it, nodeFor); else a new Node of its own over the same stack,
+// once the old one settled and closed.
+func (r *rank) nextNode(ctx context.Context, e *epoch) (rankNode, error) {
+	if r.srv.oneMachine() {
+		nm, err := r.srv.nodeFor(ctx, e)
+		if err != nil {
+			return nil, err
+		}
+		return nm.view(r.idx), nil
+	}
+	if err := r.node.Settle(ctx); err != nil {
+		r.log.Error("kvtier serve: settle before a new epoch", "err", err)
+	}
+	if r.node.Outstanding() > 0 {
+		r.log.Warn("kvtier serve: store operations abandoned at a new epoch", "batches", r.node.Outstanding())
+	}
+	// NB: Close waits (bounded) for a Get still writing into a slab span
+	// of the old Machine's reload, which the new Machine may reuse; the
+	// old Node's late results go nowhere.
+	if err := r.node.Close(); err != nil {
+		r.log.Error("kvtier serve: close the old epoch's node", "err", err)
+	}
+	node, err := r.srv.build(r, e)
+	if err != nil {
+		return nil, err
+	}
+	return node, nil
 }
