@@ -79,24 +79,26 @@ type Config struct {
 
 // Result is one simulation. The JSON keys are a public contract.
 type Result struct {
-	Ranks            int     `json:"ranks"`
-	Nodes            int     `json:"nodes"`
-	Ticks            uint64  `json:"ticks"`
-	Requests         int64   `json:"requests"`
-	DigestChecks     uint64  `json:"digest_checks"`
-	Divergences      int     `json:"divergences"`
-	Hangs            int     `json:"hangs"`
-	FailedOps        int64   `json:"failed_ops"`
-	MaxAckSkewTicks  uint64  `json:"max_ack_skew_ticks"`
-	VerifiedPages    int64   `json:"verified_pages"`
-	WrongBytes       int64   `json:"wrong_bytes"`
-	Seconds          float64 `json:"seconds"`
-	TicksPerSecond   float64 `json:"ticks_per_second"`
-	InjectedAtTick   uint64  `json:"injected_at_tick,omitempty"`
-	CaughtAtTick     uint64  `json:"caught_at_tick,omitempty"`
-	StoppedBy        string  `json:"stopped_by,omitempty"`
-	Seed             uint64  `json:"seed"`
-	DigestEveryTicks uint64  `json:"digest_every_ticks"`
+	Ranks           int     `json:"ranks"`
+	Nodes           int     `json:"nodes"`
+	Ticks           uint64  `json:"ticks"`
+	Requests        int64   `json:"requests"`
+	DigestChecks    uint64  `json:"digest_checks"`
+	Divergences     int     `json:"divergences"`
+	Hangs           int     `json:"hangs"`
+	FailedOps       int64   `json:"failed_ops"`
+	MaxAckSkewTicks uint64  `json:"max_ack_skew_ticks"`
+	VerifiedPages   int64   `json:"verified_pages"`
+	WrongBytes      int64   `json:"wrong_bytes"`
+	Seconds         float64 `json:"seconds"`
+	TicksPerSecond  float64 `json:"ticks_per_second"`
+	// InjectedAtTick is the tick node 0 applied the injected divergence
+	// at (the end of the request in flight at Config.InjectDivergence).
+	InjectedAtTick   uint64 `json:"injected_at_tick,omitempty"`
+	CaughtAtTick     uint64 `json:"caught_at_tick,omitempty"`
+	StoppedBy        string `json:"stopped_by,omitempty"`
+	Seed             uint64 `json:"seed"`
+	DigestEveryTicks uint64 `json:"digest_every_ticks"`
 	// OwnerLanes: each rank moved only its own pages (Config.Replicate
 	// off). The bytes are summed over the ranks, by path.
 	OwnerLanes bool  `json:"owner_lanes"`
@@ -342,8 +344,8 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	if res.CaughtAtTick > 0 {
 		res.Divergences = 1
 	}
-	if cfg.InjectDivergence > 0 && cfg.InjectDivergence <= res.Ticks {
-		res.InjectedAtTick = cfg.InjectDivergence
+	if cfg.InjectDivergence > 0 {
+		res.InjectedAtTick = outs[0].injectedAt
 	}
 	res.MaxAckSkewTicks = skew.max()
 	if !cfg.Replicate && cfg.Ranks > 1 {
@@ -471,6 +473,10 @@ type rankOut struct {
 	requests int64
 	tick     uint64
 	err      error
+	// injectedAt is the tick node 0 applied the injected divergence at:
+	// the end of the first request to finish at or after
+	// Config.InjectDivergence, which may be some ticks later.
+	injectedAt uint64
 }
 
 // run drives the node: the same requests, in the same order, as every
@@ -496,24 +502,25 @@ func (nd *nodeRun) run(ctx context.Context, cfg Config, keys [][]pagehash.Hash, 
 		}
 		req := control.ReqID(i + 1)
 		if err := nd.request(req, key, apply, tick); err != nil {
-			return rankOut{requests: out.requests, tick: nd.m.Ticks(), err: err}
+			return rankOut{requests: out.requests, tick: nd.m.Ticks(), err: err, injectedAt: out.injectedAt}
 		}
 		out.requests++
 		if nd.idx == 0 && !injected && cfg.InjectDivergence > 0 && nd.m.Ticks() >= cfg.InjectDivergence {
 			injected = true
+			out.injectedAt = nd.m.Ticks()
 			h := pagehash.Next(pagehash.Root, []uint32{0xdead, uint32(cfg.Seed)})
 			if _, err := apply(control.Event{Kind: control.EvInsert, Req: 1 << 62, Pages: 1, Hashes: []pagehash.Hash{h}}); err != nil {
-				return rankOut{requests: out.requests, tick: nd.m.Ticks(), err: err}
+				return rankOut{requests: out.requests, tick: nd.m.Ticks(), err: err, injectedAt: out.injectedAt}
 			}
 			if _, err := apply(control.Event{Kind: control.EvRelease, Req: 1 << 62}); err != nil {
-				return rankOut{requests: out.requests, tick: nd.m.Ticks(), err: err}
+				return rankOut{requests: out.requests, tick: nd.m.Ticks(), err: err, injectedAt: out.injectedAt}
 			}
 		}
 	}
 	// Let the held acks land and the op pipelines drain, within a bound.
 	for range DrainTicks(cfg.MaxAckSkew) {
 		if _, err := tick(); err != nil {
-			return rankOut{requests: out.requests, tick: nd.m.Ticks(), err: err}
+			return rankOut{requests: out.requests, tick: nd.m.Ticks(), err: err, injectedAt: out.injectedAt}
 		}
 	}
 	out.tick = nd.m.Ticks()
