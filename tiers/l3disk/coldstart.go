@@ -74,7 +74,7 @@ func scanHeaders(ctx context.Context, f *slabFile, depth int, stopAtFirst bool) 
 					}
 					continue
 				}
-				if h.Kind != f.sb.Kind || h.Epoch != f.epoch() || int64(h.PayloadLen) != f.sb.PageBytes {
+				if h.Kind != f.sb.Kind || h.Epoch != f.epoch() || int64(h.PayloadLen) != f.sb.PageBytes || h.Version != f.version() {
 					staleByWorkr[w]++
 					continue
 				}

@@ -25,12 +25,23 @@ type Disk struct {
 	Budget quantity.Size `yaml:"budget"`
 }
 
-// Cold-start and O_DIRECT modes.
+// O_DIRECT modes.
 const (
 	ODirectAuto = "auto"
 	ODirectOn   = "on"
 	ODirectOff  = "off"
 )
+
+// Zero-copy modes (Config.ZeroCopy).
+const (
+	ZeroCopyAuto = "auto"
+	ZeroCopyOn   = "on"
+	ZeroCopyOff  = "off"
+)
+
+// hugeSlabPage is the slab page size from which ZeroCopyAuto moves pages
+// without staging.
+const hugeSlabPage = 2 << 20
 
 // Config is the l3disk tier's YAML block.
 type Config struct {
@@ -58,6 +69,15 @@ type Config struct {
 	// buffered + fdatasync elsewhere, reported once), "on" (fail where
 	// refused) or "off".
 	ODirect string `yaml:"o_direct"`
+	// ZeroCopy says when a page moves between the disk and the slab span
+	// directly, with no staging buffer: "auto" (the default) where the
+	// slab's memory is in huge pages (l2hugetlb on hugetlbfs), "on" on any
+	// slab, "off" never. Only pages of whole 4 KiB blocks in a file of
+	// format version 2 qualify; the others are always staged. An O_DIRECT
+	// transfer pins its buffer's pages for each I/O: a 2.75 MiB page in
+	// 4 KiB pages is 704 pins, and on a never-written shm page a fault as
+	// well, which costs more than the staged copy (docs/perf.md).
+	ZeroCopy string `yaml:"zero_copy"`
 	// RequirePLP refuses to open when the power-loss-protection probe
 	// finds fdatasync slower than PLPMaxSync.
 	RequirePLP bool `yaml:"require_plp"`
@@ -77,6 +97,7 @@ func DefaultConfig() Config {
 		GCStop:     0.85,
 		GCBatch:    64,
 		ODirect:    ODirectAuto,
+		ZeroCopy:   ZeroCopyAuto,
 		PLPMaxSync: 500 * time.Microsecond,
 		PLPProbes:  8,
 	}
@@ -161,6 +182,11 @@ func (c *Config) Validate() error {
 	case ODirectAuto, ODirectOn, ODirectOff:
 	default:
 		bad("o_direct", "%q, want auto, on or off", c.ODirect)
+	}
+	switch c.ZeroCopy {
+	case ZeroCopyAuto, ZeroCopyOn, ZeroCopyOff:
+	default:
+		bad("zero_copy", "%q, want auto, on or off", c.ZeroCopy)
 	}
 	if c.PLPMaxSync <= 0 {
 		bad("plp_max_sync", "%v, want positive", c.PLPMaxSync)

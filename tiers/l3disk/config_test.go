@@ -25,6 +25,7 @@ gc_stop: 0.9
 gc_batch: 32
 cold_start: load
 o_direct: on
+zero_copy: off
 require_plp: true
 plp_max_sync: 200us
 plp_probes: 4
@@ -37,7 +38,7 @@ plp_probes: 4
 		t.Fatalf("validate: %v", err)
 	}
 	if c.Disks[0].Budget != 2<<40 || c.Disks[1].Budget != 1500000000000 || c.PLPMaxSync != 200*time.Microsecond ||
-		c.ColdStart != tiers.ColdStartLoad || c.Depth != 16 || len(c.RankDisks) != 4 {
+		c.ColdStart != tiers.ColdStartLoad || c.Depth != 16 || len(c.RankDisks) != 4 || c.ZeroCopy != ZeroCopyOff {
 		t.Fatalf("decoded %+v", c)
 	}
 	var back Config
@@ -78,6 +79,7 @@ func TestConfigValidate(t *testing.T) {
 		{"gc batch", func(c *Config) { c.GCBatch = 0 }, "gc_batch"},
 		{"cold start", func(c *Config) { c.ColdStart = "warm" }, "cold_start"},
 		{"o_direct", func(c *Config) { c.ODirect = "maybe" }, "o_direct"},
+		{"zero_copy", func(c *Config) { c.ZeroCopy = "always" }, "zero_copy"},
 		{"plp without probes", func(c *Config) { c.RequirePLP, c.PLPProbes = true, 0 }, "plp_probes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -33,6 +33,7 @@ const (
 	crashEnvDir  = "KVTIER_L3_CRASH_DIR"
 	crashEnvSeed = "KVTIER_L3_CRASH_SEED"
 	crashEnvIx   = "KVTIER_L3_CRASH_INDEX"
+	crashEnvGeom = "KVTIER_L3_CRASH_GEOMETRY" // "blocks": blockGeometry, else testGeometry
 	crashSlots   = 48
 	crashPool    = 160 // distinct page hashes the child draws from
 )
@@ -68,11 +69,21 @@ func TestCrash(t *testing.T) {
 		t.Skip("in the crash child")
 	}
 	for _, ix := range testIndexes() {
-		t.Run(ix.name, func(t *testing.T) { testCrash(t, ix) })
+		t.Run(ix.name, func(t *testing.T) { testCrash(t, ix, "ragged") })
 	}
+	// Pages of whole blocks, written straight from the slab (one index:
+	// the store's side of it is what differs).
+	t.Run("lmdb/blocks", func(t *testing.T) { testCrash(t, indexByName(t, "lmdb"), "blocks") })
 }
 
-func testCrash(t *testing.T, ix indexOpener) {
+func crashGeometry(name string) tiers.PayloadGeometry {
+	if name == "blocks" {
+		return blockGeometry
+	}
+	return testGeometry
+}
+
+func testCrash(t *testing.T, ix indexOpener, geom string) {
 	seed := *crashSeed
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
@@ -82,7 +93,7 @@ func testCrash(t *testing.T, ix indexOpener) {
 	dir := t.TempDir()
 	r := &rig{
 		t: t, dir: filepath.Join(dir, "disk"), ixDir: filepath.Join(dir, "index"),
-		ixOpen: ix, geom: testGeometry, fs: osFS(),
+		ixOpen: ix, geom: crashGeometry(geom), fs: osFS(),
 	}
 	r.cfg = testConfig(r.dir, crashSlots)
 	r.slab = tiertest.NewHeapSlab(2 * crashPool * r.pageSlot())
@@ -90,7 +101,7 @@ func testCrash(t *testing.T, ix indexOpener) {
 	for it := range *crashIters {
 		childSeed := rng.Uint64()
 		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
-		cmd.Env = append(os.Environ(), crashEnvDir+"="+dir, crashEnvSeed+"="+strconv.FormatUint(childSeed, 10), crashEnvIx+"="+ix.name)
+		cmd.Env = append(os.Environ(), crashEnvDir+"="+dir, crashEnvSeed+"="+strconv.FormatUint(childSeed, 10), crashEnvIx+"="+ix.name, crashEnvGeom+"="+geom)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		stdout, err := cmd.StdoutPipe()
@@ -207,7 +218,7 @@ func TestCrashChild(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 3))
 	r := &rig{
 		t: t, dir: filepath.Join(dir, "disk"), ixDir: filepath.Join(dir, "index"),
-		ixOpen: indexByName(t, os.Getenv(crashEnvIx)), geom: testGeometry,
+		ixOpen: indexByName(t, os.Getenv(crashEnvIx)), geom: crashGeometry(os.Getenv(crashEnvGeom)),
 	}
 	r.cfg = testConfig(r.dir, crashSlots)
 	r.cfg.GCBatch = 1 + rng.IntN(8)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,14 +13,33 @@ import (
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l3disk/diskfs"
 	"github.com/kvtier/kvtier/tiers/l3disk/diskfs/errorfs"
+	"github.com/kvtier/kvtier/tiers/tiertest"
 )
 
 // TestFaultMatrix injects each fault of the file-system seam under puts
 // and gets and checks the store's promise: whatever Get returns is the
 // right bytes or a miss (never wrong bytes), failed puts are reported as
 // failed, and no slot leaks (free + live = total, index and pools agree).
+//
+// It runs over both slot layouts: ragged pages (the payload right after
+// the header, staged through a buffer) and pages of whole blocks (the
+// payload one block in, written from and read into the slab span
+// directly).
 func TestFaultMatrix(t *testing.T) {
+	for _, g := range []struct {
+		name     string
+		geom     tiers.PayloadGeometry
+		zeroCopy string
+	}{{"ragged", testGeometry, ZeroCopyOn}, {"blocks", blockGeometry, ZeroCopyOn}, {"blocks-staged", blockGeometry, ZeroCopyOff}} {
+		t.Run(g.name, func(t *testing.T) { faultMatrix(t, g.geom, g.zeroCopy) })
+	}
+}
+
+func faultMatrix(t *testing.T, geom tiers.PayloadGeometry, zeroCopy string) {
 	const k0 = "-k0.slab"
+	pb := int(geom.Kinds[0].PageBytes)
+	po := int(PayloadOffset(FormatVersion, int64(pb)))
+	pad := int(SlotBytes(int64(pb))) - po - pb
 	type outcome struct {
 		failedPuts   int  // of the 8 faulted puts
 		hitsAfter    int  // of the 8 faulted pages, read back after the fault is cleared
@@ -46,13 +66,15 @@ func TestFaultMatrix(t *testing.T) {
 			outcome{failedPuts: 0, hitsAfter: 7}, nil},
 		{"bitflip-header-on-write", rule(errorfs.OpWrite, k0, 0, 2, errorfs.Fault{Kind: errorfs.FlipBit, At: 20, Bit: 3}),
 			outcome{failedPuts: 0, hitsAfter: 6}, nil},
-		{"bitflip-payload-on-write", rule(errorfs.OpWrite, k0, 3, 1, errorfs.Fault{Kind: errorfs.FlipBit, At: HeaderSize + 777, Bit: 0}),
+		{"bitflip-payload-on-write", rule(errorfs.OpWrite, k0, 3, 1, errorfs.Fault{Kind: errorfs.FlipBit, At: po + 777, Bit: 0}),
 			outcome{failedPuts: 0, hitsAfter: 7}, nil},
-		{"bitflip-payload-pad-on-write", rule(errorfs.OpWrite, k0, 0, 8, errorfs.Fault{Kind: errorfs.FlipBit, At: HeaderSize + 20000 + 5, Bit: 0}),
+		{"bitflip-payload-pad-on-write", rule(errorfs.OpWrite, k0, 0, 8, errorfs.Fault{Kind: errorfs.FlipBit, At: po + pb + pad/2, Bit: 0}),
 			outcome{failedPuts: 0, hitsAfter: 8}, nil}, // the pad is not payload: still a hit
+		{"bitflip-header-block-pad-on-write", rule(errorfs.OpWrite, k0, 0, 8, errorfs.Fault{Kind: errorfs.FlipBit, At: HeaderSize + (po-HeaderSize)/2, Bit: 0}),
+			outcome{failedPuts: 0, hitsAfter: 8}, nil}, // nor is the rest of the header's block
 		{"bitflip-header-on-read", rule(errorfs.OpRead, k0, 0, 2, errorfs.Fault{Kind: errorfs.FlipBit, At: 50, Bit: 7}),
 			outcome{faultOnGet: true, baselineHits: 6}, nil},
-		{"bitflip-payload-on-read", rule(errorfs.OpRead, k0, 0, 3, errorfs.Fault{Kind: errorfs.FlipBit, At: HeaderSize + 19999, Bit: 1}),
+		{"bitflip-payload-on-read", rule(errorfs.OpRead, k0, 0, 3, errorfs.Fault{Kind: errorfs.FlipBit, At: po + pb - 1, Bit: 1}),
 			outcome{faultOnGet: true, baselineHits: 5}, nil},
 		{"eio-on-read", rule(errorfs.OpRead, k0, 0, 1, errorfs.Fault{Kind: errorfs.Fail, Err: unix.EIO}),
 			outcome{faultOnGet: true, baselineHits: 7}, nil},
@@ -80,6 +102,10 @@ func TestFaultMatrix(t *testing.T) {
 				}
 			}},
 	} {
+		if tc.rule.Fault.Kind == errorfs.FlipBit && tc.rule.Fault.At < 0 || strings.HasSuffix(tc.name, "pad-on-write") && pad == 0 ||
+			strings.HasPrefix(tc.name, "bitflip-header-block-pad") && po == HeaderSize {
+			continue // no such bytes in this layout
+		}
 		// Each fault with the store's own sums and with the producer's
 		// (carried, PutRequest.Sum): the outcomes are the same.
 		for _, sums := range []bool{false, true} {
@@ -87,6 +113,9 @@ func TestFaultMatrix(t *testing.T) {
 				// A fresh rule a run: a rule counts what it saw and fired.
 				rl := rule(tc.rule.Op, tc.rule.PathContains, tc.rule.Skip, tc.rule.Count, tc.rule.Fault)
 				r := newRig(t, testIndexes()[0], 48)
+				r.geom = geom
+				r.slab = tiertest.NewHeapSlab(r.slabCap * r.pageSlot())
+				r.cfg.ZeroCopy = zeroCopy
 				r.sums = sums
 				efs := errorfs.Wrap(diskfs.OS{}, nil)
 				r.fs = efs
@@ -139,6 +168,7 @@ func TestFaultMatrix(t *testing.T) {
 					tc.check(t, r)
 				}
 				r.checkConsistent()
+				r.checkDirect()
 				st := r.store.Stats()
 				if tc.want.hitsAfter < 8-tc.want.failedPuts || tc.want.baselineHits < 8 && tc.want.faultOnGet {
 					if st.Corrupt == 0 {

@@ -14,9 +14,31 @@ import (
 // HeaderSize is the length of a slot header; the payload follows it.
 const HeaderSize = 64
 
-// FormatVersion is the on-disk format version of slot headers and
-// superblocks. A reader refuses any other version.
-const FormatVersion = 1
+// FormatVersion is the on-disk format version of the slot headers and
+// superblocks this build writes. It reads every version from
+// minFormatVersion on and refuses any other.
+//
+// Version 2 (2026-12-06) moves the payload of a page whose size is a
+// multiple of the O_DIRECT block to the slot's second block (the header
+// keeps the first to itself), so that the page is written straight from
+// the caller's slab span and read straight into it, with no staging copy.
+// Other page sizes keep the payload right after the header, as in version
+// 1. The slot's size is the same in both. A file keeps the version it was
+// made with (a version 1 file is read and written as version 1) until it
+// is recreated.
+const FormatVersion = 2
+
+// minFormatVersion is the oldest on-disk format this build reads.
+const minFormatVersion = 1
+
+// PayloadOffset returns where in its slot a page of pageBytes starts in
+// a file of the given format version.
+func PayloadOffset(version uint16, pageBytes int64) int64 {
+	if version >= 2 && pageBytes%diskfs.BlockSize == 0 {
+		return diskfs.BlockSize
+	}
+	return HeaderSize
+}
 
 const (
 	slotMagic  = 0x334c564b // "KVL3" little-endian
@@ -61,6 +83,8 @@ func (badSuperblock) Is(target error) bool { return target == ErrBadHeader }
 //
 // All integers are little-endian.
 type SlotHeader struct {
+	// Version is the format version; 0 encodes as FormatVersion.
+	Version    uint16
 	Kind       uint8
 	Epoch      uint64
 	Hash       pagehash.Hash
@@ -71,8 +95,12 @@ type SlotHeader struct {
 // Encode writes h into dst[:HeaderSize].
 func (h SlotHeader) Encode(dst []byte) {
 	_ = dst[HeaderSize-1]
+	v := h.Version
+	if v == 0 {
+		v = FormatVersion
+	}
 	binary.LittleEndian.PutUint32(dst[0:], slotMagic)
-	binary.LittleEndian.PutUint16(dst[4:], FormatVersion)
+	binary.LittleEndian.PutUint16(dst[4:], v)
 	dst[6] = h.Kind
 	dst[7] = 0
 	binary.LittleEndian.PutUint64(dst[8:], h.Epoch)
@@ -95,9 +123,11 @@ func DecodeSlotHeader(b []byte) (SlotHeader, error) {
 	if got, want := binary.LittleEndian.Uint32(b[60:]), crc32.Checksum(b[:60], castagnoli); got != want {
 		return h, fmt.Errorf("slot header: crc %#08x, computed %#08x: %w", got, want, ErrBadHeader)
 	}
-	if v := binary.LittleEndian.Uint16(b[4:]); v != FormatVersion {
-		return h, fmt.Errorf("slot header: format version %d, want %d: %w", v, FormatVersion, ErrBadHeader)
+	v := binary.LittleEndian.Uint16(b[4:])
+	if v < minFormatVersion || v > FormatVersion {
+		return h, fmt.Errorf("slot header: format version %d, want %d..%d: %w", v, minFormatVersion, FormatVersion, ErrBadHeader)
 	}
+	h.Version = v
 	if b[7] != 0 || binary.LittleEndian.Uint32(b[56:]) != 0 {
 		return h, fmt.Errorf("slot header: reserved bytes set: %w", ErrBadHeader)
 	}
@@ -113,7 +143,9 @@ func DecodeSlotHeader(b []byte) (SlotHeader, error) {
 func PayloadCRC(p []byte) uint32 { return crc32c.Checksum(p) }
 
 // SlotBytes returns the size of a slot holding a payload of pageBytes:
-// header plus payload rounded up to the O_DIRECT block.
+// header plus payload rounded up to the O_DIRECT block. It is the same in
+// every format version (a version 2 payload of whole blocks starts one
+// block in, where version 1's header would have pushed its last block).
 func SlotBytes(pageBytes int64) int64 { return diskfs.RoundUp(HeaderSize + pageBytes) }
 
 // superblock is block 0 of a slab file: what the file holds and the
@@ -134,6 +166,9 @@ func SlotBytes(pageBytes int64) int64 { return diskfs.RoundUp(HeaderSize + pageB
 //	 49    64  stack id (n bytes, rest 0)
 //	113     4  CRC-32C of bytes 0..112
 type superblock struct {
+	// Version is the file's format version (0 encodes as FormatVersion):
+	// its slot headers carry the same one.
+	Version   uint16
 	Kind      uint8
 	Rank      uint32
 	PageBytes int64
@@ -153,8 +188,12 @@ func (s superblock) encode(dst []byte) error {
 		return fmt.Errorf("superblock: stack id %q longer than %d bytes", s.StackID, maxStackID)
 	}
 	clear(dst[:superEncodedLen])
+	v := s.Version
+	if v == 0 {
+		v = FormatVersion
+	}
 	copy(dst[0:8], superMagic)
-	binary.LittleEndian.PutUint16(dst[8:], FormatVersion)
+	binary.LittleEndian.PutUint16(dst[8:], v)
 	dst[10] = s.Kind
 	binary.LittleEndian.PutUint32(dst[12:], s.Rank)
 	binary.LittleEndian.PutUint64(dst[16:], uint64(s.PageBytes))
@@ -178,9 +217,11 @@ func decodeSuperblock(b []byte) (superblock, error) {
 	if got, want := binary.LittleEndian.Uint32(b[113:]), crc32.Checksum(b[:113], castagnoli); got != want {
 		return s, fmt.Errorf("superblock: crc %#08x, computed %#08x: %w", got, want, ErrBadSuperblock)
 	}
-	if v := binary.LittleEndian.Uint16(b[8:]); v != FormatVersion {
-		return s, fmt.Errorf("superblock: format version %d, want %d: %w", v, FormatVersion, ErrBadSuperblock)
+	v := binary.LittleEndian.Uint16(b[8:])
+	if v < minFormatVersion || v > FormatVersion {
+		return s, fmt.Errorf("superblock: format version %d, want %d..%d: %w", v, minFormatVersion, FormatVersion, ErrBadSuperblock)
 	}
+	s.Version = v
 	n := int(b[48])
 	if n > maxStackID {
 		return s, fmt.Errorf("superblock: stack id length %d > %d: %w", n, maxStackID, ErrBadSuperblock)

@@ -14,6 +14,7 @@ import (
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/tiers"
 	"github.com/kvtier/kvtier/tiers/l3disk/diskfs"
+	"github.com/kvtier/kvtier/tiers/tiertest"
 )
 
 // soak reports whether the long damage runs are asked for (KVTIER_SOAK=1).
@@ -252,30 +253,36 @@ func TestTruncatedSlabKeepsIntactSlots(t *testing.T) {
 // every page from the slot headers.
 func TestRebuildMissingIndex(t *testing.T) {
 	for _, ixo := range testIndexes() {
-		t.Run(ixo.name, func(t *testing.T) {
-			r := newRig(t, ixo, 128)
-			r.open(tiers.ColdStartClear)
-			pages := makePages(11, 100, 0, r.geom)
-			pages = append(pages, makePages(12, 50, 1, r.geom)...)
-			r.putAll(pages)
-			r.close()
-			if err := os.RemoveAll(r.ixDir); err != nil {
-				t.Fatal(err)
-			}
-			st := r.open(tiers.ColdStartLoad)
-			if got := st.Rebuilt().Kept; got != int64(len(pages)) {
-				t.Fatalf("rebuild kept %d pages, want %d", got, len(pages))
-			}
-			if hits := countHits(r.get(pages, 0)); hits != len(pages) {
-				t.Fatalf("%d of %d pages back after the rebuild", hits, len(pages))
-			}
-			r.checkConsistent()
-			r.close()
-			st = r.open(tiers.ColdStartLoad)
-			if got := st.LoadCounts().Live; got != int64(len(pages)) {
-				t.Fatalf("second load: %d live, want %d", got, len(pages))
-			}
-		})
+		for _, geom := range []string{"ragged", "blocks"} {
+			t.Run(ixo.name+"/"+geom, func(t *testing.T) { rebuildMissingIndex(t, ixo, crashGeometry(geom)) })
+		}
+	}
+}
+
+func rebuildMissingIndex(t *testing.T, ixo indexOpener, geom tiers.PayloadGeometry) {
+	r := newRig(t, ixo, 128)
+	r.geom = geom
+	r.slab = tiertest.NewHeapSlab(r.slabCap * r.pageSlot())
+	r.open(tiers.ColdStartClear)
+	pages := makePages(11, 100, 0, r.geom)
+	pages = append(pages, makePages(12, 50, 1, r.geom)...)
+	r.putAll(pages)
+	r.close()
+	if err := os.RemoveAll(r.ixDir); err != nil {
+		t.Fatal(err)
+	}
+	st := r.open(tiers.ColdStartLoad)
+	if got := st.Rebuilt().Kept; got != int64(len(pages)) {
+		t.Fatalf("rebuild kept %d pages, want %d", got, len(pages))
+	}
+	if hits := countHits(r.get(pages, 0)); hits != len(pages) {
+		t.Fatalf("%d of %d pages back after the rebuild", hits, len(pages))
+	}
+	r.checkConsistent()
+	r.close()
+	st = r.open(tiers.ColdStartLoad)
+	if got := st.LoadCounts().Live; got != int64(len(pages)) {
+		t.Fatalf("second load: %d live, want %d", got, len(pages))
 	}
 }
 

@@ -33,6 +33,33 @@ var testGeometry = tiers.PayloadGeometry{
 	},
 }
 
+// blockGeometry has two kinds of whole 4 KiB blocks: their payloads sit
+// one block into the slot and move between the disk and the slab span
+// directly (no staging copy).
+var blockGeometry = tiers.PayloadGeometry{
+	PageTokens: 16,
+	Kinds: []tiers.PayloadSpec{
+		{Name: "kv", PageBytes: 16384},
+		{Name: "index", PageBytes: 8192},
+	},
+}
+
+// checkDirect fails the test unless the store moved payloads without a
+// staging copy exactly when the layout allows it: pages of whole blocks
+// (every kind of the geometries here), block-aligned spans (the heap
+// slab's large allocation and its page-multiple offsets are).
+func (r *rig) checkDirect() {
+	r.t.Helper()
+	w, rd := r.store.DirectTransfers()
+	blocks := r.cfg.ZeroCopy == ZeroCopyOn
+	for _, k := range r.geom.Kinds {
+		blocks = blocks && k.PageBytes%diskfs.BlockSize == 0
+	}
+	if blocks != (w > 0) || !blocks && rd > 0 {
+		r.t.Fatalf("direct writes %d, reads %d, for pages of whole blocks %v", w, rd, blocks)
+	}
+}
+
 // indexOpener opens an index in dir; the test registers cleanup.
 type indexOpener struct {
 	name string
@@ -110,6 +137,9 @@ func testConfig(dir string, slots int64) Config {
 	c.Slots = slots
 	c.Depth = 4
 	c.PLPProbes = 0
+	// NB: the tests' heap slab is in 4 KiB pages, where auto stages every
+	// page: on, so the direct path is what the whole-block geometries test.
+	c.ZeroCopy = ZeroCopyOn
 	return c
 }
 
@@ -229,17 +259,33 @@ func (r *rig) waitBatch(id tiers.BatchID, n int) []error {
 	r.t.Helper()
 	out := make([]error, n)
 	left := n
+	// The ack protocol: at most one AckGathered an item, before its
+	// AckDurable (an AckFailed may come without one); one terminal ack.
+	gathered, ended := make([]bool, n), make([]bool, n)
 	deadline := time.Now().Add(30 * time.Second)
 	for left > 0 {
 		for _, a := range r.store.DrainAcks(nil) {
 			if a.Batch != id {
 				r.t.Fatalf("ack of unexpected batch %d", a.Batch)
 			}
+			if a.Index < 0 || a.Index >= n || ended[a.Index] {
+				r.t.Fatalf("ack %+v: no such item, or after its terminal ack", a)
+			}
 			switch a.Stage {
+			case tiers.AckGathered:
+				if gathered[a.Index] {
+					r.t.Fatalf("item %d gathered twice", a.Index)
+				}
+				gathered[a.Index] = true
 			case tiers.AckDurable:
+				if !gathered[a.Index] {
+					r.t.Fatalf("item %d durable before it was gathered", a.Index)
+				}
+				ended[a.Index] = true
 				left--
 			case tiers.AckFailed:
 				out[a.Index] = a.Err
+				ended[a.Index] = true
 				left--
 			}
 		}

@@ -113,7 +113,7 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 	refused := false
 	for k, spec := range env.Payload.Kinds {
 		want := superblock{
-			Kind: uint8(k), Rank: uint32(env.Rank), PageBytes: spec.PageBytes,
+			Version: FormatVersion, Kind: uint8(k), Rank: uint32(env.Rank), PageBytes: spec.PageBytes,
 			SlotBytes: SlotBytes(spec.PageBytes), Slots: slots,
 			Epoch: epochFor(1, env.Rank), StackID: stackID,
 		}
@@ -147,6 +147,12 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 		s.verified = append(s.verified, make([]bool, slots))
 	}
 	s.direct = !refused && cfg.ODirect != ODirectOff
+	switch cfg.ZeroCopy {
+	case ZeroCopyOn:
+		s.zeroCopy = true
+	case ZeroCopyAuto:
+		s.zeroCopy = env.Slab != nil && env.Slab.Geometry().PageSize >= hugeSlabPage
+	}
 	if refused {
 		s.log.Warn("l3 o_direct refused by the file system; using buffered I/O with fdatasync", "dir", dir)
 	}

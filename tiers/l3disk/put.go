@@ -108,34 +108,51 @@ func (s *Store) gatherLoop() {
 		}
 		f := s.files[it.key.Kind]
 		pb := s.pageBytes[it.key.Kind]
+		po := f.payloadOff()
 		b := buf.Bytes()
 		crc := it.sum
-		if it.hasSum {
+		// NB: a payload of whole blocks in a block-aligned span is
+		// written straight from the span (writeSlotv): no copy, and with
+		// the producer's sum no pass over the bytes at all. The span is
+		// then read until the write returns, so its AckGathered waits
+		// for that (ioLoop).
+		direct := s.zeroCopy && f.blockPayload() && diskfs.Aligned(it.src)
+		switch {
+		case direct:
+			if !it.hasSum {
+				crc = crc32c.Checksum(it.src)
+			}
+			clear(b[HeaderSize:diskfs.BlockSize])
+		case it.hasSum:
 			// Streaming stores: the staging buffer is read next by the
 			// disk's DMA, not by a core, so its lines need not pass
 			// through (and evict) the cache.
-			memcopy.Copy(b[HeaderSize:HeaderSize+pb], it.src)
-		} else {
+			memcopy.Copy(b[po:po+pb], it.src)
+		default:
 			// One pass: the copy and the checksum of what it copied.
-			crc = crc32c.CopyUpdate(0, b[HeaderSize:HeaderSize+pb], it.src)
+			crc = crc32c.CopyUpdate(0, b[po:po+pb], it.src)
 		}
-		end := f.sb.SlotBytes
-		clear(b[HeaderSize+pb : end])
+		if !direct {
+			clear(b[HeaderSize:po])
+			clear(b[po+pb : f.sb.SlotBytes])
+		}
 		// NB: the producer's sum is written as given, never recomputed over
 		// what was copied: bytes that changed in the slab after it was
 		// taken fail every read's verification (a miss), instead of being
 		// stored under a valid checksum of our own.
 		SlotHeader{
-			Kind: uint8(it.key.Kind), Epoch: f.epoch(), Hash: it.key.Hash,
+			Version: f.version(), Kind: uint8(it.key.Kind), Epoch: f.epoch(), Hash: it.key.Hash,
 			PayloadLen: uint32(pb), PayloadCRC: crc,
 		}.Encode(b)
-		s.ack(tiers.Ack{Batch: it.batch, Index: it.index, Stage: tiers.AckGathered})
+		if !direct {
+			s.ack(tiers.Ack{Batch: it.batch, Index: it.index, Stage: tiers.AckGathered})
+		}
 		// NB: a page is up to MiBs of copy and CRC; a gatherer with more
 		// queued would keep its P until preempted (10 ms), and the
 		// caller's goroutines (a serve step) would wait that long for
 		// one. Yield after each page.
 		runtime.Gosched()
-		job := &writeJob{key: it.key, items: []putItem{it}, buf: buf, slot: noSlot}
+		job := &writeJob{key: it.key, items: []putItem{it}, buf: buf, slot: noSlot, direct: direct, own: it}
 		select {
 		case s.gathered <- job:
 		case <-s.stop:

@@ -187,12 +187,13 @@ func (sc *fileScan) judge(f *slabFile, slot int64, b []byte) {
 	case err != nil:
 		sc.verdict[slot] = verdictBadHeader
 		return
-	case h.Kind != f.sb.Kind || h.Epoch != f.epoch() || int64(h.PayloadLen) != f.sb.PageBytes:
+	case h.Kind != f.sb.Kind || h.Epoch != f.epoch() || int64(h.PayloadLen) != f.sb.PageBytes || h.Version != f.version():
 		sc.verdict[slot] = verdictStale
 		return
 	}
 	sc.headers[slot] = h
-	if PayloadCRC(b[HeaderSize:HeaderSize+f.sb.PageBytes]) != h.PayloadCRC {
+	off := f.payloadOff()
+	if PayloadCRC(b[off:off+f.sb.PageBytes]) != h.PayloadCRC {
 		sc.verdict[slot] = verdictBadPayload
 		return
 	}

@@ -53,6 +53,7 @@ func salvageSuperblock(ctx context.Context, opts CheckOptions, path string, want
 		}
 		if (off-superblockSize)%SlotBytes(int64(h.PayloadLen)) == 0 {
 			want.PageBytes = int64(h.PayloadLen)
+			want.Version = h.Version
 		}
 	}
 	if want.PageBytes == 0 {

@@ -355,7 +355,44 @@ func (s *slabFile) fillZeros(from, end int64, depth int) error {
 func (s *slabFile) bumpEpoch() error {
 	sb := s.sb
 	sb.Epoch = epochFor((sb.Epoch>>16)+1, int(sb.Rank))
+	// Nothing of the old epoch is read again, so the file takes this
+	// build's layout (a version 1 file becomes version 2).
+	sb.Version = FormatVersion
 	return s.writeSuperblock(sb)
+}
+
+// version returns the file's format version.
+func (s *slabFile) version() uint16 {
+	if s.sb.Version == 0 {
+		return FormatVersion
+	}
+	return s.sb.Version
+}
+
+// payloadOff returns where a slot's payload starts.
+func (s *slabFile) payloadOff() int64 { return PayloadOffset(s.version(), s.sb.PageBytes) }
+
+// blockPayload reports whether the payload fills whole blocks from the
+// slot's second block on: then it can move between the disk and the
+// caller's memory without a staging copy (writeSlotv, readSlotv).
+func (s *slabFile) blockPayload() bool { return s.payloadOff() == diskfs.BlockSize }
+
+// writeSlotv writes a slot as its header block (hdr, one block) and its
+// payload straight from p, in one transfer. Only for blockPayload files.
+func (s *slabFile) writeSlotv(slot int64, hdr, p []byte) error {
+	if _, err := s.f.WritevAt([][]byte{hdr[:diskfs.BlockSize], p}, s.offset(slot)); err != nil {
+		return fmt.Errorf("slab %s slot %d: %w", s.path, slot, err)
+	}
+	return nil
+}
+
+// readSlotv reads a slot's header block into hdr and its payload straight
+// into p, in one transfer. Only for blockPayload files.
+func (s *slabFile) readSlotv(slot int64, hdr, p []byte) error {
+	if _, err := s.f.ReadvAt([][]byte{hdr[:diskfs.BlockSize], p}, s.offset(slot)); err != nil {
+		return fmt.Errorf("slab %s slot %d: %w", s.path, slot, err)
+	}
+	return nil
 }
 
 // writeSlot writes a whole slot (header, payload, pad) in one transfer.

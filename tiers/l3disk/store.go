@@ -97,6 +97,10 @@ type Store struct {
 	bgWG     sync.WaitGroup
 	bgCancel context.CancelFunc
 
+	// zeroCopy: pages of whole blocks move between the disk and the slab
+	// span directly (Config.ZeroCopy resolved against the slab).
+	zeroCopy bool
+
 	st      counters
 	limiter *ratelog.Log
 }
@@ -107,12 +111,16 @@ type counters struct {
 	puts, putFailures, evicted atomic.Int64
 	// indexFullCaps counts the times the index refusing a put as full
 	// set a new capacity for GC (indexCap).
-	indexFullCaps               atomic.Int64
-	livePages, liveBytes        atomic.Int64
-	writeErrors, readErrors     atomic.Int64
-	dedups, staleDropped        atomic.Int64
-	usedSlots                   []atomic.Int64
-	spillBytes, reloadBytes     atomic.Int64
+	indexFullCaps           atomic.Int64
+	livePages, liveBytes    atomic.Int64
+	writeErrors, readErrors atomic.Int64
+	dedups, staleDropped    atomic.Int64
+	usedSlots               []atomic.Int64
+	spillBytes, reloadBytes atomic.Int64
+	// directWrites and directReads count payloads that moved between the
+	// disk and the caller's slab span with no staging copy (a format 2
+	// file, pages of whole blocks, block-aligned spans).
+	directWrites, directReads   atomic.Int64
 	indexErrors, gcIndexErrors  atomic.Int64
 	syncs, syncedWrites         atomic.Int64
 	loadLive, loadOrphan        atomic.Int64
@@ -123,7 +131,9 @@ type putItem struct {
 	batch tiers.BatchID
 	index int
 	key   tiers.Key
-	src   []byte
+	// src is the slab span the page is read from: by the gatherer's copy
+	// into a staging buffer, or (direct) by the disk write itself.
+	src []byte
 	// sum is the producer's CRC-32C of src, when hasSum: the slot header
 	// takes it as given (tiers.PutRequest.Sum).
 	sum    uint32
@@ -133,9 +143,18 @@ type putItem struct {
 // writeJob is one page on its way to disk, with any duplicate puts of the
 // same key that arrived while it was in flight.
 type writeJob struct {
-	key     tiers.Key
-	items   []putItem
-	buf     *diskfs.AlignedBuffer
+	key   tiers.Key
+	items []putItem
+	// buf is the staging buffer: the whole slot, or (direct) only its
+	// header block.
+	buf *diskfs.AlignedBuffer
+	// direct: the payload is written straight from own.src, so the slab
+	// span is read until the write returns, and own's AckGathered is
+	// sent only then (or when the job ends without a write). own is the
+	// job's first item as it was made: items may grow on the writer
+	// while the write runs.
+	direct  bool
+	own     putItem
 	slot    int32
 	err     error
 	dropped bool        // a reader found it corrupt and removed its entry
@@ -173,6 +192,13 @@ type deleteOp struct {
 // commit size.
 func (s *Store) SyncStats() (syncs, writes int64) {
 	return s.st.syncs.Load(), s.st.syncedWrites.Load()
+}
+
+// DirectTransfers returns how many page writes and verified reads moved
+// the payload straight between the disk and the slab, with no staging
+// copy.
+func (s *Store) DirectTransfers() (writes, reads int64) {
+	return s.st.directWrites.Load(), s.st.directReads.Load()
 }
 
 // Disk returns the disk number this store writes.

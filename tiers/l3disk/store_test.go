@@ -18,15 +18,29 @@ import (
 
 // TestConformance runs the Store v1 suite against l3disk over each real
 // index.
+// It runs over both slot layouts (ragged pages staged through a buffer;
+// pages of whole blocks moved straight between the disk and the slab).
 func TestConformance(t *testing.T) {
+	for _, g := range []struct {
+		name     string
+		geom     tiers.PayloadGeometry
+		zeroCopy string
+	}{{"ragged", testGeometry, ZeroCopyOn}, {"blocks", blockGeometry, ZeroCopyOn}, {"blocks-staged", blockGeometry, ZeroCopyOff}} {
+		t.Run(g.name, func(t *testing.T) { conformance(t, g.geom, g.zeroCopy) })
+	}
+}
+
+func conformance(t *testing.T, geom tiers.PayloadGeometry, zeroCopy string) {
 	for _, ix := range testIndexes() {
 		t.Run(ix.name, func(t *testing.T) {
 			const slots = 96
 			var last *rig
 			tiertest.RunStore(t, tiertest.StoreHarness{
-				Payload: testGeometry,
+				Payload: geom,
 				Open: func(t *testing.T) (tiers.Store, tiers.Slab) {
 					r := newRig(t, ix, slots)
+					r.geom = geom
+					r.cfg.ZeroCopy = zeroCopy
 					r.slab = tiertest.NewHeapSlab(2 * tiertest.SlabPages * r.pageSlot())
 					last = r
 					return r.open(tiers.ColdStartClear), r.slab

@@ -31,7 +31,19 @@ func (s *Store) ioLoop() {
 	defer bgprio.Lower()()
 	for job := range s.ioJobs {
 		f := s.files[job.key.Kind]
-		if err := f.writeSlot(int64(job.slot), job.buf.Bytes()); err != nil {
+		var err error
+		if job.direct {
+			err = f.writeSlotv(int64(job.slot), job.buf.Bytes(), job.own.src)
+			// The span is not read any more, whatever the write did; a
+			// failure follows as the item's AckFailed.
+			s.ack(tiers.Ack{Batch: job.own.batch, Index: job.own.index, Stage: tiers.AckGathered})
+			if err == nil {
+				s.st.directWrites.Add(1)
+			}
+		} else {
+			err = f.writeSlot(int64(job.slot), job.buf.Bytes())
+		}
+		if err != nil {
 			s.st.writeErrors.Add(1)
 			job.err = fmt.Errorf("l3disk put %s: %w", job.key, err)
 			s.limiter.Error("write", "l3 slot write failed", "key", job.key.String(), "slot", job.slot, "path", f.path, "err", err)

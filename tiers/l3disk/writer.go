@@ -56,6 +56,15 @@ func (s *Store) releaseStaging(job *writeJob) {
 	}
 }
 
+// gatheredNow sends a direct job's own AckGathered when the job ends
+// without its write (a duplicate of a page in flight or stored): its span
+// is not read any more.
+func (s *Store) gatheredNow(job *writeJob) {
+	if job.direct {
+		s.ack(tiers.Ack{Batch: job.own.batch, Index: job.own.index, Stage: tiers.AckGathered})
+	}
+}
+
 func (s *Store) handleGathered(job *writeJob) {
 	k := job.key.Kind
 	f, pool := s.files[k], s.pools[k]
@@ -68,12 +77,14 @@ func (s *Store) handleGathered(job *writeJob) {
 		switch {
 		case pool.state[slot] == slotInFlight:
 			s.releaseStaging(job)
+			s.gatheredNow(job)
 			s.st.dedups.Add(int64(len(job.items)))
 			other := s.inflight[job.key]
 			other.items = append(other.items, job.items...)
 			return
 		case s.indexNames(job.key, slot) && s.verifyLive(job.key, slot):
 			s.releaseStaging(job)
+			s.gatheredNow(job)
 			s.st.dedups.Add(int64(len(job.items)))
 			pool.touch(slot, s.clock.Add(1))
 			s.ackDurable(job.items)
@@ -122,7 +133,7 @@ func (s *Store) verifyLive(key tiers.Key, slot int32) bool {
 	defer func() { s.readBufs <- buf }()
 	err := f.readSlot(int64(slot), buf.Bytes())
 	if err == nil {
-		_, err = verifySlot(buf.Bytes(), uint8(k), f.epoch(), key.Hash, s.pageBytes[k])
+		_, err = verifySlot(buf.Bytes(), uint8(k), f.epoch(), key.Hash, s.pageBytes[k], f.version())
 	}
 	if err == nil {
 		s.verified[k][slot] = true

@@ -61,6 +61,15 @@ type File interface {
 	ReadAt(p []byte, off int64) (int, error)
 	// WriteAt writes len(p) bytes at off; a short write returns an error.
 	WriteAt(p []byte, off int64) (int, error)
+	// WritevAt writes the buffers back to back from off in one transfer
+	// (pwritev): a slot's header block from the store's own buffer and
+	// its payload straight from the caller's memory. With O_DIRECT every
+	// buffer's address and length are multiples of BlockSize. A short
+	// write returns an error.
+	WritevAt(bufs [][]byte, off int64) (int, error)
+	// ReadvAt reads into the buffers back to back from off in one
+	// transfer (preadv); as WritevAt.
+	ReadvAt(bufs [][]byte, off int64) (int, error)
 	// Datasync flushes the file's data (and the metadata needed to read
 	// it) to stable storage.
 	Datasync() error
@@ -201,6 +210,66 @@ func (o *osFile) WriteAt(p []byte, off int64) (int, error) {
 	return n, nil
 }
 
+func (o *osFile) WritevAt(bufs [][]byte, off int64) (int, error) {
+	return o.vector(bufs, off, true)
+}
+
+func (o *osFile) ReadvAt(bufs [][]byte, off int64) (int, error) {
+	return o.vector(bufs, off, false)
+}
+
+// vector runs pwritev or preadv until every buffer is transferred: the
+// kernel may stop short (a signal, a file system's limit on one call), and
+// the rest goes from where it stopped. A read that reaches the end of the
+// file short is io.ErrUnexpectedEOF.
+func (o *osFile) vector(bufs [][]byte, off int64, write bool) (int, error) {
+	op, total := "read", 0
+	if write {
+		op = "write"
+	}
+	for _, b := range bufs {
+		total += len(b)
+	}
+	done := 0
+	rest := bufs
+	for len(rest) > 0 {
+		var n int
+		var err error
+		if write {
+			n, err = unix.Pwritev(int(o.f.Fd()), rest, off+int64(done))
+		} else {
+			n, err = unix.Preadv(int(o.f.Fd()), rest, off+int64(done))
+		}
+		if err == unix.EINTR {
+			continue
+		}
+		if err == nil && n == 0 {
+			if write {
+				err = io.ErrShortWrite
+			} else {
+				err = io.ErrUnexpectedEOF
+			}
+		}
+		if err != nil {
+			return done, fmt.Errorf("%sv %s at %d (%d bytes in %d buffers, %d done): %w", op, o.f.Name(), off, total, len(bufs), done, err)
+		}
+		done += n
+		// Drop what went; keep the rest of a buffer cut in the middle.
+		for n > 0 && len(rest) > 0 {
+			if n < len(rest[0]) {
+				first := make([][]byte, len(rest))
+				copy(first, rest)
+				first[0] = first[0][n:]
+				rest, n = first, 0
+				break
+			}
+			n -= len(rest[0])
+			rest = rest[1:]
+		}
+	}
+	return done, nil
+}
+
 func (o *osFile) Datasync() error {
 	if err := unix.Fdatasync(int(o.f.Fd())); err != nil {
 		return fmt.Errorf("fdatasync %s: %w", o.f.Name(), err)
@@ -307,6 +376,13 @@ func (a *AlignedBuffer) Free() error {
 		return fmt.Errorf("unmap aligned buffer: %w", err)
 	}
 	return nil
+}
+
+// Aligned reports whether p can be an O_DIRECT transfer buffer as it is:
+// its address and length are multiples of BlockSize (and it is not
+// empty).
+func Aligned(p []byte) bool {
+	return len(p) > 0 && len(p)%BlockSize == 0 && uintptr(unsafe.Pointer(&p[0]))%BlockSize == 0
 }
 
 // RoundUp rounds n up to a multiple of BlockSize.

@@ -302,6 +302,57 @@ func (f *file) WriteAt(p []byte, off int64) (int, error) {
 	return f.File.WriteAt(p, off)
 }
 
+// WritevAt runs a vectored write as one WriteAt of the buffers gathered
+// into an aligned copy, so that every fault a WriteAt can suffer (failure,
+// short or torn write, flipped bit) hits the vectored path alike. The copy
+// is this fault-injecting fake's cost, not the real file's.
+func (f *file) WritevAt(bufs [][]byte, off int64) (int, error) {
+	buf, err := gathered(bufs)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = buf.Free() }()
+	q := buf.Bytes()[:vlen(bufs)]
+	off0 := 0
+	for _, b := range bufs {
+		off0 += copy(q[off0:], b)
+	}
+	return f.WriteAt(q, off)
+}
+
+// ReadvAt reads through ReadAt (and its faults) into an aligned copy, then
+// scatters it into the buffers.
+func (f *file) ReadvAt(bufs [][]byte, off int64) (int, error) {
+	buf, err := gathered(bufs)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = buf.Free() }()
+	q := buf.Bytes()[:vlen(bufs)]
+	n, err := f.ReadAt(q, off)
+	at := 0
+	for _, b := range bufs {
+		at += copy(b, q[min(at, n):n])
+	}
+	return n, err
+}
+
+func vlen(bufs [][]byte) int {
+	n := 0
+	for _, b := range bufs {
+		n += len(b)
+	}
+	return n
+}
+
+func gathered(bufs [][]byte) (*diskfs.AlignedBuffer, error) {
+	n := vlen(bufs)
+	if n == 0 {
+		n = 1
+	}
+	return diskfs.NewAlignedBuffer(n)
+}
+
 func (f *file) Datasync() error {
 	if ft := f.fs.fault(Event{Op: OpSync, Path: f.Name()}); ft != nil && ft.Kind == Fail {
 		return fmt.Errorf("fdatasync %s: injected: %w", f.Name(), errOr(ft.Err))
