@@ -70,7 +70,9 @@ func TestDataFaults(t *testing.T) {
 		p     float64
 	}{
 		{"torn-write", errorfs.OpWrite, errorfs.Fault{Kind: errorfs.TornWrite, Keep: 4096}, 0.3},
-		{"bit-flip-read", errorfs.OpRead, errorfs.Fault{Kind: errorfs.FlipBit, At: 100, Bit: 3}, 0.3},
+		// NB: bytes of the payload in either slot layout (right after the
+		// 64-byte header, or one block in for pages of whole blocks).
+		{"bit-flip-read", errorfs.OpRead, errorfs.Fault{Kind: errorfs.FlipBit, At: 4096 + 100, Bit: 3}, 0.3},
 		{"bit-flip-write", errorfs.OpWrite, errorfs.Fault{Kind: errorfs.FlipBit, At: 5000, Bit: 1}, 0.3},
 		{"eio-read", errorfs.OpRead, errorfs.Fault{Kind: errorfs.Fail, Err: unix.EIO}, 0.3},
 		{"eio-write", errorfs.OpWrite, errorfs.Fault{Kind: errorfs.Fail, Err: unix.EIO}, 0.3},

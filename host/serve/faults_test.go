@@ -121,7 +121,9 @@ func TestServeL3Faults(t *testing.T) {
 		f    errorfs.Fault
 	}{
 		{"eio-read", errorfs.OpRead, errorfs.Fault{Kind: errorfs.Fail, Err: unix.EIO}},
-		{"bit-flip-read", errorfs.OpRead, errorfs.Fault{Kind: errorfs.FlipBit, At: 100, Bit: 3}},
+		// NB: a byte of the payload in either slot layout (right after the
+		// 64-byte header, or one block in for pages of whole blocks).
+		{"bit-flip-read", errorfs.OpRead, errorfs.Fault{Kind: errorfs.FlipBit, At: 4096 + 100, Bit: 3}},
 		{"torn-write", errorfs.OpWrite, errorfs.Fault{Kind: errorfs.TornWrite, Keep: 4096}},
 		{"enospc-write", errorfs.OpWrite, errorfs.Fault{Kind: errorfs.Fail, Err: unix.ENOSPC}},
 	} {
