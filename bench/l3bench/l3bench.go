@@ -51,6 +51,9 @@ type Options struct {
 	Depth int
 	// ODirect is the store's o_direct mode.
 	ODirect string
+	// ZeroCopy is the store's zero_copy mode (empty: the store's
+	// default, auto).
+	ZeroCopy string
 	// Index is "lmdb" or "badger".
 	Index string
 	// Fio is the fio binary; empty looks "fio" up in PATH, "-" skips fio.
@@ -105,7 +108,8 @@ func Run(ctx context.Context, o Options) (res []benchreport.Result, err error) {
 	}
 	var cpuSpill, cpuReload time.Duration
 	var group float64
-	spills, reloads, direct, err := runStore(ctx, o, filepath.Join(tmp, "store"), fioRound, &cpuSpill, &cpuReload, &group)
+	var zc [2]int64
+	spills, reloads, direct, err := runStore(ctx, o, filepath.Join(tmp, "store"), fioRound, &cpuSpill, &cpuReload, &group, &zc)
 	if err != nil {
 		return nil, err
 	}
@@ -132,6 +136,7 @@ func Run(ctx context.Context, o Options) (res []benchreport.Result, err error) {
 	note := fmt.Sprintf("%d pages of %.2f MiB (slot %d B), batch %d, depth %d, index %s, %s, median of %d rounds interleaved with fio",
 		o.Pages, float64(o.PageBytes)/mib, slot, o.Batch, o.Depth, o.Index,
 		map[bool]string{true: "O_DIRECT", false: "buffered+fdatasync (O_DIRECT refused)"}[direct], o.Rounds)
+	note += fmt.Sprintf(", zero copy (no staging buffer) %d of %d writes and %d of %d reads", zc[0], o.Rounds*o.Pages, zc[1], o.Rounds*o.Pages)
 	rs := benchreport.Result{Bench: "l3/spill", Value: spill, Unit: "MiB/s", Target: Target,
 		Note: note + "; Put to last durable ack (data, fdatasync, index commit); process CPU " + perPage(cpuSpill) + "/page"}
 	rr := benchreport.Result{Bench: "l3/reload", Value: reload, Unit: "MiB/s", Target: Target,
@@ -182,7 +187,7 @@ func openIndex(ctx context.Context, o Options, dir string) (indexes.Index, error
 // runStore spills and reloads o.Pages pages o.Rounds times through one
 // store, deleting them between rounds and calling between() after each,
 // and returns each round's rates in MiB/s of payload.
-func runStore(ctx context.Context, o Options, tmp string, between func() error, cpuSpill, cpuReload *time.Duration, group *float64) (spill, reload []float64, direct bool, err error) {
+func runStore(ctx context.Context, o Options, tmp string, between func() error, cpuSpill, cpuReload *time.Duration, group *float64, zeroCopy *[2]int64) (spill, reload []float64, direct bool, err error) {
 	ix, err := openIndex(ctx, o, filepath.Join(tmp, "index"))
 	if err != nil {
 		return nil, nil, false, fmt.Errorf("l3 bench: %w", err)
@@ -209,11 +214,17 @@ func runStore(ctx context.Context, o Options, tmp string, between func() error, 
 	// the write path, not eviction.
 	cfg.Slots = int64(math.Ceil(float64(o.Pages)/cfg.GCStop)) + int64(o.Batch)
 	cfg.Depth, cfg.ODirect, cfg.PLPProbes = o.Depth, o.ODirect, 0
+	if o.ZeroCopy != "" {
+		cfg.ZeroCopy = o.ZeroCopy
+	}
 	st, err := l3disk.Open(ctx, env, cfg)
 	if err != nil {
 		return nil, nil, false, fmt.Errorf("l3 bench: %w", err)
 	}
-	defer func() { err = errors.Join(err, st.Close()) }()
+	defer func() {
+		zeroCopy[0], zeroCopy[1] = st.DirectTransfers()
+		err = errors.Join(err, st.Close())
+	}()
 	direct = st.Direct()
 
 	pattern := make([]byte, o.PageBytes)

@@ -88,6 +88,7 @@ libraries).`,
 	countVar(fs, &o.Rounds, "rounds", "`rounds` of store and fio, interleaved; the median of each side counts")
 	fs.StringVar(&o.Index, "index", o.Index, "the store's index: lmdb or badger")
 	fs.StringVar(&o.ODirect, "o-direct", o.ODirect, "the store's o_direct mode: auto, on or off")
+	fs.StringVar(&o.ZeroCopy, "zero-copy", "auto", "the store's zero_copy mode: auto (on a slab in huge pages), on or off")
 	fs.StringVar(&o.Fio, "fio", "", "fio `binary` (default: fio from PATH; - to skip the fio limits)")
 	noIndex := fs.Bool("no-index-bench", false, "skip the Index v1 vs raw library benchmark")
 	verbose := fs.Bool("v", false, "log the store's messages to stderr")
