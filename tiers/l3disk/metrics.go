@@ -14,6 +14,7 @@ type collector struct {
 	evictions, writeErr, readErr       *prometheus.Desc
 	idxErr, spill, reload, idxFull     *prometheus.Desc
 	used, total, readOnly              *prometheus.Desc
+	zeroCopy                           *prometheus.Desc
 }
 
 func newCollector(s *Store) *collector {
@@ -35,6 +36,7 @@ func newCollector(s *Store) *collector {
 		idxFull:   d("index_full_total", "Times the index refused a put as full and GC took the pages then in use as the capacity (the index map is smaller than the slabs need)."),
 		spill:     d("spill_bytes_total", "Payload bytes made durable."),
 		reload:    d("reload_bytes_total", "Payload bytes served by gets."),
+		zeroCopy:  d("zero_copy_total", "Page writes and verified reads that moved the payload straight between the disk and the slab span, with no staging buffer (zero_copy).", "op"),
 		used:      d("slots_used", "Slots live or in flight.", "kind"),
 		total:     d("slots_total", "Slots in the slab file.", "kind"),
 		readOnly:  d("slab_read_only", "1 if the kind's slab turned read-only after a failed fdatasync.", "kind"),
@@ -43,7 +45,7 @@ func newCollector(s *Store) *collector {
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.hits, c.misses, c.corrupt, c.puts, c.fails, c.evictions,
-		c.writeErr, c.readErr, c.idxErr, c.idxFull, c.spill, c.reload, c.used, c.total, c.readOnly} {
+		c.writeErr, c.readErr, c.idxErr, c.idxFull, c.spill, c.reload, c.used, c.total, c.readOnly, c.zeroCopy} {
 		ch <- d
 	}
 }
@@ -65,6 +67,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.idxFull, st.indexFullCaps.Load())
 	counter(c.spill, st.spillBytes.Load())
 	counter(c.reload, st.reloadBytes.Load())
+	ch <- prometheus.MustNewConstMetric(c.zeroCopy, prometheus.CounterValue, float64(st.directWrites.Load()), "write")
+	ch <- prometheus.MustNewConstMetric(c.zeroCopy, prometheus.CounterValue, float64(st.directReads.Load()), "read")
 	for k, f := range c.s.files {
 		kind := c.s.env.Payload.Kinds[k].Name
 		ch <- prometheus.MustNewConstMetric(c.used, prometheus.GaugeValue, float64(st.usedSlots[k].Load()), kind)
