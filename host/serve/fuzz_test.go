@@ -94,12 +94,23 @@ func FuzzKeys(f *testing.F) {
 	f.Add(uint32(1<<31), []byte{})
 	f.Fuzz(func(t *testing.T, pages uint32, b []byte) {
 		var k keyer
+		for j := range k {
+			k[j] = byte(j*37 + 11)
+		}
 		hs, err := k.keys(nil, pages, b)
 		if (err == nil) != (uint64(len(b)) == uint64(pages)*32) {
 			t.Fatalf("pages %d, %d bytes: err %v", pages, len(b), err)
 		}
 		if err == nil && len(hs) != int(pages) {
 			t.Fatalf("%d keys for %d pages", len(hs), pages)
+		}
+		// Each key is its hash XOR the namespace id, byte for byte.
+		for i, h := range hs {
+			for j := range h {
+				if h[j] != b[i*32+j]^k[j] {
+					t.Fatalf("key %d byte %d: %#x, want %#x ^ %#x", i, j, h[j], b[i*32+j], k[j])
+				}
+			}
 		}
 	})
 }

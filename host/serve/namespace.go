@@ -1,7 +1,9 @@
 package serve
 
 import (
+	"encoding/binary"
 	"fmt"
+	"slices"
 
 	"google.golang.org/protobuf/proto"
 
@@ -92,12 +94,17 @@ func (k *keyer) keys(dst []pagehash.Hash, pages uint32, b []byte) ([]pagehash.Ha
 	if uint64(len(b)) != uint64(pages)*pagehash.Size {
 		return dst, fmt.Errorf("%d bytes of hashes for %d pages (want %d)", len(b), pages, uint64(pages)*pagehash.Size)
 	}
+	dst = slices.Grow(dst, int(pages))
+	// A word at a time: a step of 32 requests of 64 pages XORs 64 KiB.
+	k0, k1 := binary.LittleEndian.Uint64(k[0:]), binary.LittleEndian.Uint64(k[8:])
+	k2, k3 := binary.LittleEndian.Uint64(k[16:]), binary.LittleEndian.Uint64(k[24:])
 	for i := range int(pages) {
 		var h pagehash.Hash
-		src := b[i*pagehash.Size : (i+1)*pagehash.Size]
-		for j := range h {
-			h[j] = src[j] ^ k[j]
-		}
+		src := b[i*pagehash.Size : (i+1)*pagehash.Size : (i+1)*pagehash.Size]
+		binary.LittleEndian.PutUint64(h[0:], binary.LittleEndian.Uint64(src[0:])^k0)
+		binary.LittleEndian.PutUint64(h[8:], binary.LittleEndian.Uint64(src[8:])^k1)
+		binary.LittleEndian.PutUint64(h[16:], binary.LittleEndian.Uint64(src[16:])^k2)
+		binary.LittleEndian.PutUint64(h[24:], binary.LittleEndian.Uint64(src[24:])^k3)
 		dst = append(dst, h)
 	}
 	return dst, nil
