@@ -26,11 +26,7 @@ import (
 // payload one block in, written from and read into the slab span
 // directly).
 func TestFaultMatrix(t *testing.T) {
-	for _, g := range []struct {
-		name     string
-		geom     tiers.PayloadGeometry
-		zeroCopy string
-	}{{"ragged", testGeometry, ZeroCopyOn}, {"blocks", blockGeometry, ZeroCopyOn}, {"blocks-staged", blockGeometry, ZeroCopyOff}} {
+	for _, g := range layouts() {
 		t.Run(g.name, func(t *testing.T) { faultMatrix(t, g.geom, g.zeroCopy) })
 	}
 }

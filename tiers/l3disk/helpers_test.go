@@ -44,6 +44,24 @@ var blockGeometry = tiers.PayloadGeometry{
 	},
 }
 
+// layout is a slot layout the store's tests run over: a geometry and a
+// zero_copy mode.
+type layout struct {
+	name     string
+	geom     tiers.PayloadGeometry
+	zeroCopy string
+}
+
+// layouts: ragged pages (the payload right after the header, staged),
+// pages of whole blocks moved directly, and the same pages staged.
+func layouts() []layout {
+	return []layout{
+		{"ragged", testGeometry, ZeroCopyOn},
+		{"blocks", blockGeometry, ZeroCopyOn},
+		{"blocks-staged", blockGeometry, ZeroCopyOff},
+	}
+}
+
 // checkDirect fails the test unless the store moved payloads without a
 // staging copy exactly when the layout allows it: pages of whole blocks
 // (every kind of the geometries here), block-aligned spans (the heap

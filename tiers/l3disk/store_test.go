@@ -21,11 +21,7 @@ import (
 // It runs over both slot layouts (ragged pages staged through a buffer;
 // pages of whole blocks moved straight between the disk and the slab).
 func TestConformance(t *testing.T) {
-	for _, g := range []struct {
-		name     string
-		geom     tiers.PayloadGeometry
-		zeroCopy string
-	}{{"ragged", testGeometry, ZeroCopyOn}, {"blocks", blockGeometry, ZeroCopyOn}, {"blocks-staged", blockGeometry, ZeroCopyOff}} {
+	for _, g := range layouts() {
 		t.Run(g.name, func(t *testing.T) { conformance(t, g.geom, g.zeroCopy) })
 	}
 }
