@@ -300,10 +300,10 @@ func setOnCorrupt(cfg any, write bool) {
 
 func writeCheckReport(w io.Writer, rep l3disk.CheckReport, repair bool) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "FILE\tDISK\tRANK\tKIND\tSTACK\tEPOCH\tSLOTS\tLIVE\tORPHAN\tCORRUPT\tLOST\tFREE")
+	fmt.Fprintln(tw, "FILE\tDISK\tRANK\tKIND\tSTACK\tFORMAT\tEPOCH\tSLOTS\tLIVE\tORPHAN\tCORRUPT\tLOST\tFREE")
 	for _, f := range rep.Files {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", f.Path, f.Disk, f.Rank, f.Kind, f.StackID,
-			f.Epoch>>16, f.Slots, f.Live, f.Orphan, f.Corrupt, f.Lost, f.Free)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", f.Path, f.Disk, f.Rank, f.Kind, f.StackID,
+			f.Format, f.Epoch>>16, f.Slots, f.Live, f.Orphan, f.Corrupt, f.Lost, f.Free)
 	}
 	_ = tw.Flush()
 	for _, f := range rep.Files {

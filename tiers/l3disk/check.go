@@ -51,12 +51,14 @@ type CheckOptions struct {
 
 // FileCheck is what the check found in one slab file.
 type FileCheck struct {
-	Path      string
-	Disk      int
-	Rank      int
-	Kind      uint8
-	StackID   string
-	Epoch     uint64
+	Path    string
+	Disk    int
+	Rank    int
+	Kind    uint8
+	StackID string
+	Epoch   uint64
+	// Format is the file's on-disk format version (FormatVersion).
+	Format    uint16
 	Slots     int64
 	SlotBytes int64
 	// Live slots hold a page their index entry names, verified in full
@@ -335,7 +337,7 @@ func openChecked(ctx context.Context, opts CheckOptions, path, stackID string, d
 		return &checkedFile{fc: fc}, nil
 	}
 	fc.Rank, fc.Kind, fc.StackID = int(f.sb.Rank), f.sb.Kind, f.sb.StackID
-	fc.Epoch, fc.Slots, fc.SlotBytes = f.sb.Epoch, f.sb.Slots, f.sb.SlotBytes
+	fc.Epoch, fc.Slots, fc.SlotBytes, fc.Format = f.sb.Epoch, f.sb.Slots, f.sb.SlotBytes, f.version()
 	if info.truncatedAt > 0 {
 		fc.Problem = fmt.Sprintf("truncated: %d bytes, its superblock says %d; slots %d..%d are gone",
 			info.truncatedAt, f.fileSize(), f.sb.Slots-info.lostSlots, f.sb.Slots-1)

@@ -60,6 +60,23 @@ func TestFormat1FileStillRead(t *testing.T) {
 	if v := fileVersion(t, paths[0]); v != minFormatVersion {
 		t.Fatalf("a load changed the file's version to %d", v)
 	}
+	// The offline check (kvtier inspect l3) verifies every slot of a
+	// version 1 file in its own layout.
+	r.index = r.ixOpen.open(t, r.ixDir)
+	rep, err := Check(context.Background(), CheckOptions{Dirs: []string{r.dir}, Index: r.index})
+	if err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	live := int64(0)
+	for _, f := range rep.Files {
+		if f.Format != minFormatVersion || f.Corrupt != 0 || f.Problem != "" {
+			t.Fatalf("check of the version 1 file %s: format %d, %d corrupt, problem %q", f.Path, f.Format, f.Corrupt, f.Problem)
+		}
+		live += f.Live
+	}
+	if want := int64(len(kv) + len(ix) + len(more)); live != want {
+		t.Fatalf("check found %d live pages in the version 1 files, want %d", live, want)
+	}
 
 	st = r.open(tiers.ColdStartClear)
 	if v := fileVersion(t, paths[0]); v != FormatVersion {
