@@ -24,13 +24,8 @@ func TestFormat1FileStillRead(t *testing.T) {
 	r.slab = tiertest.NewHeapSlab(r.slabCap * r.pageSlot())
 	r.open(tiers.ColdStartClear)
 	kv, ix := makePages(1, 8, 0, r.geom), makePages(2, 8, 1, r.geom)
-	for _, pages := range [][]testPage{kv, ix} {
-		for i, err := range r.put(pages, 0) {
-			if err != nil {
-				t.Fatalf("put %d: %v", i, err)
-			}
-		}
-	}
+	r.putAll(kv)
+	r.putAll(ix)
 	paths := r.store.SlabPaths()
 	r.close()
 	for _, p := range paths {
@@ -44,11 +39,7 @@ func TestFormat1FileStillRead(t *testing.T) {
 		}
 	}
 	more := makePages(3, 4, 0, r.geom)
-	for i, err := range r.put(more, 0) {
-		if err != nil {
-			t.Fatalf("put %d into the version 1 file: %v", i, err)
-		}
-	}
+	r.putAll(more)
 	if h := countHits(r.get(more, 20)); h != len(more) {
 		t.Fatalf("%d of %d pages put into the version 1 file read back", h, len(more))
 	}
@@ -85,11 +76,7 @@ func TestFormat1FileStillRead(t *testing.T) {
 	if h := countHits(r.get(kv, 20)); h != 0 {
 		t.Fatalf("%d pages of the cleared file still hit", h)
 	}
-	for i, err := range r.put(kv, 0) {
-		if err != nil {
-			t.Fatalf("put %d after the clear: %v", i, err)
-		}
-	}
+	r.putAll(kv)
 	if h := countHits(r.get(kv, 20)); h != len(kv) {
 		t.Fatalf("%d of %d pages read back after the clear", h, len(kv))
 	}
@@ -190,11 +177,7 @@ func TestZeroCopyModes(t *testing.T) {
 			r.cfg.ZeroCopy = tc.mode
 			st := r.openSlab(pageSized{heap, tc.slabPage})
 			pages := makePages(5, 6, 0, r.geom)
-			for i, err := range r.put(pages, 0) {
-				if err != nil {
-					t.Fatalf("put %d: %v", i, err)
-				}
-			}
+			r.putAll(pages)
 			if h := countHits(r.get(pages, 10)); h != len(pages) {
 				t.Fatalf("%d of %d hit", h, len(pages))
 			}

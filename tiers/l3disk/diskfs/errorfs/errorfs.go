@@ -307,15 +307,14 @@ func (f *file) WriteAt(p []byte, off int64) (int, error) {
 // short or torn write, flipped bit) hits the vectored path alike. The copy
 // is this fault-injecting fake's cost, not the real file's.
 func (f *file) WritevAt(bufs [][]byte, off int64) (int, error) {
-	buf, err := gathered(bufs)
+	q, free, err := staged(bufs)
 	if err != nil {
 		return 0, err
 	}
-	defer func() { _ = buf.Free() }()
-	q := buf.Bytes()[:vlen(bufs)]
-	off0 := 0
+	defer free()
+	at := 0
 	for _, b := range bufs {
-		off0 += copy(q[off0:], b)
+		at += copy(q[at:], b)
 	}
 	return f.WriteAt(q, off)
 }
@@ -323,12 +322,11 @@ func (f *file) WritevAt(bufs [][]byte, off int64) (int, error) {
 // ReadvAt reads through ReadAt (and its faults) into an aligned copy, then
 // scatters it into the buffers.
 func (f *file) ReadvAt(bufs [][]byte, off int64) (int, error) {
-	buf, err := gathered(bufs)
+	q, free, err := staged(bufs)
 	if err != nil {
 		return 0, err
 	}
-	defer func() { _ = buf.Free() }()
-	q := buf.Bytes()[:vlen(bufs)]
+	defer free()
 	n, err := f.ReadAt(q, off)
 	at := 0
 	for _, b := range bufs {
@@ -337,20 +335,18 @@ func (f *file) ReadvAt(bufs [][]byte, off int64) (int, error) {
 	return n, err
 }
 
-func vlen(bufs [][]byte) int {
+// staged returns an aligned buffer as long as the buffers together, and
+// the func that frees it.
+func staged(bufs [][]byte) ([]byte, func(), error) {
 	n := 0
 	for _, b := range bufs {
 		n += len(b)
 	}
-	return n
-}
-
-func gathered(bufs [][]byte) (*diskfs.AlignedBuffer, error) {
-	n := vlen(bufs)
-	if n == 0 {
-		n = 1
+	buf, err := diskfs.NewAlignedBuffer(max(n, 1))
+	if err != nil {
+		return nil, nil, err
 	}
-	return diskfs.NewAlignedBuffer(n)
+	return buf.Bytes()[:n], func() { _ = buf.Free() }, nil
 }
 
 func (f *file) Datasync() error {
