@@ -918,7 +918,17 @@ type ExistsRequest struct {
 	// places in L3 start reloading into the L2 slab in the background,
 	// without waiting, so the BatchGet that follows finds them in L2. See
 	// docs/store-api.md, "Prefetch".
-	Prefetch      bool `protobuf:"varint,4,opt,name=prefetch,proto3" json:"prefetch,omitempty"`
+	Prefetch bool `protobuf:"varint,4,opt,name=prefetch,proto3" json:"prefetch,omitempty"`
+	// wait_ms: when some of the answer's pages are being reloaded from L3
+	// into the slab (by this call's prefetch or an earlier one), answer once
+	// those reloads have landed, or after wait_ms, whichever comes first;
+	// the answer then gives each page's tier at that time (a reloaded page
+	// is TIER_L2). It is bounded by limits.max_deadline_ms and the call's
+	// own deadline. 0: answer at once. A client that waits for a waiting
+	// request's pages to come into L2 asks again with wait_ms instead of
+	// polling (docs/store-api.md, "Prefetch"). An older serve ignores it and
+	// answers at once.
+	WaitMs        uint32 `protobuf:"varint,5,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -979,6 +989,13 @@ func (x *ExistsRequest) GetPrefetch() bool {
 		return x.Prefetch
 	}
 	return false
+}
+
+func (x *ExistsRequest) GetWaitMs() uint32 {
+	if x != nil {
+		return x.WaitMs
+	}
+	return 0
 }
 
 type ExistsReply struct {
@@ -2285,12 +2302,13 @@ const file_store_v1_store_proto_rawDesc = "" +
 	"\x04Span\x12\x12\n" +
 	"\x04slab\x18\x01 \x01(\rR\x04slab\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x16\n" +
-	"\x06length\x18\x03 \x01(\x04R\x06length\"r\n" +
+	"\x06length\x18\x03 \x01(\x04R\x06length\"\x8b\x01\n" +
 	"\rExistsRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12\x12\n" +
 	"\x04keys\x18\x03 \x03(\tR\x04keys\x12\x1a\n" +
-	"\bprefetch\x18\x04 \x01(\bR\bprefetch\"q\n" +
+	"\bprefetch\x18\x04 \x01(\bR\bprefetch\x12\x17\n" +
+	"\await_ms\x18\x05 \x01(\rR\x06waitMs\"q\n" +
 	"\vExistsReply\x12\x17\n" +
 	"\aboot_id\x18\x01 \x01(\tR\x06bootId\x12\x18\n" +
 	"\apresent\x18\x02 \x01(\rR\apresent\x12/\n" +

@@ -205,6 +205,7 @@ type pendingCheck struct {
 // counters are the door's Stats.
 type counters struct {
 	existsCalls, getPages, hitL2, hitL3, miss, corrupt, timeout       uint64
+	existsWaits                                                       uint64 // BatchExists calls that waited on reloads
 	setPages, stored, exists, noSpace, readBytes, writtenBytes, evict uint64
 	verifyFailures, putFailures                                       uint64
 	prefetch, prefetchSkipped                                         uint64
@@ -267,6 +268,9 @@ type Door struct {
 	gathered   []*entry // pages gathered by the store, to verify
 	checking   int      // pages taken from gathered, being verified
 	loading    int      // slots held by reloads in flight
+	// reloading names the reload in flight of a page (the latest, when a
+	// BatchGet reloads a page a prefetch is also reloading).
+	reloading map[pagehash.Hash]*load
 	// commits are the Commits whose checksums are being taken: their
 	// pages hold slots that become evictable when done is closed.
 	commits map[chan struct{}]struct{}
@@ -310,7 +314,7 @@ func Open(opt Options) (*Door, error) {
 	d := &Door{opt: opt, log: opt.Logger, kinds: opt.Payload.Kinds, ev: ev,
 		entries: map[pagehash.Hash]*entry{}, nodes: map[policy.NodeID]*entry{}, sessions: map[string]*session{},
 		leases: map[uint64]*lease{}, spaces: map[[32]byte]*nsState{}, puts: map[tiers.BatchID]*putBatch{},
-		early: map[tiers.BatchID][]tiers.Ack{}, stop: make(chan struct{})}
+		early: map[tiers.BatchID][]tiers.Ack{}, reloading: map[pagehash.Hash]*load{}, stop: make(chan struct{})}
 	for _, k := range d.kinds {
 		d.pageBytes += k.PageBytes
 	}

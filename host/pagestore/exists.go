@@ -2,6 +2,8 @@ package pagestore
 
 import (
 	"context"
+	"slices"
+	"time"
 
 	pb "github.com/kvtier/kvtier/api/storev1"
 	"github.com/kvtier/kvtier/pagehash"
@@ -30,18 +32,42 @@ func (d *Door) BatchExists(ctx context.Context, q *pb.ExistsRequest) (*pb.Exists
 			break
 		}
 	}
-	inL2 := make([]bool, n)
 	d.mu.Lock()
 	d.st.existsCalls++
+	d.mu.Unlock()
+	out := &pb.ExistsReply{BootId: d.opt.BootID}
+	out.Tiers = d.tiersOf(ctx, hs[:n], nil)
+	if q.GetPrefetch() {
+		var l3 []pagehash.Hash
+		for i, t := range out.Tiers {
+			if t == pb.Tier_TIER_L3 {
+				l3 = append(l3, hs[i])
+			}
+		}
+		d.prefetch(l3)
+	}
+	if w := q.GetWaitMs(); w > 0 && d.waitReloads(ctx, hs, out.Tiers, w) {
+		out.Tiers = d.tiersOf(ctx, hs[:n], out.Tiers[:0])
+	}
+	out.Present = uint32(len(out.Tiers))
+	return out, nil
+}
+
+// tiersOf appends the tier of each leading page of hs that is stored: in
+// the slab (committed), else in the store (every kind); it stops at the
+// first page in neither.
+func (d *Door) tiersOf(ctx context.Context, hs []pagehash.Hash, out []pb.Tier) []pb.Tier {
+	n := len(hs)
+	inL2 := make([]bool, n)
+	d.mu.Lock()
 	for i := range n {
 		e := d.entries[hs[i]]
 		inL2[i] = e != nil && (e.state == stCommitted || e.state == stCommitting)
 	}
 	d.mu.Unlock()
-	out := &pb.ExistsReply{BootId: d.opt.BootID}
 	for i := 0; i < n; {
 		if inL2[i] {
-			out.Tiers = append(out.Tiers, pb.Tier_TIER_L2)
+			out = append(out, pb.Tier_TIER_L2)
 			i++
 			continue
 		}
@@ -62,24 +88,51 @@ func (d *Door) BatchExists(ctx context.Context, q *pb.ExistsRequest) (*pb.Exists
 			m = min(m, c)
 		}
 		for range m {
-			out.Tiers = append(out.Tiers, pb.Tier_TIER_L3)
+			out = append(out, pb.Tier_TIER_L3)
 		}
 		i += m
 		if i < j {
 			break
 		}
 	}
-	out.Present = uint32(len(out.Tiers))
-	if q.GetPrefetch() {
-		var l3 []pagehash.Hash
-		for i, t := range out.Tiers {
-			if t == pb.Tier_TIER_L3 {
-				l3 = append(l3, hs[i])
-			}
+	return out
+}
+
+// waitReloads waits, at most ms (and the limits' MaxDeadline, and ctx),
+// for the reloads in flight of the pages ts places in L3 to land. It
+// reports whether there were any: the tiers are then worth reading again.
+func (d *Door) waitReloads(ctx context.Context, hs []pagehash.Hash, ts []pb.Tier, ms uint32) bool {
+	var lds []*load
+	d.mu.Lock()
+	for i, t := range ts {
+		if t != pb.Tier_TIER_L3 {
+			continue
 		}
-		d.prefetch(l3)
+		if ld := d.reloading[hs[i]]; ld != nil && !slices.Contains(lds, ld) {
+			lds = append(lds, ld)
+		}
 	}
-	return out, nil
+	if len(lds) > 0 {
+		d.st.existsWaits++
+	}
+	d.mu.Unlock()
+	if len(lds) == 0 {
+		return false
+	}
+	t := time.NewTimer(min(time.Duration(ms)*time.Millisecond, d.opt.Limits.MaxDeadline))
+	defer t.Stop()
+	for _, ld := range lds {
+		select {
+		case <-ld.done:
+		case <-t.C:
+			return true
+		case <-ctx.Done():
+			return true
+		case <-d.stop:
+			return true
+		}
+	}
+	return true
 }
 
 // prefetch starts reloading hs (pages the store holds) into the slab on a

@@ -3,10 +3,12 @@ package pagestore
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	pb "github.com/kvtier/kvtier/api/storev1"
+	"github.com/kvtier/kvtier/tiers"
 )
 
 // TestExistsPrefetch: an exists with prefetch starts reloading the pages
@@ -78,5 +80,80 @@ func TestExistsPrefetchBudget(t *testing.T) {
 		if s != pb.GetStatus_GET_STATUS_HIT {
 			t.Fatalf("key %s: %v", keys[j], s)
 		}
+	}
+}
+
+// TestExistsWait: an exists with wait_ms answers once the reloads of the
+// pages it places in L3 have landed (TIER_L2 then), or when wait_ms
+// passes (TIER_L3 still); with nothing reloading it answers at once.
+func TestExistsWait(t *testing.T) {
+	type tc struct {
+		name     string
+		prefetch bool // this call starts the reloads (else an earlier call does)
+		waitMs   uint32
+		release  time.Duration // the store's gets go on after this (-1: only after the call)
+		inL2     bool          // the keys are in the slab already
+		wantTier pb.Tier
+		wantWait bool // the call waited on reloads
+		minTook  time.Duration
+	}
+	for _, c := range []tc{
+		{name: "prefetch-lands", prefetch: true, waitMs: 5000, release: 30 * time.Millisecond, wantTier: pb.Tier_TIER_L2, wantWait: true, minTook: 30 * time.Millisecond},
+		{name: "earlier-prefetch-lands", waitMs: 5000, release: 30 * time.Millisecond, wantTier: pb.Tier_TIER_L2, wantWait: true, minTook: 30 * time.Millisecond},
+		{name: "wait-passes", prefetch: true, waitMs: 40, release: -1, wantTier: pb.Tier_TIER_L3, wantWait: true, minTook: 40 * time.Millisecond},
+		{name: "no-wait", prefetch: true, waitMs: 0, release: -1, wantTier: pb.Tier_TIER_L3},
+		{name: "nothing-reloading", prefetch: true, waitMs: 5000, release: 0, inL2: true, wantTier: pb.Tier_TIER_L2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			bs := &blockingStore{unblock: make(chan struct{}), started: make(chan struct{}, 1)}
+			h := newHarness(t, 16, false, func(s tiers.Store) tiers.Store { bs.Store = s; return bs }, Limits{})
+			ses := h.register(t)
+			keys := h.setPast(t, ses, "w", 24)
+			ask := keys[:4] // only in the store: the slab holds the last 16
+			if c.inL2 {
+				ask = keys[20:]
+			}
+			if !c.prefetch {
+				if _, err := h.d.BatchExists(context.Background(), &pb.ExistsRequest{Session: ses, Keys: ask, Prefetch: true}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var once sync.Once
+			unblock := func() { once.Do(func() { close(bs.unblock) }) }
+			defer unblock()
+			if c.release >= 0 {
+				time.AfterFunc(c.release, unblock)
+			}
+			t0 := time.Now()
+			ex, err := h.d.BatchExists(context.Background(), &pb.ExistsRequest{Session: ses, Keys: ask, Prefetch: c.prefetch, WaitMs: c.waitMs})
+			took := time.Since(t0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ex.GetPresent() != 4 {
+				t.Fatalf("present %d, want 4 (%v)", ex.GetPresent(), ex.GetTiers())
+			}
+			for i, tier := range ex.GetTiers() {
+				if tier != c.wantTier {
+					t.Fatalf("page %d: %v, want %v (took %v)", i, tier, c.wantTier, took)
+				}
+			}
+			if took < c.minTook {
+				t.Fatalf("answered after %v, before %v", took, c.minTook)
+			}
+			h.d.mu.Lock()
+			waits := h.d.st.existsWaits
+			h.d.mu.Unlock()
+			if (waits > 0) != c.wantWait {
+				t.Fatalf("waited on reloads %d times, want %v", waits, c.wantWait)
+			}
+			unblock()
+			// Whatever the answer, the get that follows finds every page.
+			for j, s := range h.get(t, ses, 5000, ask...) {
+				if s != pb.GetStatus_GET_STATUS_HIT {
+					t.Fatalf("key %s: %v", ask[j], s)
+				}
+			}
+		})
 	}
 }

@@ -396,6 +396,11 @@ func (d *Door) startLoad(ld *load) {
 			batch = append(batch, tiers.GetRequest{Key: tiers.Key{Hash: ld.hs[j], Kind: tiers.PayloadKind(k)}, Dst: d.span(s, k)})
 		}
 	}
+	d.mu.Lock()
+	for _, h := range ld.hs {
+		d.reloading[h] = ld
+	}
+	d.mu.Unlock()
 	d.busy.Add(1) // NB: inside the BatchGet's own enter, so never after Stop's wait began
 	go func() {
 		defer d.busy.Done()
@@ -433,6 +438,11 @@ func (d *Door) startLoad(ld *load) {
 		})
 		d.mu.Lock()
 		d.loading -= len(ld.slots)
+		for _, h := range ld.hs {
+			if d.reloading[h] == ld {
+				delete(d.reloading, h)
+			}
+		}
 		if ld.abandoned {
 			for j := range ld.slots {
 				if ld.hit[j] {

@@ -105,10 +105,27 @@ SETTINGS = {
     "lookup_timeout_ms": "deadline of a lookup's BatchExists (default 1000)",
     "prefetch_wait_ms": "how long a request whose pages are in L3 waits for serve to bring them into L2 (default 2000)",
     "lookup_threads": "threads that run the scheduler side's lookups (default 2)",
-    "prefetch_poll_ms": "how often such a request's pages are looked up again meanwhile (default 5)",
+    "prefetch_poll_ms": "how often such a request's pages are looked up again meanwhile, where serve "
+                        "cannot wait for them itself (default 5)",
+    "thread_nice": "niceness of the connector's background threads (lookups, asynchronous loads, saves), so "
+                   "that they run in the step's idle time rather than beside its CPU work (default 10; 0: "
+                   "as vLLM's own threads)",
     "get_deadline_ms": "bound of a load's reloads from below L2 (default 0: serve's default, 2 s)",
     "register_retry_s": "while serve is away, try to register at most this often (default 0.5)",
 }
+
+def _lower_thread(nice):
+    """Lowers the calling thread's CPU priority by nice (Linux: a thread
+    id names one thread). Best effort: a platform or sandbox that refuses
+    leaves the thread as it is."""
+    if nice <= 0:
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except (AttributeError, OSError) as e:
+        logger.debug("kvtier: thread priority unchanged: %s", e)
+
 
 _MHA_KINDS = ("k", "v")
 _MLA_KINDS = ("kv",)
@@ -492,6 +509,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self.get_deadline_ms = _setting(e, "get_deadline_ms", 0, kind=int, minimum=0)
         self.register_retry = _setting(e, "register_retry_s", 0.5, minimum=0.001)
         self.lookup_threads = _setting(e, "lookup_threads", 2, kind=int, minimum=1)
+        self.thread_nice = _setting(e, "thread_nice", 10, kind=int, minimum=0)
         role_name = getattr(tc, "kv_role", None) or "kv_both"
         self.saving = role_name in ("kv_both", "kv_producer")
         self.loading = role_name in ("kv_both", "kv_consumer")
@@ -933,6 +951,7 @@ class _SchedulerSide:
         """Takes due lookups one at a time; one BatchExists each (blocking
         calls: grpcio's futures deadlocked here, starting their channel's
         spin thread, under Python 3.11)."""
+        _lower_thread(self.c.thread_nice)
         while True:
             with self._mu:
                 while True:
@@ -975,14 +994,20 @@ class _SchedulerSide:
         limits = self.door.limits
         per_call = max(1, (limits.max_batch_pages if limits is not None and limits.max_batch_pages else 1024)
                        // len(self.suffixes))
+        wait = 0.0
         if not lk.counted:
             lo, hi, prefetch = lk.present, min(lk.n, lk.present + per_call), True
         else:
+            # Asked again while serve reloads the pages: serve answers when
+            # they land (wait_ms; a serve without it answers at once and
+            # the lookup is polled every prefetch_poll_ms).
             lo, hi, prefetch = lk.l2, min(lk.present, lk.l2 + per_call), False
+            wait = max(0.0, min(self.c.prefetch_wait - (time.monotonic() - lk.started), self.c.lookup_timeout))
         keys = [h + s for h in lk.hexes[lo:hi] for s in self.suffixes]
         try:
             rep, _ = self.door.call("BatchExists", lambda s, b: pb.ExistsRequest(
-                session=s, boot_id=b, keys=keys, prefetch=prefetch), timeout=self.c.lookup_timeout)
+                session=s, boot_id=b, keys=keys, prefetch=prefetch, wait_ms=int(wait * 1000)),
+                timeout=self.c.lookup_timeout + wait)
         except _Lost as e:
             logger.debug("kvtier: lookup of %s: %s", lk.rid, e)
             self.c._count(lookups_unavailable=1)
@@ -1562,6 +1587,7 @@ class _WorkerSide:
                       load_bytes=len(hits) * sum(self.c.kind_bytes), load_s=dt)
 
     def _load_loop(self):
+        _lower_thread(self.c.thread_nice)
         while True:
             with self._mu:
                 while not self._stop and not self._load_q:
@@ -1636,6 +1662,7 @@ class _WorkerSide:
     # ---- saves -----------------------------------------------------------
 
     def _save_loop(self):
+        _lower_thread(self.c.thread_nice)
         while True:
             with self._mu:
                 while not self._stop and not self._save_q:

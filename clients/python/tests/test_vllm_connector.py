@@ -8,6 +8,7 @@ model writes for its prefix: 0 wrong bytes."""
 import dataclasses
 import inspect
 import os
+import threading
 import time
 
 import numpy as np
@@ -293,8 +294,21 @@ def test_scheduler_side(kvtier_bin, tmp_path):
         e.close()
         s.stop()
         s.start()
-        e = vh.Engine(s.sock, tp=1, num_blocks=64, inproc=True, extra={"prefetch_wait_ms": 3000})
+        # prefetch_poll_ms at its least: were the lookup polled while serve
+        # reloads, it would ask many times; serve answers the second ask
+        # when the reloads have landed (ExistsRequest.wait_ms).
+        e = vh.Engine(s.sock, tp=1, num_blocks=64, inproc=True,
+                      extra={"prefetch_wait_ms": 3000, "prefetch_poll_ms": 0.1})
         c = e.conn
+        door = c._scheduler.door
+        asks, call = [], door.call
+
+        def counting(name, build, *a, **kw):
+            if name == "BatchExists":
+                asks.append(build("s", "b").wait_ms)
+            return call(name, build, *a, **kw)
+
+        door.call = counting
         r = e.sched.add("after", p70, 2)
         e.sched.waiting.clear()
         got = c.get_num_new_matched_tokens(r, 0)
@@ -302,6 +316,15 @@ def test_scheduler_side(kvtier_bin, tmp_path):
         assert settle(c, r, timeout=10) == (64, True)
         st = c.get_kv_connector_stats().data
         assert st.get("lookups_waited_l3", 0) >= 1, st
+        assert 2 <= len(asks) <= 3 and asks[0] == 0 and all(w > 0 for w in asks[1:]), asks
+        # The lookup threads run lowered (thread_nice, default 10).
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        nice = {}
+        for tid in os.listdir("/proc/self/task"):
+            if names.get(int(tid), "").startswith("kvtier-lookup"):
+                with open("/proc/self/task/%s/stat" % tid) as f:
+                    nice[int(tid)] = int(f.read().rsplit(")", 1)[1].split()[16])
+        assert nice and all(v == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10) for v in nice.values()), nice
         assert c.request_finished(r, []) == (False, None)
         e.sched.requests.pop("after")
 
