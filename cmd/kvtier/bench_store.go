@@ -35,6 +35,7 @@ type storeBench struct {
 	dir, fio   string
 	drop       bool // drop the page cache before each side's get phase of vs-file
 	seed       uint64
+	bgNice     bool // serve's --background-nice: enableBackgroundNice before the rounds
 	logger     *slog.Logger
 }
 
@@ -61,6 +62,7 @@ limit measured in the same run.`,
 	drop := fs.Bool("drop-caches", true, "drop the page cache before each side's get phase of vs-file (root only; else the file store reads what the page cache kept, said in the row)")
 	seed := fs.Uint64("seed", 1, "`seed` of vs-file's get pattern")
 	asJSON := fs.Bool("json", false, "print one JSON object per line")
+	bgNice := fs.Bool("background-nice", true, "serve's --background-nice (its default): the tiers' spill workers on nice-19 threads, GOMAXPROCS raised for the whole bench (in process)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
 		stdout := cmd.OutOrStdout()
@@ -85,7 +87,7 @@ limit measured in the same run.`,
 			return fmt.Errorf("bench store: --exists %d: want 10..1000000: %w", *exists, errUsage)
 		}
 		o := storeBench{pageBytes: int64(pb), batch: *batch, l2Batches: *l2Batches, fileFactor: *fileFactor, rounds: *rounds,
-			exists: *exists, dir: *dir, fio: *fio, drop: *drop, seed: *seed, logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))}
+			exists: *exists, dir: *dir, fio: *fio, drop: *drop, seed: *seed, bgNice: *bgNice, logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))}
 		bb := o.batchBytes()
 		// RAM: the L2 slab, the client's source and destination batches, and
 		// a small second serve's slab for the unchecked get.
@@ -410,6 +412,9 @@ func secs(f func() error) (float64, error) {
 }
 
 func (o storeBench) run(ctx context.Context) ([]benchreport.Result, error) {
+	if o.bgNice {
+		enableBackgroundNice()
+	}
 	var r storeRun
 	m := o.memory()
 	if err := o.runL2(ctx, &r, m, false); err != nil {
