@@ -162,7 +162,7 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 	// reads in flight).
 	s.staging = make(chan *diskfs.AlignedBuffer, 2*cfg.Depth)
 	s.readBufs = make(chan *diskfs.AlignedBuffer, 2*cfg.Depth)
-	s.readSem = make(chan struct{}, cfg.Depth)
+	s.reads = make(chan func())
 	s.checks = make(chan func())
 	for i := range 4 * cfg.Depth {
 		b, err := diskfs.NewAlignedBuffer(int(maxSlot))
@@ -215,6 +215,10 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 	for range max(1, bgprio.CPUs()-1) {
 		s.checkWG.Add(1)
 		go s.checkLoop()
+	}
+	for range cfg.Depth {
+		s.checkWG.Add(1)
+		go s.readLoop()
 	}
 	s.writerWG.Add(1)
 	go s.writerLoop()

@@ -94,14 +94,20 @@ func (s *Store) Get(ctx context.Context, batch []tiers.GetRequest, results []err
 			// unspecified on a miss); the staging buffer takes the header
 			// block only, and the check is one read pass over the span.
 			direct := s.zeroCopy && f.blockPayload() && diskfs.Aligned(dsts[i])
-			s.readSem <- struct{}{}
+			// NB: the read runs on one of the store's Depth readers (on
+			// background threads, as the checks): the kernel's share of
+			// an O_DIRECT read is CPU a serve step should not wait behind.
 			var err error
-			if direct {
-				err = f.readSlotv(int64(rec.Slot), buf.Bytes(), dsts[i])
-			} else {
-				err = f.readSlot(int64(rec.Slot), buf.Bytes())
+			read := make(chan struct{})
+			s.reads <- func() {
+				defer close(read)
+				if direct {
+					err = f.readSlotv(int64(rec.Slot), buf.Bytes(), dsts[i])
+				} else {
+					err = f.readSlot(int64(rec.Slot), buf.Bytes())
+				}
 			}
-			<-s.readSem
+			<-read
 			if err != nil {
 				s.st.readErrors.Add(1)
 				s.st.corrupt.Add(1)

@@ -43,9 +43,9 @@ type Store struct {
 
 	staging  chan *diskfs.AlignedBuffer
 	readBufs chan *diskfs.AlignedBuffer
-	readSem  chan struct{}  // reads in flight, at most Depth
+	reads    chan func()    // Get's slot reads, run by Depth readLoops
 	checks   chan func()    // Get's checks and copies, run by checkLoop
-	checkWG  sync.WaitGroup // checkLoops
+	checkWG  sync.WaitGroup // checkLoops and readLoops
 	allBufs  []*diskfs.AlignedBuffer
 
 	nextBatch atomic.Uint64

@@ -25,6 +25,21 @@ func (s *Store) checkLoop() {
 	}
 }
 
+// readLoop runs Get's slot reads (at most Depth in flight, on background
+// threads) until the store stops.
+func (s *Store) readLoop() {
+	defer s.checkWG.Done()
+	defer bgprio.Lower()()
+	for {
+		select {
+		case f := <-s.reads:
+			f()
+		case <-s.stop:
+			return
+		}
+	}
+}
+
 // ioLoop writes slots.
 func (s *Store) ioLoop() {
 	defer s.ioWG.Done()
