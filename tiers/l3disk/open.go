@@ -214,11 +214,11 @@ func OpenFS(ctx context.Context, env tiers.Env, cfg Config, fs diskfs.FS) (st *S
 	}()
 	for range max(1, bgprio.CPUs()-1) {
 		s.checkWG.Add(1)
-		go s.checkLoop()
+		go s.getLoop(s.checks)
 	}
 	for range cfg.Depth {
 		s.checkWG.Add(1)
-		go s.readLoop()
+		go s.getLoop(s.reads)
 	}
 	s.writerWG.Add(1)
 	go s.writerLoop()

@@ -43,9 +43,9 @@ type Store struct {
 
 	staging  chan *diskfs.AlignedBuffer
 	readBufs chan *diskfs.AlignedBuffer
-	reads    chan func()    // Get's slot reads, run by Depth readLoops
-	checks   chan func()    // Get's checks and copies, run by checkLoop
-	checkWG  sync.WaitGroup // checkLoops and readLoops
+	reads    chan func()    // Get's slot reads, run by Depth getLoops
+	checks   chan func()    // Get's checks and copies, run by CPUs-1 getLoops
+	checkWG  sync.WaitGroup // getLoops
 	allBufs  []*diskfs.AlignedBuffer
 
 	nextBatch atomic.Uint64

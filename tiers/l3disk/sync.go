@@ -10,29 +10,15 @@ import (
 	"github.com/kvtier/kvtier/tiers"
 )
 
-// checkLoop runs Get's checks and copies out (CPU work, a background
-// thread's) until the store stops.
-func (s *Store) checkLoop() {
+// getLoop runs jobs of Get (its slot reads, or its checks and copies
+// out: work a serve step should not wait behind) on a background thread
+// until the store stops.
+func (s *Store) getLoop(jobs <-chan func()) {
 	defer s.checkWG.Done()
 	defer bgprio.Lower()()
 	for {
 		select {
-		case f := <-s.checks:
-			f()
-		case <-s.stop:
-			return
-		}
-	}
-}
-
-// readLoop runs Get's slot reads (at most Depth in flight, on background
-// threads) until the store stops.
-func (s *Store) readLoop() {
-	defer s.checkWG.Done()
-	defer bgprio.Lower()()
-	for {
-		select {
-		case f := <-s.reads:
+		case f := <-jobs:
 			f()
 		case <-s.stop:
 			return
