@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
@@ -49,6 +50,9 @@ type testEngine struct {
 	// the slab after the engine).
 	sums     bool
 	scribble func(sp []byte)
+	// rpc is the time spent in Step calls (BenchmarkStep's round trip
+	// without the test engine's own copies and payloads).
+	rpc time.Duration
 }
 
 func dialEngine(t testing.TB, socket string, rank, world uint32) *testEngine {
@@ -115,7 +119,9 @@ func (e *testEngine) run(ctx context.Context, q *pb.StepRequest, keys map[string
 	if e.engineGroup && q.Frontier == nil {
 		q.Frontier = e.frontier
 	}
+	t0 := time.Now()
 	out, err := e.cl.Step(ctx, q)
+	e.rpc += time.Since(t0)
 	if err != nil {
 		return nil, err
 	}
