@@ -180,7 +180,29 @@ func TestClientAgainstDoor(t *testing.T) {
 		t.Fatalf("restarted on %s, not %s", sock2, sock)
 	}
 	// The first call sees the new boot_id: the client registers again and
-	// says so; the pages come back from L3.
+	// says so. An exists with prefetch and a wait answers once the
+	// prefetch's reloads landed: the pages it prefetched (at most a
+	// quarter of the slab at once) are in L2, the rest in L3.
+	for range 50 {
+		n, tiers, err = c.ExistsWith(ctx, keys, storeclient.ExistsOptions{Prefetch: true, Wait: 10 * time.Second})
+		if err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil || n != len(keys) {
+		t.Fatalf("exists after the restart: %d present, err %v", n, err)
+	}
+	st, err = c.Stats(ctx)
+	if err != nil || st.GetPrefetchPages() == 0 {
+		t.Fatalf("stats after the prefetch %v, err %v: want pages prefetched", st, err)
+	}
+	for i, tier := range tiers {
+		if want := map[bool]pb.Tier{true: pb.Tier_TIER_L2, false: pb.Tier_TIER_L3}[uint64(i) < st.GetPrefetchPages()]; tier != want {
+			t.Fatalf("exists with a wait after the restart: page %d in %v, want %v (%v; %d prefetched)", i, tier, want, tiers, st.GetPrefetchPages())
+		}
+	}
+	// The pages come back from L3.
 	var g *storeclient.Got
 	for range 50 {
 		g, err = c.Get(ctx, keys, 5000)

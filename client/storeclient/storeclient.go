@@ -10,8 +10,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
@@ -190,8 +192,28 @@ func (c *Client) gone(ctx context.Context, what string, err error) error {
 
 // Exists returns the count of leading keys present and each one's tier.
 func (c *Client) Exists(ctx context.Context, keys []string) (int, []pb.Tier, error) {
+	return c.ExistsWith(ctx, keys, ExistsOptions{})
+}
+
+// ExistsOptions are BatchExists's hints (docs/store-api.md, "Prefetch").
+type ExistsOptions struct {
+	// Prefetch: the keys are a waiting request's; serve starts reloading
+	// the pages it finds in L3 into the slab.
+	Prefetch bool
+	// Wait: answer once the reloads in flight of the pages serve would
+	// answer TIER_L3 for have landed, or after Wait (whole milliseconds,
+	// at least 1; serve bounds it by its max deadline).
+	Wait time.Duration
+}
+
+// ExistsWith is Exists with o's hints.
+func (c *Client) ExistsWith(ctx context.Context, keys []string, o ExistsOptions) (int, []pb.Tier, error) {
+	var waitMS uint32
+	if o.Wait > 0 {
+		waitMS = uint32(min(max(o.Wait.Milliseconds(), 1), math.MaxUint32))
+	}
 	s, boot, _ := c.session()
-	r, err := c.rpc.BatchExists(ctx, &pb.ExistsRequest{Session: s, BootId: boot, Keys: keys})
+	r, err := c.rpc.BatchExists(ctx, &pb.ExistsRequest{Session: s, BootId: boot, Keys: keys, Prefetch: o.Prefetch, WaitMs: waitMS})
 	if err != nil {
 		return 0, nil, c.gone(ctx, "exists", err)
 	}
