@@ -119,19 +119,7 @@ func (d *Door) waitReloads(ctx context.Context, hs []pagehash.Hash, ts []pb.Tier
 	if len(lds) == 0 {
 		return false
 	}
-	t := time.NewTimer(min(time.Duration(ms)*time.Millisecond, d.opt.Limits.MaxDeadline))
-	defer t.Stop()
-	for _, ld := range lds {
-		select {
-		case <-ld.done:
-		case <-t.C:
-			return true
-		case <-ctx.Done():
-			return true
-		case <-d.stop:
-			return true
-		}
-	}
+	d.awaitLoads(ctx, min(time.Duration(ms)*time.Millisecond, d.opt.Limits.MaxDeadline), lds)
 	return true
 }
 
@@ -139,9 +127,9 @@ func (d *Door) waitReloads(ctx context.Context, hs []pagehash.Hash, ts []pb.Tier
 // background load that installs them unpinned, as an abandoned BatchGet's
 // load does. It never waits: a page with no free or evictable slot, or
 // past the door's prefetch budget (a quarter of the slab loading at
-// once), stays in L3 and is counted as skipped. A page a BatchGet asks
-// for while its prefetch is loading is loaded by that get too (the first
-// to land is kept).
+// once), stays in L3 and is counted as skipped. A BatchGet of a page
+// its prefetch is loading waits for that load (within the get's
+// deadline) instead of reading the page from the store again.
 func (d *Door) prefetch(hs []pagehash.Hash) {
 	if len(hs) == 0 || d.opt.Store == nil {
 		return

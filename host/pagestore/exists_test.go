@@ -157,3 +157,70 @@ func TestExistsWait(t *testing.T) {
 		})
 	}
 }
+
+// countingStore is a fault-injection wrapper: its Get waits until unblock
+// is closed and counts the pages it is asked for; the rest is the real
+// store underneath.
+type countingStore struct {
+	tiers.Store
+	unblock chan struct{}
+	mu      sync.Mutex
+	gets    int
+}
+
+func (c *countingStore) Get(ctx context.Context, batch []tiers.GetRequest, res []error) error {
+	c.mu.Lock()
+	c.gets += len(batch)
+	c.mu.Unlock()
+	<-c.unblock
+	return c.Store.Get(ctx, batch, res)
+}
+
+// TestGetWaitsForPrefetch: a get of pages a prefetch is still reloading
+// waits for that prefetch and finds them in the slab: each page is read
+// from the store once. A prefetch still out when the get's deadline ends
+// leaves the pages to time out, and a later get finds them.
+func TestGetWaitsForPrefetch(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		release  time.Duration // the store's gets go on after this
+		deadline uint32        // the get's, ms
+		want     pb.GetStatus
+	}{
+		{name: "prefetch-lands", release: 30 * time.Millisecond, deadline: 5000, want: pb.GetStatus_GET_STATUS_HIT},
+		{name: "deadline-first", release: 300 * time.Millisecond, deadline: 40, want: pb.GetStatus_GET_STATUS_TIMEOUT},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cs := &countingStore{unblock: make(chan struct{})}
+			h := newHarness(t, 16, false, func(s tiers.Store) tiers.Store { cs.Store = s; return cs }, Limits{})
+			ses := h.register(t)
+			keys := h.setPast(t, ses, "g", 24)
+			ask := keys[:4] // only in the store
+			if _, err := h.d.BatchExists(context.Background(), &pb.ExistsRequest{Session: ses, Keys: ask, Prefetch: true}); err != nil {
+				t.Fatal(err)
+			}
+			var once sync.Once
+			unblock := func() { once.Do(func() { close(cs.unblock) }) }
+			defer unblock()
+			time.AfterFunc(c.release, unblock)
+			for j, st := range h.get(t, ses, c.deadline, ask...) {
+				if st != c.want {
+					t.Fatalf("key %s: %v, want %v", ask[j], st, c.want)
+				}
+			}
+			unblock()
+			for j, st := range h.get(t, ses, 5000, ask...) {
+				if st != pb.GetStatus_GET_STATUS_HIT {
+					t.Fatalf("later get, key %s: %v", ask[j], st)
+				}
+			}
+			cs.mu.Lock()
+			gets := cs.gets
+			cs.mu.Unlock()
+			// Two payload kinds a page; the prefetch read each once.
+			if want := 2 * len(ask); gets != want {
+				t.Fatalf("the store was asked for %d page kinds, want %d (each page read once)", gets, want)
+			}
+		})
+	}
+}

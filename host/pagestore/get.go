@@ -2,6 +2,7 @@ package pagestore
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -72,7 +73,8 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 	var checkE []*entry
 	var checkSlot []int32
 	var checkCRC [][]uint32
-	var cand []int // keys the slab lacks: reloads, if the store holds them
+	var cand []int         // keys the slab lacks: reloads, if the store holds them
+	var prefetched []*load // prefetches in flight of some of them
 	// keys whose pages are committing (checksums being taken) and what
 	// closes when they are done
 	var committing []int
@@ -119,11 +121,22 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 			d.st.miss++
 			continue
 		}
+		if r := d.reloading[hs[i]]; r != nil && r.abandoned && !slices.Contains(prefetched, r) {
+			// A prefetch is reloading it: its page is installed before
+			// its done closes, so the get waits for it below instead of
+			// reading the page from the store a second time.
+			prefetched = append(prefetched, r)
+		}
 		cand = append(cand, i)
 	}
 	d.mu.Unlock()
 	if len(committing) > 0 {
 		d.awaitCommitting(ctx, wait, l, hs, committing, ready, out, sumsFor)
+	}
+	if len(prefetched) > 0 {
+		t0 := time.Now()
+		d.awaitLoads(ctx, wait, prefetched)
+		wait = max(0, wait-time.Since(t0))
 	}
 	if len(cand) > 0 {
 		// Only pages the store holds take a slot (and may evict): a get
@@ -149,6 +162,13 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 			if !held[j] {
 				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_MISS}
 				d.st.miss++
+				continue
+			}
+			if r := d.reloading[hs[i]]; r != nil && slices.Contains(prefetched, r) {
+				// Its prefetch is still out after the get's wait: reading
+				// it again would not land sooner.
+				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_TIMEOUT}
+				d.st.timeout++
 				continue
 			}
 			s := d.alloc()
@@ -257,6 +277,24 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 	}
 	d.mu.Unlock()
 	return out, nil
+}
+
+// awaitLoads waits, at most wait (and ctx, and the door's stop), for lds
+// to end.
+func (d *Door) awaitLoads(ctx context.Context, wait time.Duration, lds []*load) {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for _, ld := range lds {
+		select {
+		case <-ld.done:
+		case <-timer.C:
+			return
+		case <-ctx.Done():
+			return
+		case <-d.stop:
+			return
+		}
+	}
 }
 
 // awaitCommitting waits (within the get's deadline) for the pages at
