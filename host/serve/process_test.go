@@ -74,8 +74,8 @@ func TestProcessKillAndTerm(t *testing.T) {
 	dir := t.TempDir()
 	sd, _ := os.MkdirTemp("", "kvp")
 	defer os.RemoveAll(sd)
-	sock := filepath.Join(sd, "s.sock")
-	cmd := startProcess(t, bin, dir, sock)
+	sock, maddr := filepath.Join(sd, "s.sock"), freePort(t)
+	cmd := startProcess(t, bin, dir, sock, "--metrics", maddr)
 	e := dialEngine(t, sock, 0, 1)
 	if err := e.register(ctx); err != nil {
 		t.Fatal(err)
@@ -85,10 +85,27 @@ func TestProcessKillAndTerm(t *testing.T) {
 		keys[i] = chain(reqName(i), 12, 12, "")
 		drive(t, ctx, e, reqName(i), keys[i])
 	}
-	for range 20 {
+	// Step until the L3 holds pages and no spill is queued or in flight
+	// (twice in a row): the SIGKILL below then finds them durable, however
+	// slowly the machine runs serve's lowered spill threads.
+	deadline := time.Now().Add(60 * time.Second)
+	for settled := 0; settled < 2; {
 		if _, err := e.run(ctx, &pb.StepRequest{}, nil); err != nil {
 			t.Fatal(err)
 		}
+		m := scrapeMetrics(t, maddr)
+		l3 := map[string]string{"rank": "0", "tier": "l3"}
+		if m.value("kvtier_tier_used_pages", l3) > 0 && m.value("kvtier_tier_inflight_operations", l3) == 0 &&
+			m.value("kvtier_tier_queue_depth", map[string]string{"rank": "0"}) == 0 {
+			settled++
+		} else {
+			settled = 0
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the L3 did not settle within 60 s: used %v, in flight %v, queued %v", m.value("kvtier_tier_used_pages", l3),
+				m.value("kvtier_tier_inflight_operations", l3), m.value("kvtier_tier_queue_depth", map[string]string{"rank": "0"}))
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	old := e.reg.BootId
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
