@@ -102,24 +102,24 @@ func (d *Door) tiersOf(ctx context.Context, hs []pagehash.Hash, out []pb.Tier) [
 // for the reloads in flight of the pages ts places in L3 to land. It
 // reports whether there were any: the tiers are then worth reading again.
 func (d *Door) waitReloads(ctx context.Context, hs []pagehash.Hash, ts []pb.Tier, ms uint32) bool {
-	var lds []*load
+	var done []chan struct{}
 	d.mu.Lock()
 	for i, t := range ts {
 		if t != pb.Tier_TIER_L3 {
 			continue
 		}
-		if ld := d.reloading[hs[i]]; ld != nil && !slices.Contains(lds, ld) {
-			lds = append(lds, ld)
+		if ld := d.reloading[hs[i]]; ld != nil && !slices.Contains(done, ld.done) {
+			done = append(done, ld.done)
 		}
 	}
-	if len(lds) > 0 {
+	if len(done) > 0 {
 		d.st.existsWaits++
 	}
 	d.mu.Unlock()
-	if len(lds) == 0 {
+	if len(done) == 0 {
 		return false
 	}
-	d.awaitLoads(ctx, min(time.Duration(ms)*time.Millisecond, d.opt.Limits.MaxDeadline), lds)
+	d.awaitClosed(ctx, min(time.Duration(ms)*time.Millisecond, d.opt.Limits.MaxDeadline), done)
 	return true
 }
 

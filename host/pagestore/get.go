@@ -73,8 +73,8 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 	var checkE []*entry
 	var checkSlot []int32
 	var checkCRC [][]uint32
-	var cand []int         // keys the slab lacks: reloads, if the store holds them
-	var prefetched []*load // prefetches in flight of some of them
+	var cand []int                 // keys the slab lacks: reloads, if the store holds them
+	var prefetched []chan struct{} // the done of prefetches in flight of some of them
 	// keys whose pages are committing (checksums being taken) and what
 	// closes when they are done
 	var committing []int
@@ -121,11 +121,11 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 			d.st.miss++
 			continue
 		}
-		if r := d.reloading[hs[i]]; r != nil && r.abandoned && !slices.Contains(prefetched, r) {
+		if r := d.reloading[hs[i]]; r != nil && r.abandoned && !slices.Contains(prefetched, r.done) {
 			// A prefetch is reloading it: its page is installed before
 			// its done closes, so the get waits for it below instead of
 			// reading the page from the store a second time.
-			prefetched = append(prefetched, r)
+			prefetched = append(prefetched, r.done)
 		}
 		cand = append(cand, i)
 	}
@@ -135,7 +135,7 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 	}
 	if len(prefetched) > 0 {
 		t0 := time.Now()
-		d.awaitLoads(ctx, wait, prefetched)
+		d.awaitClosed(ctx, wait, prefetched)
 		wait = max(0, wait-time.Since(t0))
 	}
 	if len(cand) > 0 {
@@ -164,7 +164,7 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 				d.st.miss++
 				continue
 			}
-			if r := d.reloading[hs[i]]; r != nil && slices.Contains(prefetched, r) {
+			if r := d.reloading[hs[i]]; r != nil && slices.Contains(prefetched, r.done) {
 				// Its prefetch is still out after the get's wait: reading
 				// it again would not land sooner.
 				out.Pages[i] = &pb.GetPage{Status: pb.GetStatus_GET_STATUS_TIMEOUT}
@@ -279,14 +279,14 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 	return out, nil
 }
 
-// awaitLoads waits, at most wait (and ctx, and the door's stop), for lds
-// to end.
-func (d *Door) awaitLoads(ctx context.Context, wait time.Duration, lds []*load) {
+// awaitClosed waits, at most wait (and ctx, and the door's stop), until
+// every channel of cs is closed.
+func (d *Door) awaitClosed(ctx context.Context, wait time.Duration, cs []chan struct{}) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
-	for _, ld := range lds {
+	for _, c := range cs {
 		select {
-		case <-ld.done:
+		case <-c:
 		case <-timer.C:
 			return
 		case <-ctx.Done():
