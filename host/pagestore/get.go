@@ -302,15 +302,7 @@ func (d *Door) awaitClosed(ctx context.Context, wait time.Duration, cs []chan st
 // those that became readable as L2 hits: their checksums were just taken
 // from these bytes, so they are not checked again.
 func (d *Door) awaitCommitting(ctx context.Context, wait time.Duration, l *lease, hs []pagehash.Hash, committing []int, ready []chan struct{}, out *pb.GetReply, sumsFor func([]uint32) []uint32) {
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	for _, c := range ready {
-		select {
-		case <-c:
-		case <-timer.C:
-		case <-ctx.Done():
-		}
-	}
+	d.awaitClosed(ctx, wait, ready)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, i := range committing {
