@@ -198,7 +198,11 @@ func TestClientAgainstDoor(t *testing.T) {
 		t.Fatalf("stats after the prefetch %v, err %v: want pages prefetched", st, err)
 	}
 	for i, tier := range tiers {
-		if want := map[bool]pb.Tier{true: pb.Tier_TIER_L2, false: pb.Tier_TIER_L3}[uint64(i) < st.GetPrefetchPages()]; tier != want {
+		want := pb.Tier_TIER_L3
+		if uint64(i) < st.GetPrefetchPages() {
+			want = pb.Tier_TIER_L2
+		}
+		if tier != want {
 			t.Fatalf("exists with a wait after the restart: page %d in %v, want %v (%v; %d prefetched)", i, tier, want, tiers, st.GetPrefetchPages())
 		}
 	}

@@ -93,17 +93,16 @@ func TestProcessKillAndTerm(t *testing.T) {
 		if _, err := e.run(ctx, &pb.StepRequest{}, nil); err != nil {
 			t.Fatal(err)
 		}
-		m := scrapeMetrics(t, maddr)
-		l3 := map[string]string{"rank": "0", "tier": "l3"}
-		if m.value("kvtier_tier_used_pages", l3) > 0 && m.value("kvtier_tier_inflight_operations", l3) == 0 &&
-			m.value("kvtier_tier_queue_depth", map[string]string{"rank": "0"}) == 0 {
+		m, l3 := scrapeMetrics(t, maddr), map[string]string{"rank": "0", "tier": "l3"}
+		used, inflight := m.value("kvtier_tier_used_pages", l3), m.value("kvtier_tier_inflight_operations", l3)
+		queued := m.value("kvtier_tier_queue_depth", map[string]string{"rank": "0"})
+		if used > 0 && inflight == 0 && queued == 0 {
 			settled++
 		} else {
 			settled = 0
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the L3 did not settle within 60 s: used %v, in flight %v, queued %v", m.value("kvtier_tier_used_pages", l3),
-				m.value("kvtier_tier_inflight_operations", l3), m.value("kvtier_tier_queue_depth", map[string]string{"rank": "0"}))
+			t.Fatalf("the L3 did not settle within 60 s: used %v, in flight %v, queued %v", used, inflight, queued)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

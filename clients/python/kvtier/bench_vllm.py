@@ -394,6 +394,11 @@ def bench_overlap(binary, tmp, args):
         for i, p in enumerate(decoders):
             e.add("dec%d" % i, p, (groups + 1) * (args.steps * 3 + 64))
 
+        def timed_step():
+            t0 = time.perf_counter()
+            so = e.step()
+            return so, time.perf_counter() - t0
+
         def decode_only(so):
             sched = so.num_scheduled_tokens
             return bool(sched) and set(sched) == dec_ids and all(v == 1 for v in sched.values())
@@ -405,9 +410,7 @@ def bench_overlap(binary, tmp, args):
             # after a group joined warm up again).
             n, deadline = 0, time.monotonic() + 120
             while n < args.steps and time.monotonic() < deadline:
-                t0 = time.perf_counter()
-                so = e.step()
-                dt = time.perf_counter() - t0
+                so, dt = timed_step()
                 if decode_only(so):
                     n += 1
                     if n > 3:
@@ -426,18 +429,15 @@ def bench_overlap(binary, tmp, args):
             # one with loads pending: reported beside.
             deadline = time.monotonic() + 120
             while ids & {r.request_id for r in sc.waiting} and time.monotonic() < deadline:
-                t0 = time.perf_counter()
-                so = e.step()
-                dt = time.perf_counter() - t0
+                so, dt = timed_step()
                 if decode_only(so):
                     pending.append(dt)
                 elif ids & set(so.num_scheduled_tokens):
                     joined.append(dt)
             while any(r.request_id in ids for r in sc.running) and time.monotonic() < deadline:
-                t0 = time.perf_counter()
-                so = e.step()
+                so, dt = timed_step()
                 if ids & set(so.num_scheduled_tokens):
-                    joined.append(time.perf_counter() - t0)
+                    joined.append(dt)
         st = e.stats.data if e.stats else {}
         loaded = st.get("load_blocks", 0)
         if not pending or not base:
