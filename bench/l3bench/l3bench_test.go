@@ -11,16 +11,24 @@ import (
 var benchDir = flag.String("l3bench.dir", "", "file system directory for BenchmarkL3 (default: the test's temp dir)")
 
 // TestRunSmall runs the whole bench on a few small pages: every page is
-// spilled, reloaded and verified, and fio (when installed) gives limits.
+// spilled, reloaded and verified (with the store's own checksums and with
+// the producer's carried in each Put), and fio (when installed) gives
+// limits.
 func TestRunSmall(t *testing.T) {
 	o := DefaultOptions()
 	o.Dir, o.PageBytes, o.Pages, o.Batch, o.Depth, o.Rounds = t.TempDir(), 300000, 12, 5, 4, 2
 	_, fioErr := exec.LookPath("fio")
-	for _, index := range []string{"lmdb", "badger"} {
-		o.Index = index
+	for _, tc := range []struct {
+		index string
+		sums  bool
+	}{{"lmdb", false}, {"badger", false}, {"lmdb", true}} {
+		o.Index, o.Sums = tc.index, tc.sums
 		res, err := Run(context.Background(), o)
 		if err != nil {
-			t.Fatalf("%s: %v", index, err)
+			t.Fatalf("%+v: %v", tc, err)
+		}
+		if got := strings.Contains(res[0].Note, "producer's CRC-32C"); got != tc.sums {
+			t.Fatalf("%+v: spill note %q", tc, res[0].Note)
 		}
 		want := 2
 		if fioErr == nil {
@@ -42,7 +50,7 @@ func TestRunSmall(t *testing.T) {
 			}
 		}
 	}
-	o.Fio = "-"
+	o.Fio, o.Sums = "-", false
 	res, err := Run(context.Background(), o)
 	if err != nil || res[0].Limit != 0 || !strings.Contains(res[0].Note, "no limit measured (fio disabled)") {
 		t.Fatalf("fio disabled: %+v, %v", res, err)
