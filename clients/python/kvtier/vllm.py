@@ -1227,8 +1227,15 @@ class _Blocks:
         nl = len(li)
         if npg == 0 or nl == 0:
             return np.zeros(npg * nk, dtype=np.uint32)
-        blk = np.fromiter((p[0] for p in pages), dtype=np.uint64, count=npg)[:, None]
-        slab = np.array([p[1] for p in pages], dtype=np.uint64).reshape(npg, nk)
+        # The pieces go in the order of vLLM's block ids (a page's layers
+        # and kinds together, each kind's in its slab order): each layer's
+        # KV tensor is then walked upwards, not at random. Copies of a
+        # fragmented cache's blocks ran 15-20% slower in the order given.
+        # The sums stay page-major in the order of pages (groups).
+        ids = np.fromiter((p[0] for p in pages), dtype=np.uint64, count=npg)
+        order = np.argsort(ids, kind="stable")
+        blk = ids[order][:, None]
+        slab = np.array([p[1] for p in pages], dtype=np.uint64).reshape(npg, nk)[order]
         dst = np.empty((npg, nk, nl), dtype=np.uint64)
         src = np.empty((npg, nk, nl), dtype=np.uint64)
         lens = np.empty((npg, nk, nl), dtype=np.uint64)
@@ -1237,7 +1244,8 @@ class _Blocks:
             s = slab[:, k][:, None] + li.astype(np.uint64)[None, :] * np.uint64(size)
             dst[:, k], src[:, k] = (b, s) if to_blocks else (s, b)
             lens[:, k] = size
-        groups = np.broadcast_to(np.arange(npg * nk, dtype=np.uint32).reshape(npg, nk, 1), (npg, nk, nl))
+        groups = order.astype(np.uint32)[:, None] * np.uint32(nk) + np.arange(nk, dtype=np.uint32)[None, :]
+        groups = np.broadcast_to(groups.reshape(npg, nk, 1), (npg, nk, nl))
         sums = _native.copy_pages(dst.ravel(), src.ravel(), lens.ravel(), groups.ravel(), npg * nk)
         if nl == len(self.layers) or li[0] == 0:  # a sync load's blocks counted at its first layer
             self.c._count(copy_summed_blocks=npg)
