@@ -55,7 +55,9 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 	if err := d.checkBatch(len(keys)); err != nil {
 		return nil, err
 	}
-	wait := d.deadline(ctx, q.GetDeadlineMs())
+	// One deadline for the get's waits (its committing pages, the
+	// prefetches of its pages, its own reload): each takes what is left.
+	until := time.Now().Add(d.deadline(ctx, q.GetDeadlineMs()))
 	// sumsFor: the hits' sums go out when the client checks them itself.
 	sumsFor := func([]uint32) []uint32 { return nil }
 	if q.GetClientVerifies() {
@@ -131,12 +133,10 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 	}
 	d.mu.Unlock()
 	if len(committing) > 0 {
-		d.awaitCommitting(ctx, wait, l, hs, committing, ready, out, sumsFor)
+		d.awaitCommitting(ctx, time.Until(until), l, hs, committing, ready, out, sumsFor)
 	}
 	if len(prefetched) > 0 {
-		t0 := time.Now()
-		d.awaitClosed(ctx, wait, prefetched)
-		wait = max(0, wait-time.Since(t0))
+		d.awaitClosed(ctx, time.Until(until), prefetched)
 	}
 	if len(cand) > 0 {
 		// Only pages the store holds take a slot (and may evict): a get
@@ -223,13 +223,7 @@ func (d *Door) BatchGet(ctx context.Context, q *pb.GetRequest) (*pb.GetReply, er
 		d.mu.Unlock()
 	}
 	if ld != nil {
-		timer := time.NewTimer(wait)
-		select {
-		case <-ld.done:
-		case <-timer.C:
-		case <-ctx.Done():
-		}
-		timer.Stop()
+		d.awaitClosed(ctx, time.Until(until), []chan struct{}{ld.done})
 		d.mu.Lock()
 		if !ld.finished {
 			ld.abandoned = true
