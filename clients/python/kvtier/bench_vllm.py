@@ -99,9 +99,11 @@ def connector_thread_cpu():
         return out
     for tid in tids:
         name = names.get(int(tid), "")
-        role = "lookups" if name.startswith("kvtier-lookup") else name[len("kvtier-"):] if name in (
-            "kvtier-load", "kvtier-save") else None
-        if role is None:
+        if name.startswith("kvtier-lookup"):
+            role = "lookups"
+        elif name in ("kvtier-load", "kvtier-save"):
+            role = name[len("kvtier-"):]
+        else:
             continue
         try:
             with open("/proc/self/task/%s/stat" % tid) as f:

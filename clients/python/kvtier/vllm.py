@@ -1229,9 +1229,9 @@ class _Blocks:
             return np.zeros(npg * nk, dtype=np.uint32)
         # The pieces go in the order of vLLM's block ids (a page's layers
         # and kinds together, each kind's in its slab order): each layer's
-        # KV tensor is then walked upwards, not at random. Copies of a
-        # fragmented cache's blocks ran 15-20% slower in the order given.
-        # The sums stay page-major in the order of pages (groups).
+        # KV tensor is then walked upwards, not at random (bench_vllm's
+        # copies row, shuffled blocks; docs/perf.md). The sums stay
+        # page-major in the order of pages (groups).
         ids = np.fromiter((p[0] for p in pages), dtype=np.uint64, count=npg)
         order = np.argsort(ids, kind="stable")
         blk = ids[order][:, None]
