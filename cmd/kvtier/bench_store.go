@@ -388,7 +388,7 @@ type storeRun struct {
 	getL2First, getL2Rel                           []float64
 	set, setMem                                    []float64
 	pausePingUs                                    []float64 // the untimed Ping after each set round's pause
-	getL3, fioRead, fioWrite                       float64 // seconds a batch (median); bytes/s
+	getL3, fioRead, fioWrite                       float64   // seconds a batch (median); bytes/s
 	getL3Hits, getL3Pages                          int
 	existsUs, pingUs                               []float64
 	kvSet, kvGet, fileSet, fileGet                 float64 // seconds, vs-file phases
