@@ -3,7 +3,9 @@ package abstat
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -54,8 +56,10 @@ func samples(t *testing.T, seed uint64, n int, rates map[string]float64, noise f
 		out = WriteScrape(out, time.UnixMilli(int64(1_700_000_000_000+5000*i)), []byte(expo(lookups, hits, "adaptive")))
 		lookups += 10000
 		common := rng.NormFloat64() * noise
-		for p, r := range rates {
-			hits[p+"/l2"] += 10000 * min(1, max(0, r+common+rng.NormFloat64()*noise/4))
+		// NB: the policies in sorted order: a map's order would hand the
+		// seeded draws to different policies in each run.
+		for _, p := range slices.Sorted(maps.Keys(rates)) {
+			hits[p+"/l2"] += 10000 * min(1, max(0, rates[p]+common+rng.NormFloat64()*noise/4))
 		}
 	}
 	return out
