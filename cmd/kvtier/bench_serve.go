@@ -40,6 +40,7 @@ the same socket, the limit.`,
 	asJSON := fs.Bool("json", false, "print one JSON object per line")
 	copies := fs.Bool("copies", true, "run the engine's copies in the bench process (false: report plans done without copying, the control plane alone)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to `file`; with a serve subprocess (--process, --cpu-sessions, --shadow) each round's serve also writes its own to FILE.serve.N")
+	ownerLanes := fs.Bool("owner-lanes", false, "serve's --owner-lanes: the sessions are a context-parallel group, each rank moving only its own pages (page i is rank i mod sessions's); default: every rank moves every page")
 	bgNice := fs.Bool("background-nice", true, "serve's --background-nice: the tiers' spill workers on nice-19 threads (in process: GOMAXPROCS raised for the whole bench)")
 	traceFile := fs.String("trace", "", "write a Go execution trace of the run to `file` (go tool trace; -pprof=sched shows what steps waited for); with --process each round's serve also writes its own to FILE.serve.N")
 	pageBytes := fs.String("page-bytes", "", "page `size` per payload kind (e.g. 2816KiB, the seed's geometry); the stack is sized in pages: an L1 of 2x --max-pages, an L2 of 6x, an L3 of 16x per rank (empty: the embedded demo stack)")
@@ -82,7 +83,7 @@ the same socket, the limit.`,
 			return fmt.Errorf("bench serve: --page-bytes %s with --max-pages %d and --sessions %d needs %s of memory (L1 and L2 of %d pages a session), %s has %s: %w",
 				*pageBytes, *maxPages, *sessions, quantity.Size(need), 8**maxPages, machineOf(ctx).MemSource, quantity.Size(machineOf(ctx).MemAvailable), errUsage)
 		}
-		o := serveRound{sessions: *sessions, perStep: *perStep, requests: *requests, dir: *dir, copies: *copies, pageBytes: int64(pb), maxPages: *maxPages, traceFile: *traceFile, cpuProfile: *cpuProfile, bgNice: *bgNice}
+		o := serveRound{sessions: *sessions, perStep: *perStep, requests: *requests, dir: *dir, copies: *copies, pageBytes: int64(pb), maxPages: *maxPages, traceFile: *traceFile, cpuProfile: *cpuProfile, bgNice: *bgNice, ownerLanes: *ownerLanes}
 		if *cpuProfile != "" {
 			stop, err := startCPUProfile(*cpuProfile)
 			if err != nil {
@@ -179,6 +180,7 @@ type serveRound struct {
 	cpuProfile                            string // with process: each child serve writes FILE.serve.N
 	bgNice                                bool   // serve's --background-nice
 	machinePerRank                        bool   // serve's --machine-per-rank
+	ownerLanes                            bool   // serve's --owner-lanes
 }
 
 // yaml is the embedded demo stack, or with pageBytes set that stack with
@@ -207,11 +209,15 @@ func (o serveRound) yaml() (string, error) {
 }
 
 func (o serveRound) geometry() string {
-	if o.pageBytes == 0 {
-		return fmt.Sprintf("demo stack (16 KiB pages), requests of at most %d pages", o.maxPages)
+	lanes := ""
+	if o.ownerLanes {
+		lanes = "; owner lanes (each rank moves its own pages)"
 	}
-	return fmt.Sprintf("%s pages, per rank L1 %d pages, L2 %d, L3 %d; requests of at most %d pages",
-		quantity.Size(o.pageBytes), 2*o.maxPages, 6*o.maxPages, 16*o.maxPages, o.maxPages)
+	if o.pageBytes == 0 {
+		return fmt.Sprintf("demo stack (16 KiB pages), requests of at most %d pages%s", o.maxPages, lanes)
+	}
+	return fmt.Sprintf("%s pages, per rank L1 %d pages, L2 %d, L3 %d; requests of at most %d pages%s",
+		quantity.Size(o.pageBytes), 2*o.maxPages, 6*o.maxPages, 16*o.maxPages, o.maxPages, lanes)
 }
 
 // stackYAML is the round's stack with L3 l3 (l3disk, memstore or none).
@@ -287,7 +293,7 @@ func (o serveRound) run(ctx context.Context, l3 string) (loadgen.Result, error) 
 		return loadgen.Result{}, err
 	}
 	s, err := serve.Open(sctx, serve.Config{YAML: yaml, ConfigName: "bench stack (--l3 " + l3 + ")", DataDir: data, Socket: filepath.Join(sd, "s.sock"), Ranks: o.sessions,
-		Logger: slog.New(slog.DiscardHandler)})
+		OwnerLanes: o.ownerLanes, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return loadgen.Result{}, fmt.Errorf("bench serve: %w", err)
 	}

@@ -129,6 +129,9 @@ func (o serveRound) runChild(ctx context.Context, exe, l3 string, shadow []strin
 	if o.machinePerRank {
 		args = append(args, "--machine-per-rank")
 	}
+	if o.ownerLanes {
+		args = append(args, "--owner-lanes")
+	}
 	if o.traceFile != "" || o.cpuProfile != "" {
 		n := childTraces.Add(1)
 		if o.traceFile != "" {
