@@ -435,6 +435,7 @@ def bench_overlap(binary, tmp, args):
             return bool(sched) and set(sched) == dec_ids and all(v == 1 for v in sched.values())
 
         base, pending, joined = [], [], []
+        launch = {"base": [], "loads": []}  # the engine thread's launch of each counted step
         load_wall = []  # a group's time from its arrival to the start of the step that schedules it
         # The connector's threads' CPU over each phase, and the phase's steps.
         cpu = {"base": {}, "loads": {}}
@@ -470,6 +471,7 @@ def bench_overlap(binary, tmp, args):
                     n += 1
                     if n > 3:
                         base.append(dt)
+                        launch["base"].append(e.workers[0].launch)
                 elif not so.num_scheduled_tokens:
                     time.sleep(0.0005)
             account("base", before, steps)
@@ -491,6 +493,7 @@ def bench_overlap(binary, tmp, args):
                 steps += 1
                 if decode_only(so):
                     pending.append(dt)
+                    launch["loads"].append(e.workers[0].launch)
                 elif ids & set(so.num_scheduled_tokens):
                     if len(joined) == njoined:
                         load_wall.append(started - t_add)
@@ -530,6 +533,10 @@ def bench_overlap(binary, tmp, args):
         print("  the connector's background threads' CPU a step, %s (%d steps): %s" % (
             what, nsteps[phase], ", ".join("%s %.2f ms" % (k, v * 1e3 / n) for k, v in sorted(cpu[phase].items()))
             or "-"))
+    print("  the engine thread's launch of a step (the test engine's host work before the forward's idle wait), "
+          "medians, wall / on a CPU / runnable waiting for one: no load pending %s; loads pending %s" % tuple(
+              " / ".join("%.2f ms" % (med([x[i] for x in launch[ph]]) * 1e3) for i in range(3))
+              for ph in ("base", "loads")))
     if joined:
         print("  steps that schedule the loaded requests (their first token and the test engine's check of "
               "every loaded position, no target): median %.1f ms (%d steps, %s)" % (

@@ -207,6 +207,7 @@ class Worker:
         for rid in so.finished_req_ids:
             self.blocks.pop(rid, None)
         meta = so.kv_connector_metadata
+        launch = _ThreadTimes()
         self.conn.bind_connector_metadata(meta)
         self.conn.handle_preemptions(meta)
         self.conn.start_load_kv(ForwardContext())
@@ -228,6 +229,9 @@ class Worker:
                         checked[rid] = checked.get(rid, 0) + want.numel()
                     view[new_slots] = kv_values(sd[c0:c0 + n], li, k, self.rank * self.hr, self.hr, self.hd)
             self.conn.save_kv_layer(name, self.kv[name], None)
+        # The launch: what the engine's thread did before the forward's
+        # idle wait (bench_vllm's overlap reports it).
+        self.launch = launch.since()
         if work and self.compute_s:
             # The accelerator's share of a forward: the host waits, idle.
             time.sleep(self.compute_s)
@@ -244,6 +248,29 @@ class Worker:
 
     def shutdown(self):
         self.conn.shutdown()
+
+
+class _ThreadTimes:
+    """The calling thread's wall time, time on a CPU and time runnable
+    but waiting for one (/proc/thread-self/schedstat; the last two 0
+    where it cannot be read), from its creation."""
+
+    def __init__(self):
+        self.wall, self.cpu, self.runq = time.perf_counter(), *self._sched()
+
+    @staticmethod
+    def _sched():
+        try:
+            with open("/proc/thread-self/schedstat") as f:
+                on, wait = f.read().split()[:2]
+            return int(on) / 1e9, int(wait) / 1e9
+        except (OSError, ValueError):
+            return 0.0, 0.0
+
+    def since(self):
+        """(wall, on a CPU, waiting for a CPU) in seconds since creation."""
+        cpu, runq = self._sched()
+        return time.perf_counter() - self.wall, cpu - self.cpu, runq - self.runq
 
 
 def _worker_main(pipe, sock, rank, tp, num_blocks, extra, geom):
