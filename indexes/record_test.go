@@ -162,3 +162,28 @@ func TestKeyFoldStructured(t *testing.T) {
 		}
 	}
 }
+
+// FuzzDecodeKey: any bytes either decode to a key whose encoding is
+// exactly those bytes, or fail with ErrCorrupt naming the length.
+func FuzzDecodeKey(f *testing.F) {
+	var good [KeySize]byte
+	EncodeKey(&good, testKey(7, 2))
+	f.Add(good[:])
+	f.Add([]byte{})
+	f.Add(good[:KeySize-1])
+	f.Add(append(good[:], 0))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		k, err := DecodeKey(b)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) || len(b) == KeySize {
+				t.Fatalf("DecodeKey(%x): %v", b, err)
+			}
+			return
+		}
+		var again [KeySize]byte
+		EncodeKey(&again, k)
+		if string(again[:]) != string(b) {
+			t.Fatalf("re-encode differs:\n got %x\nwant %x", again, b)
+		}
+	})
+}

@@ -74,3 +74,27 @@ func FuzzEvents(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseNames: ParseWritePolicy and ParseStage accept exactly the
+// names String writes, and name the input and the choices otherwise.
+func FuzzParseNames(f *testing.F) {
+	for _, s := range []string{"write_through", "write_back", "copied", "found", "", "stage(0)", "Copied", "durable "} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if p, err := ParseWritePolicy(s); err == nil {
+			if p.String() != s {
+				t.Fatalf("ParseWritePolicy(%q) = %v, which prints %q", s, p, p.String())
+			}
+		} else if !strings.Contains(err.Error(), "write policy") {
+			t.Fatalf("ParseWritePolicy(%q): %v", s, err)
+		}
+		if st, err := ParseStage(s); err == nil {
+			if st.String() != s || st == 0 {
+				t.Fatalf("ParseStage(%q) = %v, which prints %q", s, st, st.String())
+			}
+		} else if !strings.Contains(err.Error(), "stage") {
+			t.Fatalf("ParseStage(%q): %v", s, err)
+		}
+	})
+}

@@ -62,3 +62,24 @@ func FuzzParseOptions(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseResidency: what parses prints back to a string that parses to
+// the same set; what does not gets an error naming the input.
+func FuzzParseResidency(f *testing.F) {
+	for _, s := range []string{"-", "L1", "L1+L2+L3", "L8", "L9", "L0", "l1", "L1+", "+", "", "L1+L1", "L01"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		r, err := ParseResidency(s)
+		if err != nil {
+			if !strings.Contains(err.Error(), "residency") {
+				t.Fatalf("ParseResidency(%q): error %q does not name what", s, err)
+			}
+			return
+		}
+		back, err := ParseResidency(r.String())
+		if err != nil || back != r {
+			t.Fatalf("ParseResidency(%q) = %v, which prints %q and parses back to %v, %v", s, r, r.String(), back, err)
+		}
+	})
+}

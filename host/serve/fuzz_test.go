@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -201,6 +203,31 @@ func FuzzEngineFrontier(f *testing.F) {
 				t.Fatalf("frontier %x refused naming %q", frontier, out.Errors[0].Item)
 			}
 			owed = nil // the session ended
+		}
+	})
+}
+
+// FuzzParseDoors: a list parses to distinct known doors, at least one,
+// whose join parses back to the same; anything else is an error naming
+// the door or the list.
+func FuzzParseDoors(f *testing.F) {
+	for _, s := range []string{"engine", "store", "engine,store", "store, engine", "engine,engine", "", ",", "engine,x", " "} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		ds, err := ParseDoors(s)
+		if err != nil {
+			if !strings.Contains(err.Error(), "door") {
+				t.Fatalf("ParseDoors(%q): %v", s, err)
+			}
+			return
+		}
+		if len(ds) == 0 || len(ds) > 2 || (len(ds) == 2 && ds[0] == ds[1]) {
+			t.Fatalf("ParseDoors(%q) = %q", s, ds)
+		}
+		back, err := ParseDoors(strings.Join(ds, ","))
+		if err != nil || !slices.Equal(back, ds) {
+			t.Fatalf("ParseDoors(%q) = %q does not round-trip: %q, %v", s, ds, back, err)
 		}
 	})
 }
