@@ -32,3 +32,34 @@ func TestCopyRunExtends(t *testing.T) {
 		}
 	}
 }
+
+// TestMemcpyLimit: the limit copies exactly the runs' bytes, a run longer
+// than half its buffer in pieces, and wraps around its buffers.
+func TestMemcpyLimit(t *testing.T) {
+	l := newMemcpyLimit(64, 1<<20) // 1 MiB buffers: 4 pages of 256 KiB
+	if len(l.src) != 4<<20 || len(l.dst) != 4<<20 {
+		t.Fatalf("buffers of %d and %d bytes, want 4 MiB", len(l.src), len(l.dst))
+	}
+	for i := range l.src {
+		l.src[i] = byte(i % 251)
+	}
+	runs := []int64{1 << 20, 3 << 20, 5 << 20, 7}
+	total := int64(0)
+	for _, n := range runs {
+		total += n
+	}
+	for round := range 3 {
+		l.copy(runs)
+		if l.bytes != int64(round+1)*total || l.ns <= 0 {
+			t.Fatalf("round %d: %d bytes in %d ns, want %d bytes", round, l.bytes, l.ns, int64(round+1)*total)
+		}
+		if l.at < 0 || l.at > len(l.dst) {
+			t.Fatalf("round %d: cursor %d outside the %d-byte buffer", round, l.at, len(l.dst))
+		}
+	}
+	var none memcpyLimit
+	none.copy(runs) // no buffers (copies not run): nothing, no panic
+	if none.bytes != 0 || none.ns != 0 {
+		t.Fatalf("a limit without buffers counted %d bytes", none.bytes)
+	}
+}

@@ -665,7 +665,6 @@ func (r *rank) runPlan(pl *pb.CopyPlan) (bool, []uint32) {
 		if run.items == 0 {
 			return
 		}
-		r.runs = append(r.runs, int64(run.length))
 		sp, err := r.slab.Bytes(run.slab, run.offset, run.length)
 		if err != nil {
 			r.fail("plan %d: %v", pl.GetPlan(), err)
@@ -687,6 +686,7 @@ func (r *rank) runPlan(pl *pb.CopyPlan) (bool, []uint32) {
 				copy(l1, sp)
 			}
 			n += int64(len(sp))
+			r.runs = append(r.runs, int64(len(sp)))
 		}
 		r.copyRuns++
 		run = copyRun{}

@@ -106,6 +106,11 @@ func TestLoadgenAgainstServe(t *testing.T) {
 			if res.SummedItems == 0 || res.SummedItems > res.CopyItems {
 				t.Fatalf("first run: %d items reported with sums of %d copied", res.SummedItems, res.CopyItems)
 			}
+			// The copies' limit is measured beside them (about a quarter
+			// of their bytes), and the idle one after the run.
+			if res.MemcpyGBps <= 0 || res.MemcpyAfterGBps <= 0 || res.LoadRatio <= 0 || res.StoreRatio <= 0 || res.CopyShare <= 0 || res.CopyShare > 1 {
+				t.Fatalf("first run: limits %.2f and %.2f GB/s, ratios %.2f and %.2f, copy share %.3f", res.MemcpyGBps, res.MemcpyAfterGBps, res.LoadRatio, res.StoreRatio, res.CopyShare)
+			}
 			if want := map[bool]int{false: 1, true: 2}[lanes]; res.OwnerLanes != want {
 				t.Fatalf("owner lanes %d, want %d", res.OwnerLanes, want)
 			}
