@@ -314,14 +314,20 @@ def bench_copies(binary, tmp, args, verify=True):
         a.random_()
         b.copy_(a)
 
+        best = []  # the best of each memcpy() and two more copies: shown, not the limit
+
         def memcpy():
-            best = None
+            # NB: the limit is the first copy, as the connector's copies
+            # are timed once each: the best of three (the limit before
+            # 2026-12-07) picked the limit's luckiest moment and set each
+            # copy's every moment against it.
+            dts = []
             for _ in range(3):
                 t0 = time.perf_counter()
                 b.copy_(a)
-                dt = time.perf_counter() - t0
-                best = dt if best is None else min(best, dt)
-            return best
+                dts.append(time.perf_counter() - t0)
+            best.append(min(dts))
+            return dts[0]
 
         for rnd in range(2 * args.rounds + 1):
             order = "sequential" if rnd % 2 == 0 else "shuffled"
@@ -365,8 +371,8 @@ def bench_copies(binary, tmp, args, verify=True):
                 continue  # warm-up: the slab's pages and the caches touched once
             m = nbytes / med(mem)
             rows[order].append({"save": nbytes / st["save_copy_s"] / m, "load": nbytes / st["load_copy_s"] / m,
-                                "mem": m / 1e9, "save_gbps": nbytes / st["save_copy_s"] / 1e9,
-                                "load_gbps": nbytes / st["load_copy_s"] / 1e9,
+                                "mem": m / 1e9, "mem_best": nbytes / min(best[-3:]) / 1e9,
+                                "save_gbps": nbytes / st["save_copy_s"] / 1e9, "load_gbps": nbytes / st["load_copy_s"] / 1e9,
                                 "save_path": nbytes / st["save_s"] / 1e9, "load_path": nbytes / st["load_s"] / 1e9,
                                 "save_cpu": (cpu1 - cpu0) / (nbytes / 1e9), "load_cpu": (cpu3 - cpu2) / (nbytes / 1e9)})
         w.shutdown()
@@ -383,7 +389,8 @@ def bench_copies(binary, tmp, args, verify=True):
               "on (kvtier.native)" if _native_sums() else "off"))
     out = {}
     for order, rs in rows.items():
-        print("  block ids %s; memcpy %s GB/s" % (order, span([r["mem"] for r in rs])))
+        print("  block ids %s; memcpy %s GB/s (one copy each, the limit; the best of three %s GB/s)" % (
+            order, span([r["mem"] for r in rs]), span([r["mem_best"] for r in rs])))
         for op in ("load", "save"):
             ratios = [r[op] for r in rs]
             out[order + "-" + op] = med(ratios)
