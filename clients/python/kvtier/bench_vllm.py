@@ -314,20 +314,18 @@ def bench_copies(binary, tmp, args, verify=True):
         a.random_()
         b.copy_(a)
 
-        best = []  # the best of each memcpy() and two more copies: shown, not the limit
-
         def memcpy():
-            # NB: the limit is the first copy, as the connector's copies
-            # are timed once each: the best of three (the limit before
-            # 2026-12-07) picked the limit's luckiest moment and set each
-            # copy's every moment against it.
+            """(the first, the best) of three timed copies. The limit is the
+            first, as the connector's copies are timed once each: the best
+            of three (the limit before 2026-12-07, shown beside it) picked
+            the limit's luckiest moment and set each copy's every moment
+            against it."""
             dts = []
             for _ in range(3):
                 t0 = time.perf_counter()
                 b.copy_(a)
                 dts.append(time.perf_counter() - t0)
-            best.append(min(dts))
-            return dts[0]
+            return dts[0], min(dts)
 
         for rnd in range(2 * args.rounds + 1):
             order = "sequential" if rnd % 2 == 0 else "shuffled"
@@ -369,9 +367,9 @@ def bench_copies(binary, tmp, args, verify=True):
             assert st["save_bytes"] == nbytes and st["load_bytes"] == nbytes, st
             if rnd == 0:
                 continue  # warm-up: the slab's pages and the caches touched once
-            m = nbytes / med(mem)
+            m = nbytes / med([first for first, _ in mem])
             rows[order].append({"save": nbytes / st["save_copy_s"] / m, "load": nbytes / st["load_copy_s"] / m,
-                                "mem": m / 1e9, "mem_best": nbytes / min(best[-3:]) / 1e9,
+                                "mem": m / 1e9, "mem_best": nbytes / min(best for _, best in mem) / 1e9,
                                 "save_gbps": nbytes / st["save_copy_s"] / 1e9, "load_gbps": nbytes / st["load_copy_s"] / 1e9,
                                 "save_path": nbytes / st["save_s"] / 1e9, "load_path": nbytes / st["load_s"] / 1e9,
                                 "save_cpu": (cpu1 - cpu0) / (nbytes / 1e9), "load_cpu": (cpu3 - cpu2) / (nbytes / 1e9)})
