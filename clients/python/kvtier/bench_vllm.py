@@ -30,7 +30,9 @@ It reports, each as a ratio to a limit measured in the same run:
   fragmented cache's).
 - overlap: the step time of a CPU engine (tests/vllmhelp.py: the
   connector called as vLLM's scheduler and worker call it, the forward's
-  accelerator time an idle wait of --compute-ms) decoding --decoders
+  accelerator time an idle wait of --compute-ms; with --device cuda the
+  KV cache is on the GPU and the forward a kernel that spins as long,
+  the host waiting for it) decoding --decoders
   requests, while --loaders other requests wait on their prefixes coming
   back from L3 (serve restarted: its slab empty, the pages in l3disk;
   None while serve's prefetch reloads them, then asynchronous loads),
@@ -412,6 +414,7 @@ def bench_overlap(binary, tmp, args):
     e = None
     try:
         e = vh.Engine(s.sock, tp=1, num_blocks=nb, inproc=True, geom=geom, compute_s=args.compute_ms / 1e3,
+                      device=args.device,
                       token_budget=max(2048, ptoks * args.loaders), max_running=args.decoders + args.loaders,
                       extra={"load_mode": "async"})
         cached = [[[50000 + 100000 * g + 1000 * i + j for j in range(ptoks)] for i in range(args.loaders)]
@@ -523,9 +526,11 @@ def bench_overlap(binary, tmp, args):
             e.close()
         s.stop()
     ratio = med(pending) / med(base)
-    print("overlap: %d decoders, forward's accelerator time %.0f ms (an idle wait); %d rounds of %d requests of %d "
-          "tokens whose prefixes come back from L3 (%d blocks of %d KiB loaded):" % (
-              args.decoders, args.compute_ms, groups, args.loaders, ptoks, loaded, 2 * kb >> 10))
+    print("overlap: %d decoders, KV cache on %s, forward's accelerator time %.0f ms (%s); %d rounds of %d requests "
+          "of %d tokens whose prefixes come back from L3 (%d blocks of %d KiB loaded):" % (
+              args.decoders, args.device, args.compute_ms,
+              "an idle wait" if args.device == "cpu" else "a kernel spinning that long, the host waiting for it",
+              groups, args.loaders, ptoks, loaded, 2 * kb >> 10))
     print("  step with no load pending: median %.1f ms (%d steps, %s); with L3 loads pending (the decoders alone "
           "scheduled while the loads run): median %.1f ms (%d steps, %s): %.2fx [target <= 1.0x: %s]" % (
               med(base) * 1e3, len(base), span([x * 1e3 for x in base], "%.1f"), med(pending) * 1e3, len(pending),
@@ -575,9 +580,14 @@ def main(argv=None):
     ap.add_argument("--overlap-rounds", type=int, default=3,
                     help="overlap: groups of --loaders requests loaded from L3 one after the other")
     ap.add_argument("--only", choices=("scheduler", "copies", "overlap"))
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="overlap: the test engine's KV cache on this device (cuda: the connector's GPU path, "
+                         "scripts/gpu-check.sh)")
     ap.add_argument("--serve-cpus", default="",
                     help="run serve on these CPUs (taskset list, e.g. 1) and this process on the others")
     args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device")
     global SERVE_CPUS
     SERVE_CPUS = args.serve_cpus
     if SERVE_CPUS:

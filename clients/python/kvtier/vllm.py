@@ -127,6 +127,10 @@ def _lower_thread(nice):
         logger.debug("kvtier: thread priority unchanged: %s", e)
 
 
+# CUDA: pages a copy stages through its device buffer at a time (a buffer
+# of this many pages of the largest kind per copying role).
+STAGING_PAGES = 16
+
 _MHA_KINDS = ("k", "v")
 _MLA_KINDS = ("kv",)
 _U32 = 0xFFFFFFFF
@@ -196,14 +200,60 @@ class _Shift:
         return t[0][a & 0xFF] ^ t[1][(a >> 8) & 0xFF] ^ t[2][(a >> 16) & 0xFF] ^ t[3][a >> 24] ^ b
 
 
-class _Slab(MappedSlab):
-    """serve's slab files, mapped shared; uint8 tensors over them."""
+def _cudart():
+    """torch's CUDA runtime bindings (cudaHostRegister, cudaHostUnregister)."""
+    return torch.cuda.cudart()
 
-    def __init__(self, geometry):
+
+def _cuda_call(name, *args):
+    """None when the CUDA runtime call succeeded, else what went wrong
+    (its error code, or the exception a torch without it raised)."""
+    try:
+        err = getattr(_cudart(), name)(*args)
+        return None if int(err) == 0 else err
+    except Exception as e:  # noqa: BLE001 (a CPU-only torch, an old binding)
+        return e
+
+
+class _Slab(MappedSlab):
+    """serve's slab files, mapped shared; uint8 tensors over them.
+
+    pin (a worker whose KV cache is on CUDA): each file's map is
+    page-locked with cudaHostRegister, so that torch's copies between it
+    and the GPU are DMA on the copy's stream, not staged through a bounce
+    buffer with the host waiting; a map is unregistered before it is
+    unmapped. A driver that refuses leaves the maps pageable (the copies
+    stay correct, slower), said once in the log."""
+
+    _refused = False  # a registration was refused (logged once a process)
+
+    def __init__(self, geometry, pin=False):
+        self._pin, self._pinned = pin, []
         super().__init__(geometry, KvtierError)
 
     def wrap(self, m):
-        return torch.frombuffer(m, dtype=torch.uint8)
+        t = torch.frombuffer(m, dtype=torch.uint8)
+        if self._pin:
+            self._register(t.data_ptr(), t.numel())
+        return t
+
+    def _register(self, addr, size):
+        err = _cuda_call("cudaHostRegister", addr, size, 0)
+        if err is None:
+            self._pinned.append(addr)
+            return
+        if not _Slab._refused:
+            _Slab._refused = True
+            logger.warning("kvtier: cudaHostRegister of the slab (%d bytes at 0x%x) refused: %s; copies between "
+                           "the slab and the GPU are staged (slower)", size, addr, err)
+
+    def close(self):
+        pinned, self._pinned = self._pinned, []
+        for addr in pinned:
+            err = _cuda_call("cudaHostUnregister", addr)
+            if err is not None:
+                logger.warning("kvtier: cudaHostUnregister of the slab at 0x%x: %s", addr, err)
+        super().close()
 
     def view(self, span):
         return self.tensors[span.slab][span.offset:span.offset + span.length]
@@ -224,9 +274,9 @@ class _Door:
     is gone (after arranging to register again), KvtierError when serve
     refuses the namespace."""
 
-    def __init__(self, socket, client_id, namespace, timeout, register_retry, map_slab):
+    def __init__(self, socket, client_id, namespace, timeout, register_retry, map_slab, pin=False):
         self.socket, self.client_id, self.namespace = socket, client_id, namespace
-        self.timeout, self.register_retry, self.map_slab = timeout, register_retry, map_slab
+        self.timeout, self.register_retry, self.map_slab, self.pin = timeout, register_retry, map_slab, pin
         self.kinds = [(k.name, k.page_bytes) for k in namespace.kinds]
         self._lock = threading.Lock()
         self._session = None
@@ -293,7 +343,7 @@ class _Door:
         if kinds != self.kinds:
             raise KvtierError("kvtier: serve's payload kinds %s, this vLLM's pages %s (docs/vllm.md: the stack's "
                               "model.payloads must match)" % (kinds, self.kinds))
-        slab = _Slab(rep.slab) if self.map_slab else None
+        slab = _Slab(rep.slab, pin=self.pin) if self.map_slab else None
         if self._slab is not None:
             self._slab.retire()
         self._slab, self._session, self._boot, self._limits = slab, rep.session, rep.boot_id, rep.limits
@@ -591,8 +641,8 @@ class KvtierConnector(KVConnectorBase_V1):
             for k, v in kv.items():
                 self._stats[k] = self._stats.get(k, 0) + v
 
-    def _new_door(self, client_id, map_slab):
-        return _Door(self.socket, client_id, self.namespace, self.timeout, self.register_retry, map_slab)
+    def _new_door(self, client_id, map_slab, pin=False):
+        return _Door(self.socket, client_id, self.namespace, self.timeout, self.register_retry, map_slab, pin)
 
     def key_suffixes(self):
         return [""] if self.owners == 1 else [".%d" % o for o in range(self.owners)]
@@ -1087,6 +1137,13 @@ class _Blocks:
         self.num_blocks = num_blocks
         self.device = layers[0][0][0].device
         self.cuda = self.device.type == "cuda"
+        # CUDA: the background threads' copies (asynchronous loads, saves)
+        # run on streams of their own, so that they overlap the forward's
+        # kernels instead of queueing behind them on the stream vLLM
+        # launches on (and a copy's wait ends with its own work).
+        self.streams, self._stage = {}, {}
+        if self.cuda:
+            self.streams = {role: torch.cuda.Stream(device=self.device) for role in ("load", "save")}
         # Per kind, per layer: the address of block 0 and the bytes between
         # blocks (the summing copy's pieces are computed from them).
         self.base = [np.array([lay[k][1] for lay in layers], dtype=np.uint64) for k in range(len(conn.chunk_bytes))]
@@ -1141,10 +1198,12 @@ class _Blocks:
         ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[esize]
         return flat.view(ints).view(torch.uint8)
 
-    def copy(self, to_blocks, pages, layers):
+    def copy(self, to_blocks, pages, layers, role=None):
         """Copies pages between vLLM's blocks and the slab for the given
         layers. pages is [(block id, [slab address per kind], [(slab file
-        tensor, offset, file index) per kind])].
+        tensor, offset, file index) per kind])]. On CUDA the copies go on
+        the stream of role ("load", "save"; None: the current stream, the
+        forward's) and are done when this returns.
 
         Pages in runs (consecutive block ids in consecutive slab pages, what
         a fresh request's blocks and a fresh slab give) go as one torch
@@ -1174,24 +1233,17 @@ class _Blocks:
             i = j
         if len(layers) == len(self.layers) or (layers and layers[0] == 0):
             self.c._count(copy_run_blocks=n - len(single), copy_single_blocks=len(single))
-        for i, r in runs:
-            b0 = pages[i][0]
-            for k, size in enumerate(chunks):
-                t, off0, _ = pages[i][2][k]
-                rows = t[off0:off0 + r * kinds[k]].view(r, kinds[k])
-                w = self.wide[k] and off0 % 8 == 0
-                if w:  # 8-byte elements: torch's strided copy at memcpy's speed here, 0.88x as bytes
-                    rows = rows.view(torch.int64)
-                for li in layers:
-                    blk = (self.layers[li][k][3] if w else self.layers[li][k][0])[b0:b0 + r]
-                    sl = rows[:, li * (size // 8):(li + 1) * (size // 8)] if w else rows[:, li * size:(li + 1) * size]
-                    if to_blocks:
-                        blk.copy_(sl)
-                    else:
-                        sl.copy_(blk)
         if self.cuda:
-            torch.cuda.current_stream(self.device).synchronize()
+            stream = self.streams[role] if role is not None else torch.cuda.current_stream(self.device)
+            with torch.cuda.stream(stream):
+                staging = self._staging(role)
+                if staging is None:
+                    self._copy_runs(to_blocks, pages, runs, layers, True)
+                else:
+                    self._copy_staged(to_blocks, pages, runs, layers, staging)
+            stream.synchronize()
             return
+        self._copy_runs(to_blocks, pages, runs, layers, False)
         if not single:
             return
         mm = _memmove
@@ -1206,6 +1258,75 @@ class _Blocks:
                 else:
                     for base, stride, off in geo[k]:
                         mm(a + off, base + b * stride, size)
+
+    def _staging(self, role):
+        """The device buffer role's copies stage through (allocated at
+        first use: STAGING_PAGES of the largest page kind), or None where
+        the device has no room (the copies then go as strided views)."""
+        st = self._stage.get(role, False)
+        if st is False:
+            st = None
+            try:
+                st = torch.empty(STAGING_PAGES * max(self.c.kind_bytes), dtype=torch.uint8, device=self.device)
+            except RuntimeError as e:  # out of device memory: vLLM took it
+                logger.warning("kvtier: no staging buffer on %s (%s): copies go as strided views", self.device, e)
+            self._stage[role] = st
+        return st
+
+    def _copy_staged(self, to_blocks, pages, runs, layers, staging):
+        """copy's runs through a buffer on the blocks' device: a run's
+        pages of a kind are one contiguous range of the slab (a page kind's
+        span is its layers' chunks in layer order), so each piece of a run
+        (as many pages as the buffer holds) is ONE copy between the slab
+        and the buffer (a DMA from page-locked memory on CUDA) and one
+        copy a layer between the buffer and the blocks, on the device.
+        torch would otherwise make every strided slab view contiguous in
+        pageable host memory first. The buffer is reused piece after
+        piece: the copies are ordered on one stream."""
+        chunks, kinds = self.c.chunk_bytes, self.c.kind_bytes
+        for i, r in runs:
+            for k, size in enumerate(chunks):
+                per = max(1, staging.numel() // kinds[k])
+                t, off0, _ = pages[i][2][k]
+                for lo in range(0, r, per):
+                    n = min(per, r - lo)
+                    b0, off = pages[i + lo][0], off0 + lo * kinds[k]
+                    host = t[off:off + n * kinds[k]]
+                    dev = staging[:n * kinds[k]]
+                    rows = dev.view(n, kinds[k])
+                    w = self.wide[k]
+                    if w:
+                        rows = rows.view(torch.int64)
+                    if to_blocks:
+                        dev.copy_(host, non_blocking=True)
+                    for li in layers:
+                        blk = (self.layers[li][k][3] if w else self.layers[li][k][0])[b0:b0 + n]
+                        sl = rows[:, li * (size // 8):(li + 1) * (size // 8)] if w else rows[:, li * size:(li + 1) * size]
+                        if to_blocks:
+                            blk.copy_(sl)
+                        else:
+                            sl.copy_(blk)
+                    if not to_blocks:
+                        host.copy_(dev, non_blocking=True)
+
+    def _copy_runs(self, to_blocks, pages, runs, layers, non_blocking):
+        """One torch copy a run, layer and kind (see copy)."""
+        chunks, kinds = self.c.chunk_bytes, self.c.kind_bytes
+        for i, r in runs:
+            b0 = pages[i][0]
+            for k, size in enumerate(chunks):
+                t, off0, _ = pages[i][2][k]
+                rows = t[off0:off0 + r * kinds[k]].view(r, kinds[k])
+                w = self.wide[k] and off0 % 8 == 0
+                if w:  # 8-byte elements: torch's strided copy at memcpy's speed here, 0.88x as bytes
+                    rows = rows.view(torch.int64)
+                for li in layers:
+                    blk = (self.layers[li][k][3] if w else self.layers[li][k][0])[b0:b0 + r]
+                    sl = rows[:, li * (size // 8):(li + 1) * (size // 8)] if w else rows[:, li * size:(li + 1) * size]
+                    if to_blocks:
+                        blk.copy_(sl, non_blocking=non_blocking)
+                    else:
+                        sl.copy_(blk, non_blocking=non_blocking)
 
     def summing(self):
         """Whether copies go through kvtier.native and take each page
@@ -1339,7 +1460,7 @@ class _WorkerSide:
             nb = int(first.shape[0] if self.c.mla or first.shape[0] != 2 else first.shape[1])
         blocks = _Blocks(self.c, kv_caches, nb)
         self.door = self.c._new_door("vllm-worker-tp%d-pp%d-%d" % (self.tp_rank, self.pp_rank, os.getpid()),
-                                     map_slab=True)
+                                     map_slab=True, pin=blocks.cuda)
         try:
             self.door.register()
         except _Lost:
@@ -1582,7 +1703,7 @@ class _WorkerSide:
                 sums = self.blocks.copy_summed(True, hits, range(len(self.blocks.layers)))
                 bad = self._judge(batches, sums)
             else:
-                self.blocks.copy(True, hits, range(len(self.blocks.layers)))
+                self.blocks.copy(True, hits, range(len(self.blocks.layers)), role="load")
             self.c._count(load_copy_s=time.perf_counter() - t1)
         finally:
             self._release(batches, failed, bad)
@@ -1754,7 +1875,7 @@ class _WorkerSide:
                     for i, j in enumerate(pj):
                         sums[j * nk:(j + 1) * nk] = got[i * nk:(i + 1) * nk].tolist()
                 else:
-                    self.blocks.copy(False, pages, range(len(self.blocks.layers)))
+                    self.blocks.copy(False, pages, range(len(self.blocks.layers)), role="save")
                 copy_s += time.perf_counter() - t1
                 copied += len(pages)
             except Exception:

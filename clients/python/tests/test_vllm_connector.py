@@ -793,3 +793,154 @@ def test_bench(kvtier_bin):
     from kvtier import bench_vllm
 
     assert bench_vllm.main(["--kvtier", kvtier_bin, "--rounds", "3"]) == 0
+
+
+class _BlocksConn:
+    """What _Blocks reads of its connector, for copies without a serve."""
+
+    def __init__(self, layers, heads, head_dim, esize=2):
+        self.block_size, self.num_layers, self.mla, self.kv_layout = vh.BLOCK, layers, False, "NHD"
+        self.chunk_bytes = [vh.BLOCK * heads * head_dim * esize] * 2
+        self.kind_bytes = [layers * c for c in self.chunk_bytes]
+        self.kind_names = ["k", "v"]
+        self.counts = {}
+
+    def _count(self, **kv_):
+        for k, v in kv_.items():
+            self.counts[k] = self.counts.get(k, 0) + v
+
+
+@pytest.mark.parametrize("shape", ["flash", "flashinfer"])
+def test_staged_copy_matches_views(shape):
+    """The CUDA path's staged copy (_Blocks._copy_staged: a run's slab
+    range in one copy to a device buffer, then a copy a layer on the
+    device) indexes the same bytes as the strided views of the host path
+    (_copy_runs), both ways, with runs longer than the buffer (split in
+    pieces) and runs of one page. Run here on CPU tensors: on a GPU the
+    buffer is device memory and the copies are ordered on one stream."""
+    seed = 20261207
+    g = torch.Generator().manual_seed(seed)
+    layers, heads, hd, nb = 3, 2, 8, 24
+    conn = _BlocksConn(layers, heads, hd)
+    mk = (lambda: torch.zeros(2, nb, vh.BLOCK, heads, hd, dtype=torch.bfloat16)) if shape == "flash" else (
+        lambda: torch.zeros(nb, 2, vh.BLOCK, heads, hd, dtype=torch.bfloat16))
+    names = ["model.layers.%d.self_attn" % i for i in range(layers)]
+
+    def caches():
+        return {n: mk() for n in names}
+
+    src = caches()
+    for t in src.values():
+        t.view(torch.int16).copy_(torch.randint(-32768, 32767, t.shape, generator=g, dtype=torch.int16))
+    # Pages: a run of 7 (blocks 3-9 in slab pages 0-6), a run of 2, a single.
+    plan = [(3, 7, 0), (14, 2, 9), (20, 1, 12)]
+    npages = 14
+    for direction in ("to_slab", "to_blocks"):
+        out = {}
+        for how in ("views", "staged"):
+            blocks = kv._Blocks(conn, src if direction == "to_slab" else caches(), nb)
+            slab = [torch.zeros(npages * kb, dtype=torch.uint8) for kb in conn.kind_bytes]
+            if direction == "to_blocks":
+                for k, t in enumerate(slab):
+                    t.copy_(torch.randint(0, 256, t.shape, generator=torch.Generator().manual_seed(seed + k),
+                                          dtype=torch.uint8))
+            pages, runs = [], []
+            for b0, r, p0 in plan:
+                runs.append((len(pages), r))
+                for j in range(r):
+                    pages.append((b0 + j, [0, 0], [(slab[k], (p0 + j) * kb, k) for k, kb in enumerate(conn.kind_bytes)]))
+            lays = range(layers)
+            if how == "views":
+                blocks._copy_runs(direction == "to_blocks", pages, runs, lays, False)
+            else:
+                staging = torch.empty(2 * max(conn.kind_bytes) + 5, dtype=torch.uint8)  # 2 pages a piece
+                blocks._copy_staged(direction == "to_blocks", pages, runs, lays, staging)
+            out[how] = ([t.clone() for t in slab] if direction == "to_slab" else
+                        [blocks.layers[li][k][0].clone() for li in lays for k in range(2)])
+        for a, b in zip(out["views"], out["staged"]):
+            assert torch.equal(a, b), "seed %d, %s" % (seed, direction)
+        assert any(t.any() for t in out["staged"]), "seed %d: nothing copied" % seed
+
+
+class _FakeCudart:
+    """A stand-in for torch.cuda.cudart(), for fault injection: records
+    the registrations; refuse: every cudaHostRegister fails (error 1)."""
+
+    def __init__(self, refuse=False):
+        self.refuse, self.registered, self.unregistered = refuse, [], []
+
+    def cudaHostRegister(self, addr, size, flags):
+        if self.refuse:
+            return 1
+        self.registered.append((addr, size, flags))
+        return 0
+
+    def cudaHostUnregister(self, addr):
+        self.unregistered.append(addr)
+        return 0
+
+
+@pytest.mark.parametrize("refuse", [False, True], ids=["pinned", "refused"])
+def test_slab_pinning(tmp_path, monkeypatch, caplog, refuse):
+    """A CUDA worker's slab maps are page-locked (cudaHostRegister, every
+    file's whole map) and unregistered before they are unmapped, once,
+    after the last copy through a retired slab; a driver that refuses
+    leaves them pageable with one warning and nothing to unregister."""
+    fake = _FakeCudart(refuse)
+    monkeypatch.setattr(kv, "_cudart", lambda: fake)
+    monkeypatch.setattr(kv._Slab, "_refused", False)
+    files = []
+    for i, size in enumerate((3 * 4096, 5 * 4096)):
+        p = tmp_path / ("slab%d" % i)
+        p.write_bytes(b"\0" * size)
+        files.append(dataclasses.make_dataclass("F", ["id", "path", "size"])(i, str(p), size))
+    geom = dataclasses.make_dataclass("G", ["files"])(files)
+    s = kv._Slab(geom, pin=True)
+    if refuse:
+        assert fake.registered == [] and "cudaHostRegister of the slab" in caplog.text
+    else:
+        assert fake.registered == [(a, n, 0) for a, n in zip(s.addrs, s.sizes)]
+    assert s.acquire()
+    s.retire()
+    assert fake.unregistered == []  # a copy still runs through it
+    s.release()
+    assert fake.unregistered == ([] if refuse else [a for a, _, _ in fake.registered])
+    s.close()  # again: nothing more
+    assert len(fake.unregistered) == (0 if refuse else 2)
+    plain = kv._Slab(geom)
+    plain.close()
+    assert len(fake.registered) == (0 if refuse else 2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA device: scripts/gpu-check.sh runs this where there is one")
+@pytest.mark.parametrize("load_mode", ["async", "sync"])
+def test_engine_on_cuda(kvtier_bin, tmp_path, caplog, load_mode):
+    """vLLM's KV cache on a GPU: the worker page-locks the slab, saves and
+    asynchronous loads run on streams of their own through device staging
+    buffers, synchronous loads on the forward's stream; a second engine
+    (its cache empty) loads what the first saved: every loaded position
+    is what the model wrote (0 wrong bytes)."""
+    kb = vh.kind_bytes()
+    s = start_serve(kvtier_bin, tmp_path, [("k", kb), ("v", kb)])
+    prompts = {"a": list(range(1, 71)), "b": list(range(1, 50)) + [9] * 30, "c": list(range(500, 564))}
+    try:
+        for gen in (0, 1):
+            e = vh.Engine(s.sock, tp=1, num_blocks=64, inproc=True, device="cuda", extra={"load_mode": load_mode})
+            try:
+                for rid, p in prompts.items():
+                    e.add("%s%d" % (rid, gen), p, 2)
+                e.run(timeout=120)
+                for rid, p in prompts.items():
+                    assert e.outputs["%s%d" % (rid, gen)] == vh.expected_output(p, 2)
+                assert e.wrong_used == 0
+                w = e.workers[0].conn._worker
+                assert w.blocks.cuda and w.door._slab is not None and w.door._slab._pinned
+                if gen == 1:
+                    st = e.stats.data
+                    assert e.checked > 0 and st.get("load_blocks", 0) > 0 and not st.get("load_failed_blocks"), st
+            finally:
+                e.close()
+        assert "cudaHostRegister of the slab" not in caplog.text
+    finally:
+        s.stop()

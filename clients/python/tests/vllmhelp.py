@@ -159,7 +159,8 @@ class Worker:
     """One vLLM worker (a TP rank): paged KV tensors, the connector with
     role WORKER, a forward as described above."""
 
-    def __init__(self, sock, rank, tp, num_blocks, extra=None, geom=GEOM, kv_shape="flash", compute_s=0.0):
+    def __init__(self, sock, rank, tp, num_blocks, extra=None, geom=GEOM, kv_shape="flash", compute_s=0.0,
+                 device="cpu"):
         from vllm.distributed.parallel_state import set_ranks
 
         from kvtier.vllm import KvtierConnector
@@ -168,11 +169,14 @@ class Worker:
         self.rank, self.tp, self.nb, self.geom = rank, tp, num_blocks, geom
         self.hr, self.hd = geom.heads // tp, geom.head_dim
         self.compute_s = compute_s
+        self.device = torch.device(device)
         self.names = layer_names(geom.layers)
         if kv_shape == "flash":
-            self.kv = {n: torch.zeros(2, num_blocks, BLOCK, self.hr, self.hd, dtype=DTYPE) for n in self.names}
+            shape = (2, num_blocks, BLOCK, self.hr, self.hd)
         else:  # flashinfer: (blocks, 2, ...)
-            self.kv = {n: torch.zeros(num_blocks, 2, BLOCK, self.hr, self.hd, dtype=DTYPE) for n in self.names}
+            shape = (num_blocks, 2, BLOCK, self.hr, self.hd)
+        self.kv = {n: torch.zeros(*shape, dtype=DTYPE, device=self.device) for n in self.names}
+        self._cycles = gpu_cycles_per_s(self.device) if self.device.type == "cuda" and compute_s else 0
         self.kv_shape = kv_shape
         cfg = vllm_config(sock, tp, extra)
         self.conn = KvtierConnector(cfg, KVConnectorRole.WORKER, kv_cache_config(num_blocks, tp, geom))
@@ -186,7 +190,7 @@ class Worker:
     def slots(self, rid, lo, hi):
         b = self.blocks[rid]
         pos = torch.arange(lo, hi)
-        return torch.tensor(b, dtype=torch.int64)[pos // BLOCK] * BLOCK + pos % BLOCK
+        return (torch.tensor(b, dtype=torch.int64)[pos // BLOCK] * BLOCK + pos % BLOCK).to(self.device)
 
     def execute(self, so, tokens):
         """One step. tokens: request id -> its tokens up to the end of what
@@ -223,18 +227,25 @@ class Worker:
                 for k in range(2):
                     view = self.kind_view(name, k)
                     if ctx_slots is not None and c0:
-                        want = kv_values(sd[:c0], li, k, self.rank * self.hr, self.hr, self.hd)
+                        want = kv_values(sd[:c0], li, k, self.rank * self.hr, self.hr, self.hd).to(self.device)
                         bad = int((view[ctx_slots] != want).sum())
                         wrong[rid] = wrong.get(rid, 0) + bad
                         checked[rid] = checked.get(rid, 0) + want.numel()
-                    view[new_slots] = kv_values(sd[c0:c0 + n], li, k, self.rank * self.hr, self.hr, self.hd)
+                    view[new_slots] = kv_values(sd[c0:c0 + n], li, k, self.rank * self.hr, self.hr, self.hd).to(
+                        self.device)
             self.conn.save_kv_layer(name, self.kv[name], None)
         # The launch: what the engine's thread did before the forward's
         # idle wait (bench_vllm's overlap reports it).
         self.launch = launch.since()
         if work and self.compute_s:
-            # The accelerator's share of a forward: the host waits, idle.
-            time.sleep(self.compute_s)
+            # The accelerator's share of a forward: the host waits, idle
+            # (on CUDA: a kernel that spins that long, the host waiting
+            # for the device).
+            if self._cycles:
+                torch.cuda._sleep(int(self._cycles * self.compute_s))
+                torch.cuda.synchronize(self.device)
+            else:
+                time.sleep(self.compute_s)
         self.conn.wait_for_save()
         sending, recving = self.conn.get_finished(set(so.finished_req_ids))
         out = KVConnectorOutput(finished_sending=sending, finished_recving=recving,
@@ -244,10 +255,29 @@ class Worker:
         return {"kv": out, "wrong": wrong, "checked": checked}
 
     def read_block(self, name, k, block):
-        return (self.kv[name][k] if self.kv_shape == "flash" else self.kv[name][:, k])[block].clone()
+        return (self.kv[name][k] if self.kv_shape == "flash" else self.kv[name][:, k])[block].cpu().clone()
 
     def shutdown(self):
         self.conn.shutdown()
+
+
+def gpu_cycles_per_s(device):
+    """The clock of torch.cuda._sleep's spin on device (cycles a second),
+    from one spin of 50 ms timed with events."""
+    n = 10 ** 7
+    torch.cuda._sleep(n)  # warm up
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(n)
+    end.record()
+    end.synchronize()
+    first = n / (start.elapsed_time(end) / 1e3)
+    n = int(first * 0.05)
+    start.record()
+    torch.cuda._sleep(n)
+    end.record()
+    end.synchronize()
+    return n / (start.elapsed_time(end) / 1e3)
 
 
 class _ThreadTimes:
@@ -599,14 +629,16 @@ class Engine:
     TP rank (in processes, or in this process when inproc)."""
 
     def __init__(self, sock, tp=2, num_blocks=48, extra=None, token_budget=256, max_running=8, inproc=False,
-                 geom=GEOM, compute_s=0.0):
+                 geom=GEOM, compute_s=0.0, device="cpu"):
         from kvtier.vllm import KvtierConnector
 
         self.sock, self.tp, self.num_blocks, self.geom, self.compute_s = sock, tp, num_blocks, geom, compute_s
+        self.device = device
+        assert device == "cpu" or inproc, "a CUDA KV cache needs the worker in this process (inproc)"
         self.workers = []
         if inproc:
             assert tp == 1
-            self.workers = [Worker(sock, 0, 1, num_blocks, extra, geom, compute_s=compute_s)]
+            self.workers = [Worker(sock, 0, 1, num_blocks, extra, geom, compute_s=compute_s, device=device)]
         else:
             self.workers = [RemoteWorker(sock, r, tp, num_blocks, extra, geom) for r in range(tp)]
             for w in self.workers:
@@ -714,7 +746,8 @@ class Engine:
             else:
                 w.call("rebuild", extra)
         if self.inproc:
-            self.workers = [Worker(self.sock, 0, 1, self.num_blocks, extra, self.geom, compute_s=self.compute_s)]
+            self.workers = [Worker(self.sock, 0, 1, self.num_blocks, extra, self.geom, compute_s=self.compute_s,
+                                   device=self.device)]
         from kvtier.vllm import KvtierConnector
 
         self.conn = KvtierConnector(vllm_config(self.sock, self.tp, extra), KVConnectorRole.SCHEDULER,
