@@ -1759,6 +1759,11 @@ class _WorkerSide:
                         s.events[li].set()
                     if acc is not None:
                         bad = self._judge(batches, acc)
+                elif self.blocks.cuda:
+                    # Every layer in one call: a run's pages are one
+                    # range of the slab, staged whole (_copy_staged); the
+                    # forward's stream orders them before its kernels.
+                    self.blocks.copy(True, hits, range(len(self.blocks.layers)))
                 else:
                     for li in range(len(self.blocks.layers)):
                         self.blocks.copy(True, hits, (li,))
