@@ -1274,40 +1274,76 @@ class _Blocks:
         return st
 
     def _copy_staged(self, to_blocks, pages, runs, layers, staging):
-        """copy's runs through a buffer on the blocks' device: a run's
+        """copy's runs through a buffer on the blocks' device. A run's
         pages of a kind are one contiguous range of the slab (a page kind's
-        span is its layers' chunks in layer order), so each piece of a run
-        (as many pages as the buffer holds) is ONE copy between the slab
-        and the buffer (a DMA from page-locked memory on CUDA) and one
-        copy a layer between the buffer and the blocks, on the device.
+        span is its layers' chunks in layer order), so it moves between the
+        slab and the buffer in ONE copy (a DMA from page-locked memory on
+        CUDA); the runs are packed into the buffer a piece at a time (a run
+        longer than the buffer is split), and each layer of a piece moves
+        between the buffer and vLLM's blocks in one device copy: a slice of
+        the blocks when the piece is one run (consecutive blocks), else an
+        index_copy_ (a load) or index_select (a save) of the piece's blocks.
         torch would otherwise make every strided slab view contiguous in
-        pageable host memory first. The buffer is reused piece after
-        piece: the copies are ordered on one stream."""
+        pageable host memory first, and a fragmented cache would take a
+        copy a block and layer. The buffer is reused piece after piece:
+        the copies are ordered on one stream."""
         chunks, kinds = self.c.chunk_bytes, self.c.kind_bytes
-        for i, r in runs:
-            for k, size in enumerate(chunks):
-                per = max(1, staging.numel() // kinds[k])
-                t, off0, _ = pages[i][2][k]
-                for lo in range(0, r, per):
-                    n = min(per, r - lo)
-                    b0, off = pages[i + lo][0], off0 + lo * kinds[k]
-                    host = t[off:off + n * kinds[k]]
-                    dev = staging[:n * kinds[k]]
-                    rows = dev.view(n, kinds[k])
-                    w = self.wide[k]
-                    if w:
-                        rows = rows.view(torch.int64)
-                    if to_blocks:
-                        dev.copy_(host, non_blocking=True)
-                    for li in layers:
-                        blk = (self.layers[li][k][3] if w else self.layers[li][k][0])[b0:b0 + n]
-                        sl = rows[:, li * (size // 8):(li + 1) * (size // 8)] if w else rows[:, li * size:(li + 1) * size]
-                        if to_blocks:
-                            blk.copy_(sl)
-                        else:
-                            sl.copy_(blk)
-                    if not to_blocks:
-                        host.copy_(dev, non_blocking=True)
+        for k, size in enumerate(chunks):
+            per = max(1, staging.numel() // kinds[k])
+            piece, filled = [], 0
+            for i, r in runs:
+                lo = 0
+                while lo < r:
+                    n = min(per - filled, r - lo)
+                    piece.append((i + lo, n))
+                    filled, lo = filled + n, lo + n
+                    if filled == per:
+                        self._piece(to_blocks, pages, piece, filled, k, size, layers, staging)
+                        piece, filled = [], 0
+            if piece:
+                self._piece(to_blocks, pages, piece, filled, k, size, layers, staging)
+
+    def _piece(self, to_blocks, pages, piece, filled, k, size, layers, staging):
+        """One piece of _copy_staged: the slices (first page, pages) of
+        runs, filled pages in all, of kind k."""
+        kb = self.c.kind_bytes[k]
+        w = self.wide[k]
+        unit = 8 if w else 1
+        rows = staging[:filled * kb].view(filled, kb)
+        if w:
+            rows = rows.view(torch.int64)
+        b0, idx = pages[piece[0][0]][0], None
+        if len(piece) > 1:
+            ids = [pages[i + j][0] for i, n in piece for j in range(n)]
+            idx = torch.tensor(ids, dtype=torch.int64).to(self.device, non_blocking=True)
+
+        def slab_moves(into_slab):
+            at = 0
+            for i, n in piece:
+                t, off, _ = pages[i][2][k]
+                host, dev = t[off:off + n * kb], staging[at * kb:(at + n) * kb]
+                if into_slab:
+                    host.copy_(dev, non_blocking=True)
+                else:
+                    dev.copy_(host, non_blocking=True)
+                at += n
+
+        if to_blocks:
+            slab_moves(False)
+        for li in layers:
+            blk = self.layers[li][k][3] if w else self.layers[li][k][0]
+            sl = rows[:, li * size // unit:(li + 1) * size // unit]
+            if to_blocks:
+                if idx is None:
+                    blk[b0:b0 + filled].copy_(sl)
+                else:
+                    blk.index_copy_(0, idx, sl)
+            elif idx is None:
+                sl.copy_(blk[b0:b0 + filled])
+            else:
+                sl.copy_(blk.index_select(0, idx))
+        if not to_blocks:
+            slab_moves(True)
 
     def _copy_runs(self, to_blocks, pages, runs, layers, non_blocking):
         """One torch copy a run, layer and kind (see copy)."""

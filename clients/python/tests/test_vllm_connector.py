@@ -811,13 +811,16 @@ class _BlocksConn:
 
 
 @pytest.mark.parametrize("shape", ["flash", "flashinfer"])
-def test_staged_copy_matches_views(shape):
-    """The CUDA path's staged copy (_Blocks._copy_staged: a run's slab
-    range in one copy to a device buffer, then a copy a layer on the
-    device) indexes the same bytes as the strided views of the host path
-    (_copy_runs), both ways, with runs longer than the buffer (split in
-    pieces) and runs of one page. Run here on CPU tensors: on a GPU the
-    buffer is device memory and the copies are ordered on one stream."""
+@pytest.mark.parametrize("staged_pages", [2, 16])
+def test_staged_copy_matches_views(shape, staged_pages):
+    """The CUDA path's staged copy (_Blocks._copy_staged: runs' slab
+    ranges packed into a device buffer a piece at a time, then a copy or
+    an index_copy_/index_select a layer on the device) moves the same
+    bytes as the strided views of the host path (_copy_runs), both ways:
+    a buffer of 2 pages (a run split in pieces, pieces of parts of two
+    runs) and of 16 (every run in one piece). Run here on CPU tensors: on
+    a GPU the buffer is device memory and the copies are ordered on one
+    stream."""
     seed = 20261207
     g = torch.Generator().manual_seed(seed)
     layers, heads, hd, nb = 3, 2, 8, 24
@@ -853,7 +856,7 @@ def test_staged_copy_matches_views(shape):
             if how == "views":
                 blocks._copy_runs(direction == "to_blocks", pages, runs, lays, False)
             else:
-                staging = torch.empty(2 * max(conn.kind_bytes) + 5, dtype=torch.uint8)  # 2 pages a piece
+                staging = torch.empty(staged_pages * max(conn.kind_bytes) + 5, dtype=torch.uint8)
                 blocks._copy_staged(direction == "to_blocks", pages, runs, lays, staging)
             out[how] = ([t.clone() for t in slab] if direction == "to_slab" else
                         [blocks.layers[li][k][0].clone() for li in lays for k in range(2)])
