@@ -15,7 +15,8 @@
 #     both and their ratio (the limit is measured in the same run);
 #   - where /usr/bin/python3's torch sees the GPU: the vLLM connector with
 #     its KV cache on the GPU (tests/test_vllm_connector.py, 0 wrong
-#     bytes) and bench_vllm's overlap row on the GPU (issue 25).
+#     bytes) and bench_vllm's rows on the GPU (issue 25: the copies
+#     against page-locked host <-> GPU copies, the overlap).
 # Usage: scripts/gpu-check.sh [go test flags...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +38,7 @@ grep -q '^gpu-check:' /tmp/kvtier-gpu-check.log || { echo "gpu-check: the benchm
 if /usr/bin/python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
 	make build
 	(cd clients/python && /usr/bin/python3 -m pytest -q -k 'cuda or staged or pinning' tests/test_vllm_connector.py)
-	(cd clients/python && /usr/bin/python3 -m kvtier.bench_vllm --only overlap --device cuda --kvtier ../../bin/kvtier)
+	(cd clients/python && /usr/bin/python3 -m kvtier.bench_vllm --device cuda --kvtier ../../bin/kvtier)
 else
 	echo "gpu-check: /usr/bin/python3's torch sees no CUDA device: the vLLM connector's GPU path is not checked"
 fi

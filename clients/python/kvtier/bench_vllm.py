@@ -306,28 +306,37 @@ def bench_copies(binary, tmp, args, verify=True):
               64 + (n * (2 * args.rounds + 2) * page >> 20), [] if verify else ["--store-verify=false"])
     rows = {"sequential": [], "shuffled": []}
     try:
-        w = vh.Worker(s.sock, 0, 1, 2 * n + 8, geom=geom)
+        w = vh.Worker(s.sock, 0, 1, 2 * n + 8, geom=geom, device=args.device)
         for t in w.kv.values():
             t.view(torch.int16).random_()
         rng = random.Random(1)
         nbytes = n * page
-        a = torch.empty(nbytes, dtype=torch.uint8)
-        b = torch.empty(nbytes, dtype=torch.uint8)
+        cuda = args.device == "cuda"
+        # The limit's buffers: host to host, or (CUDA) page-locked host
+        # memory and the GPU, copied each way (a load's direction, a save's).
+        a = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
+        b = torch.empty(nbytes, dtype=torch.uint8, device=args.device)
         a.random_()
         b.copy_(a)
 
         def memcpy():
-            """(the first, the best) of three timed copies. The limit is the
-            first, as the connector's copies are timed once each: the best
-            of three (the limit before 2026-12-07, shown beside it) picked
-            the limit's luckiest moment and set each copy's every moment
-            against it."""
-            dts = []
-            for _ in range(3):
-                t0 = time.perf_counter()
-                b.copy_(a)
-                dts.append(time.perf_counter() - t0)
-            return dts[0], min(dts)
+            """(first, best) of three timed copies toward the blocks (a
+            load's), then (first, best) away from them (a save's). The limit
+            is the first, as the connector's copies are timed once each:
+            the best of three (the limit before 2026-12-07, shown beside it)
+            picked the limit's luckiest moment and set each copy's every
+            moment against it. On the host both ways are one copy."""
+            out = []
+            for dst, src in ((b, a), (a, b)) if cuda else ((b, a),):
+                dts = []
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    dst.copy_(src, non_blocking=cuda)
+                    if cuda:
+                        torch.cuda.synchronize()
+                    dts.append(time.perf_counter() - t0)
+                out.append((dts[0], min(dts)))
+            return out[0] + out[-1]
 
         for rnd in range(2 * args.rounds + 1):
             order = "sequential" if rnd % 2 == 0 else "shuffled"
@@ -369,28 +378,33 @@ def bench_copies(binary, tmp, args, verify=True):
             assert st["save_bytes"] == nbytes and st["load_bytes"] == nbytes, st
             if rnd == 0:
                 continue  # warm-up: the slab's pages and the caches touched once
-            m = nbytes / med([first for first, _ in mem])
-            rows[order].append({"save": nbytes / st["save_copy_s"] / m, "load": nbytes / st["load_copy_s"] / m,
-                                "mem": m / 1e9, "mem_best": nbytes / min(best for _, best in mem) / 1e9,
+            m = nbytes / med([x[0] for x in mem])
+            ms = nbytes / med([x[2] for x in mem])
+            rows[order].append({"save": nbytes / st["save_copy_s"] / ms, "load": nbytes / st["load_copy_s"] / m,
+                                "mem": m / 1e9, "mem_best": nbytes / min(x[1] for x in mem) / 1e9, "mem_save": ms / 1e9,
                                 "save_gbps": nbytes / st["save_copy_s"] / 1e9, "load_gbps": nbytes / st["load_copy_s"] / 1e9,
                                 "save_path": nbytes / st["save_s"] / 1e9, "load_path": nbytes / st["load_s"] / 1e9,
                                 "save_cpu": (cpu1 - cpu0) / (nbytes / 1e9), "load_cpu": (cpu3 - cpu2) / (nbytes / 1e9)})
         w.shutdown()
     finally:
         s.stop()
-    print("copies, serve %s, %d blocks of %d KiB (%d layers, %d KV heads x %d, bf16: %d KiB a block, layer "
-          "and kind), %d rounds of each block order after a warm-up, 0 wrong bytes; memcpy: one torch copy_ of the "
-          "same bytes, the median of its runs before, between and after a round's save and load; serve's CPU: "
-          "seconds of serve's process a GB, the save's until serve is idle again (its checksums, if it takes them, "
-          "and the write-through to L3), the load's likewise; client sums %s:" % (
+    print("copies, KV cache on %s, serve %s, %d blocks of %d KiB (%d layers, %d KV heads x %d, bf16: %d KiB a "
+          "block, layer and kind), %d rounds of each block order after a warm-up, 0 wrong bytes; memcpy: one torch "
+          "copy_ of the same bytes%s, the median of its runs before, between and after a round's save and load; "
+          "serve's CPU: seconds of serve's process a GB, the save's until serve is idle again (its checksums, if it "
+          "takes them, and the write-through to L3), the load's likewise; client sums %s:" % (
+              args.device,
               "checking each loaded page's CRC32C while it is copied (--store-verify, the default)" if verify
               else "with --store-verify=false (no check beside the load's copies)",
               n, page >> 10, geom.layers, geom.heads, geom.head_dim, kb // geom.layers >> 10, args.rounds,
+              " (CUDA: page-locked host memory to the GPU, the load's limit; back, the save's)" if cuda else "",
               "on (kvtier.native)" if _native_sums() else "off"))
     out = {}
     for order, rs in rows.items():
-        print("  block ids %s; memcpy %s GB/s (one copy each, the limit; the best of three %s GB/s)" % (
-            order, span([r["mem"] for r in rs]), span([r["mem_best"] for r in rs])))
+        print("  block ids %s; memcpy %s GB/s (one copy each, the limit; the best of three %s GB/s)%s" % (
+            order, span([r["mem"] for r in rs]), span([r["mem_best"] for r in rs]),
+            "; from the GPU %s GB/s (the saves' limit)" % span([r["mem_save"] for r in rs])
+            if args.device == "cuda" else ""))
         for op in ("load", "save"):
             ratios = [r[op] for r in rs]
             out[order + "-" + op] = med(ratios)
@@ -581,8 +595,8 @@ def main(argv=None):
                     help="overlap: groups of --loaders requests loaded from L3 one after the other")
     ap.add_argument("--only", choices=("scheduler", "copies", "overlap"))
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
-                    help="overlap: the test engine's KV cache on this device (cuda: the connector's GPU path, "
-                         "scripts/gpu-check.sh)")
+                    help="copies and overlap: the test engine's KV cache on this device (cuda: the connector's "
+                         "GPU path, scripts/gpu-check.sh)")
     ap.add_argument("--serve-cpus", default="",
                     help="run serve on these CPUs (taskset list, e.g. 1) and this process on the others")
     args = ap.parse_args(argv)
