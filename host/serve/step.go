@@ -605,19 +605,31 @@ func (r *rank) tick(ctx context.Context) error {
 }
 
 // planMsgs groups planned copies (in plan order, a batch's items
-// together) into one CopyPlan per batch.
+// together) into one CopyPlan per batch. The items are cut from one
+// array and each plan's list is sized once: a step plans a copy item a
+// page, kind and rank.
 func planMsgs(dst []*pb.CopyPlan, pcs []host.PlannedCopy) []*pb.CopyPlan {
+	if len(pcs) == 0 {
+		return dst
+	}
+	items := make([]pb.CopyItem, len(pcs))
+	var m *pb.CopyPlan
 	for i, pc := range pcs {
 		if i == 0 || pcs[i-1].Batch != pc.Batch {
-			m := &pb.CopyPlan{Plan: uint64(pc.Batch), Direction: pb.Direction_DIRECTION_FROM_SLAB}
+			n := 1
+			for i+n < len(pcs) && pcs[i+n].Batch == pc.Batch {
+				n++
+			}
+			m = &pb.CopyPlan{Plan: uint64(pc.Batch), Direction: pb.Direction_DIRECTION_FROM_SLAB, Items: make([]*pb.CopyItem, 0, n)}
 			if pc.ToSlab {
 				m.Direction = pb.Direction_DIRECTION_TO_SLAB
 			}
 			dst = append(dst, m)
 		}
-		m := dst[len(dst)-1]
-		it := pc.Copy
-		m.Items = append(m.Items, &pb.CopyItem{L1Page: uint32(it.Page), Kind: uint32(it.Kind), Slab: uint32(it.Span.Slab), Offset: uint64(it.Span.Offset), Length: uint64(it.Span.Length)})
+		c, it := pc.Copy, &items[i]
+		it.L1Page, it.Kind, it.Slab = uint32(c.Page), uint32(c.Kind), uint32(c.Span.Slab)
+		it.Offset, it.Length = uint64(c.Span.Offset), uint64(c.Span.Length)
+		m.Items = append(m.Items, it)
 	}
 	return dst
 }

@@ -126,18 +126,52 @@ func (q *completions) ackSum(id tiers.BatchID, index int, c tiers.PoolCopy, toSl
 		a.Stage, a.Err = tiers.AckFailed, err
 	}
 	q.mu.Lock()
-	if err == nil {
-		if toSlab {
-			q.stats.PagesToSlab++
-			q.stats.BytesToSlab += c.Span.Length
-		} else {
-			q.stats.PagesFromSlab++
-			q.stats.BytesFromSlab += c.Span.Length
-		}
-	}
+	q.count(a, c, toSlab)
 	q.mu.Unlock()
 	// NB: counted before queued, so a drained ack is already in Stats.
 	q.acks.Push(q.ready, a)
+}
+
+// ackOf is the ack of item index of batch id (no sum) for push.
+func (q *completions) ackOf(id tiers.BatchID, index int, c tiers.PoolCopy, toSlab bool, err error) pendingAck {
+	a := tiers.Ack{Batch: id, Index: index, Stage: tiers.AckCopied}
+	if err != nil {
+		a.Stage, a.Err = tiers.AckFailed, err
+	}
+	return pendingAck{a, c, toSlab}
+}
+
+// pendingAck is an ack with what its stats count.
+type pendingAck struct {
+	ack    tiers.Ack
+	copy   tiers.PoolCopy
+	toSlab bool
+}
+
+// push counts and queues acks (ack's, many at once: one lock each).
+func (q *completions) push(acks []pendingAck) {
+	out := make([]tiers.Ack, len(acks))
+	q.mu.Lock()
+	for i, a := range acks {
+		q.count(a.ack, a.copy, a.toSlab)
+		out[i] = a.ack
+	}
+	q.mu.Unlock()
+	q.acks.Push(q.ready, out...)
+}
+
+// count counts a copied item. Called with q.mu held.
+func (q *completions) count(a tiers.Ack, c tiers.PoolCopy, toSlab bool) {
+	if a.Stage != tiers.AckCopied {
+		return
+	}
+	if toSlab {
+		q.stats.PagesToSlab++
+		q.stats.BytesToSlab += c.Span.Length
+	} else {
+		q.stats.PagesFromSlab++
+		q.stats.BytesFromSlab += c.Span.Length
+	}
 }
 
 // DrainAcks appends the queued acks to dst.

@@ -66,15 +66,19 @@ type EnginePool struct {
 
 	mu      sync.Mutex
 	plans   []PlannedCopy
-	pending map[itemKey]PlannedCopy // planned, not completed
-	batches map[tiers.BatchID]int   // items not yet completed per batch
-	sizes   map[tiers.BatchID]int   // items per batch, while any is outstanding
+	pending map[tiers.BatchID]*engineBatch // batches with items planned, not completed
+	items   int                            // items outstanding over every batch
+	free    []*engineBatch                 // batches done, their arrays kept for reuse
 	once    sync.Once
 }
 
-type itemKey struct {
-	batch tiers.BatchID
-	index int
+// engineBatch is a batch's items (by index) while any is outstanding.
+// NB: one map entry a batch, not an entry an item: a step plans and
+// completes every page of every rank's copies.
+type engineBatch struct {
+	items []PlannedCopy
+	done  []bool
+	left  int
 }
 
 // OpenEngine opens an engine pool over env's slab.
@@ -92,9 +96,7 @@ func OpenEngine(env tiers.Env, cfg EngineConfig) (*EnginePool, error) {
 	p := &EnginePool{
 		base:    newBase("l1 engine pool", "engine", env, lay),
 		max:     cfg.MaxPending,
-		pending: make(map[itemKey]PlannedCopy),
-		batches: make(map[tiers.BatchID]int),
-		sizes:   make(map[tiers.BatchID]int),
+		pending: make(map[tiers.BatchID]*engineBatch),
 	}
 	p.start = p.plan
 	return p, nil
@@ -104,20 +106,28 @@ func OpenEngine(env tiers.Env, cfg EngineConfig) (*EnginePool, error) {
 func (p *EnginePool) plan(batch []tiers.PoolCopy, toSlab bool) (tiers.BatchID, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.pending)+len(batch) > p.max {
-		return 0, fmt.Errorf("l1 engine pool: %d copies outstanding + %d > max_pending %d: %w", len(p.pending), len(batch), p.max, ErrBusy)
+	if p.items+len(batch) > p.max {
+		return 0, fmt.Errorf("l1 engine pool: %d copies outstanding + %d > max_pending %d: %w", p.items, len(batch), p.max, ErrBusy)
 	}
 	id, err := p.begin("l1 engine pool")
 	if err != nil {
 		return 0, err
 	}
+	var b *engineBatch
+	if n := len(p.free); n > 0 {
+		b, p.free = p.free[n-1], p.free[:n-1]
+	} else {
+		b = &engineBatch{}
+	}
+	b.items, b.done, b.left = b.items[:0], b.done[:0], len(batch)
 	for i, c := range batch {
 		pc := PlannedCopy{Batch: id, Index: i, ToSlab: toSlab, Copy: c}
 		p.plans = append(p.plans, pc)
-		p.pending[itemKey{id, i}] = pc
+		b.items = append(b.items, pc)
+		b.done = append(b.done, false)
 	}
-	p.batches[id] = len(batch)
-	p.sizes[id] = len(batch)
+	p.pending[id] = b
+	p.items += len(batch)
 	return id, nil
 }
 
@@ -137,18 +147,19 @@ func (p *EnginePool) TakePlans(dst []PlannedCopy) []PlannedCopy {
 // is refused with ErrInvalid and changes nothing.
 func (p *EnginePool) Complete(batch tiers.BatchID, index int, err error) error {
 	p.mu.Lock()
-	k := itemKey{batch, index}
-	pc, ok := p.pending[k]
-	if !ok {
+	b := p.pending[batch]
+	if b == nil || index < 0 || index >= len(b.items) || b.done[index] {
 		p.mu.Unlock()
 		return fmt.Errorf("l1 engine pool: completion of batch %d item %d, which is not outstanding: %w", batch, index, tiers.ErrInvalid)
 	}
-	delete(p.pending, k)
-	p.batches[batch]--
-	last := p.batches[batch] == 0
+	pc := b.items[index]
+	b.done[index] = true
+	b.left--
+	p.items--
+	last := b.left == 0
 	if last {
-		delete(p.batches, batch)
-		delete(p.sizes, batch)
+		delete(p.pending, batch)
+		p.free = append(p.free, b)
 	}
 	p.mu.Unlock()
 	if err != nil {
@@ -166,34 +177,42 @@ func (p *EnginePool) Complete(batch tiers.BatchID, index int, err error) error {
 func (p *EnginePool) Outstanding(batch tiers.BatchID) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.batches[batch] > 0
+	return p.pending[batch] != nil
 }
 
 // CompleteBatch reports every outstanding item of batch finished (err nil)
 // or failed: the engine reports a plan whole. A batch with nothing
-// outstanding is refused with ErrInvalid and changes nothing.
+// outstanding is refused with ErrInvalid and changes nothing. Its acks
+// are queued together, in index order, as Complete would queue them one
+// by one.
 func (p *EnginePool) CompleteBatch(batch tiers.BatchID, err error) error {
 	p.mu.Lock()
-	// NB: the batch's own items, in index order: O(batch), not a scan of
-	// every outstanding item (that made a step quadratic in the copies
-	// in flight).
-	var idx []int
-	if p.batches[batch] > 0 {
-		for i := range p.sizes[batch] {
-			if _, ok := p.pending[itemKey{batch, i}]; ok {
-				idx = append(idx, i)
-			}
-		}
-	}
-	p.mu.Unlock()
-	if len(idx) == 0 {
+	b := p.pending[batch]
+	if b == nil {
+		p.mu.Unlock()
 		return fmt.Errorf("l1 engine pool: completion of batch %d, which has nothing outstanding: %w", batch, tiers.ErrInvalid)
 	}
-	for _, i := range idx {
-		if cerr := p.Complete(batch, i, err); cerr != nil {
-			return cerr
+	left := make([]PlannedCopy, 0, b.left)
+	for i, done := range b.done {
+		if !done {
+			left = append(left, b.items[i])
 		}
 	}
+	p.items -= b.left
+	b.left = 0
+	delete(p.pending, batch)
+	p.free = append(p.free, b)
+	p.mu.Unlock()
+	acks := make([]pendingAck, len(left))
+	for i, pc := range left {
+		var ierr error
+		if err != nil {
+			ierr = fmt.Errorf("l1 engine pool: engine failed page %d kind %d: %w", pc.Copy.Page, pc.Copy.Kind, err)
+		}
+		acks[i] = p.ackOf(batch, pc.Index, pc.Copy, pc.ToSlab, ierr)
+	}
+	p.push(acks)
+	p.end()
 	return nil
 }
 
@@ -203,10 +222,7 @@ func (p *EnginePool) CompleteBatch(batch tiers.BatchID, err error) error {
 // failed.
 func (p *EnginePool) FailPending(why error) int {
 	p.mu.Lock()
-	left := make([]PlannedCopy, 0, len(p.pending))
-	for _, pc := range p.pending {
-		left = append(left, pc)
-	}
+	left := p.outstanding()
 	p.plans = p.plans[:0]
 	p.mu.Unlock()
 	slices.SortFunc(left, func(a, b PlannedCopy) int {
@@ -230,10 +246,7 @@ func (p *EnginePool) Close() error {
 	p.once.Do(func() {
 		p.mu.Lock()
 		p.refuse()
-		left := make([]PlannedCopy, 0, len(p.pending))
-		for _, pc := range p.pending {
-			left = append(left, pc)
-		}
+		left := p.outstanding()
 		p.plans = nil
 		p.mu.Unlock()
 		slices.SortFunc(left, func(a, b PlannedCopy) int {
@@ -247,4 +260,18 @@ func (p *EnginePool) Close() error {
 		p.shut()
 	})
 	return nil
+}
+
+// outstanding returns the items not yet completed (in no order: the
+// callers sort them). Called with p.mu held.
+func (p *EnginePool) outstanding() []PlannedCopy {
+	left := make([]PlannedCopy, 0, p.items)
+	for _, b := range p.pending {
+		for i, pc := range b.items {
+			if !b.done[i] {
+				left = append(left, pc)
+			}
+		}
+	}
+	return left
 }

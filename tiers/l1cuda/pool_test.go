@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -461,13 +462,31 @@ func TestEnginePoolWholeBatches(t *testing.T) {
 		t.Fatalf("FailPending failed %d batches, want 1 (batch %d)", n, c)
 	}
 	got := map[tiers.BatchID][]tiers.AckStage{}
+	var order []int
 	for _, ack := range p.DrainAcks(nil) {
 		got[ack.Batch] = append(got[ack.Batch], ack.Stage)
+		if ack.Batch == a {
+			order = append(order, ack.Index)
+		}
 	}
 	if len(got[a]) != 3 || len(got[b]) != 1 || got[b][0] != tiers.AckFailed || len(got[c]) != 2 || got[c][0] != tiers.AckFailed {
 		t.Fatalf("acks %v", got)
 	}
-	if _, err := p.CopyToSlab(ctx, []tiers.PoolCopy{item(6)}); err != nil {
-		t.Fatalf("the pool refuses plans after FailPending: %v", err)
+	if !slices.Equal(order, []int{1, 0, 2}) {
+		t.Fatalf("batch %d acked in index order %v, want [1 0 2] (item 1 alone, then the rest in order)", a, order)
+	}
+	if st := p.Stats(); st.PagesToSlab != 3 || st.PagesFromSlab != 0 || st.BytesToSlab != 3*size {
+		t.Fatalf("stats %+v: want batch %d's 3 pages copied to the slab and nothing failed counted", st, a)
+	}
+	// Every item is accounted: a batch of max_pending fits again.
+	var full []tiers.PoolCopy
+	for i := range 16 {
+		full = append(full, item(i%8))
+	}
+	if _, err := p.CopyToSlab(ctx, full); err != nil {
+		t.Fatalf("the pool refuses %d items with none outstanding: %v", len(full), err)
+	}
+	if _, err := p.CopyToSlab(ctx, []tiers.PoolCopy{item(6)}); !errors.Is(err, ErrBusy) {
+		t.Fatalf("a plan past max_pending: %v, want ErrBusy", err)
 	}
 }
