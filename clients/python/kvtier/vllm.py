@@ -1138,9 +1138,10 @@ class _Blocks:
         self.device = layers[0][0][0].device
         self.cuda = self.device.type == "cuda"
         # CUDA: the background threads' copies (asynchronous loads, saves)
-        # run on streams of their own, so that they overlap the forward's
-        # kernels instead of queueing behind them on the stream vLLM
-        # launches on (and a copy's wait ends with its own work).
+        # run on streams of their own, so that they can overlap the
+        # forward's kernels instead of serializing with them on the
+        # default stream (a thread's current stream unless it sets one),
+        # and a copy's wait ends with its own work.
         self.streams, self._stage = {}, {}
         if self.cuda:
             self.streams = {role: torch.cuda.Stream(device=self.device) for role in ("load", "save")}
