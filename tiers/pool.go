@@ -38,6 +38,18 @@ type PoolStats struct {
 	BytesToSlab, BytesFromSlab int64
 }
 
+// Add counts pages copied pages of bytes bytes in all, into the slab
+// (toSlab) or out of it.
+func (s *PoolStats) Add(toSlab bool, pages, bytes int64) {
+	if toSlab {
+		s.PagesToSlab += pages
+		s.BytesToSlab += bytes
+	} else {
+		s.PagesFromSlab += pages
+		s.BytesFromSlab += bytes
+	}
+}
+
 // Pool v1 is a fixed array of device pages that the host allocates into.
 // The host decides which pool page holds what; the pool only copies.
 //

@@ -121,57 +121,32 @@ func (q *completions) ack(id tiers.BatchID, index int, c tiers.PoolCopy, toSlab 
 // ackSum is ack with the CRC-32C of a to-slab copy's page (Ack.Sum), kept
 // only when hasSum and the copy into the slab succeeded.
 func (q *completions) ackSum(id tiers.BatchID, index int, c tiers.PoolCopy, toSlab bool, err error, sum uint32, hasSum bool) {
-	a := tiers.Ack{Batch: id, Index: index, Stage: tiers.AckCopied, Sum: sum, HasSum: hasSum && err == nil && toSlab}
-	if err != nil {
-		a.Stage, a.Err = tiers.AckFailed, err
+	a := newAck(id, index, err)
+	a.Sum, a.HasSum = sum, hasSum && err == nil && toSlab
+	var pages, bytes int64
+	if err == nil {
+		pages, bytes = 1, c.Span.Length
 	}
+	q.queue(toSlab, pages, bytes, a)
+}
+
+// newAck is the ack of item index of batch id: AckCopied, or AckFailed
+// with err.
+func newAck(id tiers.BatchID, index int, err error) tiers.Ack {
+	if err != nil {
+		return tiers.Ack{Batch: id, Index: index, Stage: tiers.AckFailed, Err: err}
+	}
+	return tiers.Ack{Batch: id, Index: index, Stage: tiers.AckCopied}
+}
+
+// queue counts pages copied pages of bytes bytes (toSlab or not) and then
+// queues acks in their order: one lock for the count, one push.
+func (q *completions) queue(toSlab bool, pages, bytes int64, acks ...tiers.Ack) {
 	q.mu.Lock()
-	q.count(a, c, toSlab)
+	q.stats.Add(toSlab, pages, bytes)
 	q.mu.Unlock()
 	// NB: counted before queued, so a drained ack is already in Stats.
-	q.acks.Push(q.ready, a)
-}
-
-// ackOf is the ack of item index of batch id (no sum) for push.
-func (q *completions) ackOf(id tiers.BatchID, index int, c tiers.PoolCopy, toSlab bool, err error) pendingAck {
-	a := tiers.Ack{Batch: id, Index: index, Stage: tiers.AckCopied}
-	if err != nil {
-		a.Stage, a.Err = tiers.AckFailed, err
-	}
-	return pendingAck{a, c, toSlab}
-}
-
-// pendingAck is an ack with what its stats count.
-type pendingAck struct {
-	ack    tiers.Ack
-	copy   tiers.PoolCopy
-	toSlab bool
-}
-
-// push counts and queues acks (ack's, many at once: one lock each).
-func (q *completions) push(acks []pendingAck) {
-	out := make([]tiers.Ack, len(acks))
-	q.mu.Lock()
-	for i, a := range acks {
-		q.count(a.ack, a.copy, a.toSlab)
-		out[i] = a.ack
-	}
-	q.mu.Unlock()
-	q.acks.Push(q.ready, out...)
-}
-
-// count counts a copied item. Called with q.mu held.
-func (q *completions) count(a tiers.Ack, c tiers.PoolCopy, toSlab bool) {
-	if a.Stage != tiers.AckCopied {
-		return
-	}
-	if toSlab {
-		q.stats.PagesToSlab++
-		q.stats.BytesToSlab += c.Span.Length
-	} else {
-		q.stats.PagesFromSlab++
-		q.stats.BytesFromSlab += c.Span.Length
-	}
+	q.acks.Push(q.ready, acks...)
 }
 
 // DrainAcks appends the queued acks to dst.

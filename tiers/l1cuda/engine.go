@@ -203,15 +203,19 @@ func (p *EnginePool) CompleteBatch(batch tiers.BatchID, err error) error {
 	delete(p.pending, batch)
 	p.free = append(p.free, b)
 	p.mu.Unlock()
-	acks := make([]pendingAck, len(left))
+	acks := make([]tiers.Ack, len(left))
+	var pages, bytes int64
 	for i, pc := range left {
 		var ierr error
 		if err != nil {
 			ierr = fmt.Errorf("l1 engine pool: engine failed page %d kind %d: %w", pc.Copy.Page, pc.Copy.Kind, err)
+		} else {
+			pages, bytes = pages+1, bytes+pc.Copy.Span.Length
 		}
-		acks[i] = p.ackOf(batch, pc.Index, pc.Copy, pc.ToSlab, ierr)
+		acks[i] = newAck(batch, pc.Index, ierr)
 	}
-	p.push(acks)
+	// NB: a batch has one direction (plan's toSlab).
+	p.queue(left[0].ToSlab, pages, bytes, acks...)
 	p.end()
 	return nil
 }

@@ -100,13 +100,7 @@ func (p *refPool) copy(batch []tiers.PoolCopy, toSlab bool) (tiers.BatchID, erro
 				copy(p.page(c), span)
 			}
 			p.mu.Lock()
-			if toSlab {
-				p.stats.PagesToSlab++
-				p.stats.BytesToSlab += c.Span.Length
-			} else {
-				p.stats.PagesFromSlab++
-				p.stats.BytesFromSlab += c.Span.Length
-			}
+			p.stats.Add(toSlab, 1, c.Span.Length)
 			p.acks = append(p.acks, tiers.Ack{Batch: id, Index: i, Stage: tiers.AckCopied})
 			p.mu.Unlock()
 			select {
