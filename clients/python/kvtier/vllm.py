@@ -1304,12 +1304,19 @@ class _Blocks:
             if piece:
                 self._piece(to_blocks, pages, piece, filled, k, size, layers, staging)
 
+    def _layer(self, rows, li, k, size, wide):
+        """Layer li of kind k: its columns of rows (pages' bytes of the
+        kind, as int64 where wide) and vLLM's blocks of it, in the same
+        element type."""
+        blk = self.layers[li][k][3] if wide else self.layers[li][k][0]
+        unit = 8 if wide else 1
+        return rows[:, li * size // unit:(li + 1) * size // unit], blk
+
     def _piece(self, to_blocks, pages, piece, filled, k, size, layers, staging):
         """One piece of _copy_staged: the slices (first page, pages) of
         runs, filled pages in all, of kind k."""
         kb = self.c.kind_bytes[k]
         w = self.wide[k]
-        unit = 8 if w else 1
         rows = staging[:filled * kb].view(filled, kb)
         if w:
             rows = rows.view(torch.int64)
@@ -1332,8 +1339,7 @@ class _Blocks:
         if to_blocks:
             slab_moves(False)
         for li in layers:
-            blk = self.layers[li][k][3] if w else self.layers[li][k][0]
-            sl = rows[:, li * size // unit:(li + 1) * size // unit]
+            sl, blk = self._layer(rows, li, k, size, w)
             if to_blocks:
                 if idx is None:
                     blk[b0:b0 + filled].copy_(sl)
@@ -1358,8 +1364,8 @@ class _Blocks:
                 if w:  # 8-byte elements: torch's strided copy at memcpy's speed here, 0.88x as bytes
                     rows = rows.view(torch.int64)
                 for li in layers:
-                    blk = (self.layers[li][k][3] if w else self.layers[li][k][0])[b0:b0 + r]
-                    sl = rows[:, li * (size // 8):(li + 1) * (size // 8)] if w else rows[:, li * size:(li + 1) * size]
+                    sl, blk = self._layer(rows, li, k, size, w)
+                    blk = blk[b0:b0 + r]
                     if to_blocks:
                         blk.copy_(sl, non_blocking=non_blocking)
                     else:
