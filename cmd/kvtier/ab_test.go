@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -127,5 +128,40 @@ func TestBenchServeShadow(t *testing.T) {
 	}
 	if r := rows["serve/shadow_busy_share"]; r != nil && (r["ratio"].(float64) <= 0 || r["ratio"].(float64) > 5) {
 		t.Errorf("busy share %v", r["ratio"])
+	}
+}
+
+// TestBenchServeSessions runs one small round of bench serve
+// --cpu-sessions 1,2 against serve subprocesses and checks its rows: the
+// steps' CPU of each count, the empty call's, and the floor built from
+// them (the first count's step plus one empty call a further session).
+func TestBenchServeSessions(t *testing.T) {
+	var out, errb bytes.Buffer
+	if err := run(context.Background(), []string{"bench", "serve", "--cpu-sessions", "1,2", "--rounds", "1", "--requests", "300", "--l3", "none", "--copies=false", "--dir", t.TempDir(), "--json"}, &out, &errb); err != nil {
+		t.Fatalf("bench serve --cpu-sessions: %v\n%s", err, errb.String())
+	}
+	rows := map[string]map[string]any{}
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var r map[string]any
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("%v: %s", err, line)
+		}
+		rows[r["bench"].(string)] = r
+	}
+	value := func(name string) float64 {
+		r := rows[name]
+		if r == nil || r["value"].(float64) <= 0 {
+			t.Fatalf("row %s: %v (rows %v)", name, r, rows)
+		}
+		return r["value"].(float64)
+	}
+	base, call := value("serve/cpu_per_step_s1"), value("serve/cpu_per_call")
+	value("serve/cpu_per_step_s2")
+	value("serve/cpu_per_step_s2_machine_per_rank")
+	if floor := value("serve/cpu_floor_s2"); math.Abs(floor-(base+call)) > 1e-6*floor {
+		t.Errorf("floor %v, want the 1-session step %v plus one empty call %v", floor, base, call)
+	}
+	if r := rows["serve/cpu_floor_s2"]; math.Abs(r["ratio"].(float64)-base/r["value"].(float64)) > 1e-9 {
+		t.Errorf("floor ratio %v, want %v", r["ratio"], base/r["value"].(float64))
 	}
 }

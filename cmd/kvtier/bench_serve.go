@@ -181,6 +181,14 @@ type serveRound struct {
 	bgNice                                bool   // serve's --background-nice
 	machinePerRank                        bool   // serve's --machine-per-rank
 	ownerLanes                            bool   // serve's --owner-lanes
+	// noPing: no empty Ping before each step (the CPU rounds: a Ping is
+	// the latency rows' limit, not the engine's work, and N sessions
+	// would add N of them to every step's CPU).
+	noPing bool
+	// pings > 0: instead of the workload, the round's sessions make an
+	// empty Ping call each, in lockstep, pings times (a Result with a
+	// step a call): serve's CPU per call, the floor of a rank's step.
+	pings int
 }
 
 // yaml is the embedded demo stack, or with pageBytes set that stack with
@@ -259,7 +267,7 @@ func (o serveRound) workload() ([]workload.Request, error) {
 // loadgenConfig is the round's loadgen against the socket sock.
 func (o serveRound) loadgenConfig(sock string, reqs []workload.Request) loadgen.Config {
 	return loadgen.Config{Socket: sock, Ranks: o.sessions, Requests: reqs,
-		PerStep: o.perStep, MaxLive: 2 * o.perStep, MaxPages: o.maxPages, Ping: true, NoPayload: true, NoCopies: !o.copies}
+		PerStep: o.perStep, MaxLive: 2 * o.perStep, MaxPages: o.maxPages, Ping: !o.noPing, NoPayload: true, NoCopies: !o.copies}
 }
 
 // checked returns res, or an error when loadgen saw errors or wrong bytes.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 
 	"github.com/kvtier/kvtier/internal/benchreport"
@@ -53,10 +54,22 @@ func benchServeSessions(ctx context.Context, o serveRound, l3 string, counts []i
 	}
 	per := make([][]float64, len(runs))
 	steps := make([]int64, len(runs))
+	// Each round also times serve's CPU per empty call (a Ping), the
+	// largest count's sessions calling in lockstep as they step: the
+	// least a rank's step can cost it.
+	var call []float64
+	top := slices.Max(counts)
 	for r := range rounds {
+		oo := o
+		oo.sessions, oo.pings = top, pingsPerRound
+		cpu, _, res, err := oo.runChild(ctx, exe, l3, nil)
+		if err != nil {
+			return fmt.Errorf("round %d (empty calls): %w", r+1, err)
+		}
+		call = append(call, cpu.Seconds()*1e6/float64(res.Steps))
 		for i, rn := range runs {
 			oo := o
-			oo.sessions, oo.machinePerRank = rn.n, rn.perRank
+			oo.sessions, oo.machinePerRank, oo.noPing = rn.n, rn.perRank, true
 			cpu, _, res, err := oo.runChild(ctx, exe, l3, nil)
 			if err != nil {
 				return fmt.Errorf("round %d (--sessions %d, machine per rank %v): %w", r+1, rn.n, rn.perRank, err)
@@ -89,5 +102,26 @@ func benchServeSessions(ctx context.Context, o serveRound, l3 string, counts []i
 		}
 		rows = append(rows, row)
 	}
+	c := median(call)
+	rows = append(rows, benchreport.Result{Bench: "serve/cpu_per_call", Value: c, Unit: "us",
+		Note: fmt.Sprintf("serve subprocess with %d ranks, its CPU (user+system, /proc) over empty Ping calls / the calls: %d connections in lockstep (each one call, then the next round), %d rounds; rounds %v; %s",
+			top, top, pingsPerRound, roundUs(call), loadNote())})
+	for _, n := range counts[1:] {
+		// NB: every rank's step is at least an empty call, so the first
+		// count's step plus n-1 of them bounds the one-Machine step from
+		// below whatever serve does with it.
+		v := base + float64(n-counts[0])*c
+		row := benchreport.Result{Bench: fmt.Sprintf("serve/cpu_floor_s%d", n), Value: v, Unit: "us",
+			Limit: base, LimitName: fmt.Sprintf("serve CPU per step with %d sessions, same run", counts[0]), Target: 1 / 1.5,
+			Note: fmt.Sprintf("the least serve CPU a step of %d sessions in lockstep can take when each session makes its own Step call: the %d-session step plus %d empty calls (serve/cpu_per_call); a ratio under the target: per-session calls alone exceed it on this machine", n, counts[0], n-counts[0])}
+		if v > 0 {
+			row.Ratio = base / v
+		}
+		rows = append(rows, row)
+	}
 	return benchreport.Write(stdout, rows, asJSON)
 }
+
+// pingsPerRound is how many lockstep rounds of empty calls a round of
+// serve/cpu_per_call makes.
+const pingsPerRound = 4000

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -18,9 +19,13 @@ import (
 	"time"
 
 	"github.com/prometheus/procfs"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
+	pb "github.com/kvtier/kvtier/api/enginev1"
 	"github.com/kvtier/kvtier/internal/benchreport"
 	"github.com/kvtier/kvtier/loadgen"
+	"github.com/kvtier/kvtier/workload"
 )
 
 // benchServeShadow alternates rounds of a `kvtier serve` subprocess with
@@ -181,20 +186,30 @@ func (o serveRound) runChild(ctx context.Context, exe, l3 string, shadow []strin
 		}
 		return time.Duration(st.CPUTime() * float64(time.Second)), nil
 	}
-	reqs, err := o.workload()
-	if err != nil {
-		return fail(err)
+	var reqs []workload.Request
+	if o.pings == 0 {
+		if reqs, err = o.workload(); err != nil {
+			return fail(err)
+		}
 	}
 	before, err := cpu()
 	if err != nil {
 		return fail(err)
 	}
-	res, err := loadgen.Run(ctx, o.loadgenConfig(sock, reqs))
-	if err != nil {
-		return fail(fmt.Errorf("loadgen: %w", err))
-	}
-	if res, err = checked(res); err != nil {
-		return fail(err)
+	var res loadgen.Result
+	if o.pings > 0 {
+		n, err := pingCalls(ctx, sock, o.sessions, o.pings)
+		if err != nil {
+			return fail(err)
+		}
+		res.Steps = int64(n)
+	} else {
+		if res, err = loadgen.Run(ctx, o.loadgenConfig(sock, reqs)); err != nil {
+			return fail(fmt.Errorf("loadgen: %w", err))
+		}
+		if res, err = checked(res); err != nil {
+			return fail(err)
+		}
 	}
 	if len(shadow) > 0 {
 		// NB: the shadows run behind the steps; wait until their worker
@@ -229,6 +244,38 @@ func (o serveRound) runChild(ctx context.Context, exe, l3 string, shadow []strin
 		return fail(fmt.Errorf("loadgen ran no steps"))
 	}
 	return after - before, busy, res, nil
+}
+
+// pingCalls makes empty Ping calls to serve's socket sock from conns
+// connections in lockstep, as the sessions of an engine step: rounds
+// times, every connection one call, and the next round when all are
+// answered. It returns the calls made.
+func pingCalls(ctx context.Context, sock string, conns, rounds int) (int, error) {
+	cls := make([]pb.EngineClient, conns)
+	for i := range cls {
+		conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return 0, fmt.Errorf("ping %s: %w", sock, err)
+		}
+		defer conn.Close()
+		cls[i] = pb.NewEngineClient(conn)
+	}
+	errs := make([]error, conns)
+	for r := range rounds {
+		var wg sync.WaitGroup
+		for i, cl := range cls {
+			wg.Go(func() {
+				if _, err := cl.Ping(ctx, &pb.PingRequest{}); err != nil {
+					errs[i] = fmt.Errorf("ping round %d of %d, connection %d: %w", r+1, rounds, i, err)
+				}
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return 0, err
+		}
+	}
+	return conns * rounds, nil
 }
 
 // freeLoopbackAddr returns a loopback TCP address no one listens on now.
