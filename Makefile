@@ -19,7 +19,7 @@ PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
 PROTO_FILES   := $(wildcard plugins/proto/kvtier/*/v*/*.proto)
 API_PROTO     := api/kvtier/engine/v1/engine.proto api/kvtier/store/v1/store.proto
 
-.PHONY: build native test bench plugins lint run proto clean
+.PHONY: build native test bench plugins lint fuzz run proto clean
 
 build: native
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/kvtier ./cmd/kvtier
@@ -57,6 +57,11 @@ test: plugins
 
 bench: build plugins
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./...
+
+# Every Go fuzz target for a count of executions each (FUZZ_EXECS, default
+# 100000; FUZZ_CAP seconds at most a target): scripts/fuzz-sweep.sh.
+fuzz:
+	GO=$(GO) scripts/fuzz-sweep.sh
 
 lint:
 	GOBIN=$(CURDIR)/$(BIN)/tools $(GO) install $(STATICCHECK)
