@@ -190,9 +190,11 @@ type putSum struct {
 // Node owns one Machine and runs it against a stack. It is not safe for
 // concurrent use: the one goroutine that calls it owns the Machine.
 type Node struct {
-	m     *control.Machine
-	s     *stack.Stack
-	store tiers.Store
+	// l1Pages is copyItems's scratch list of a copy's L1 pages.
+	l1Pages []int64
+	m       *control.Machine
+	s       *stack.Stack
+	store   tiers.Store
 	// storeKeepsSums: the store keeps the put's sums as given
 	// (tiers.SumKeeper); otherwise the Node checks the slab at the
 	// gather of every put that carries an engine's sum.
@@ -424,9 +426,27 @@ func (n *Node) keys(hs []pagehash.Hash, depth int) []tiers.Key {
 func (n *Node) copies(ctx context.Context, cs []control.Copy) error {
 	for i := 0; i < len(cs); {
 		j := i
-		var items []tiers.PoolCopy
-		var sizes []int64
+		// NB: sized once for the op's pages this Node copies (every kind):
+		// a step copies a page a kind and rank.
+		total := 0
+		for k := i; k < len(cs) && cs[k].Op == cs[i].Op; k++ {
+			pages := 0
+			for _, r := range cs[k].L1 {
+				pages += int(r.Pages)
+			}
+			for p := range pages {
+				if n.owns(cs[k].Depth + p) {
+					total++
+				}
+			}
+		}
+		total *= n.kinds
+		items := make([]tiers.PoolCopy, 0, total)
+		sizes := make([]int64, 0, total)
 		var pages []slabPage
+		if cs[i].Dir == control.ToL2 {
+			pages = make([]slabPage, 0, total)
+		}
 		bad := false
 		for ; j < len(cs) && cs[j].Op == cs[i].Op; j++ {
 			var err error
@@ -481,12 +501,15 @@ func (n *Node) copies(ctx context.Context, cs []control.Copy) error {
 // where the sum a pool's ack or the engine's completion carries goes.
 func (n *Node) copyItems(c control.Copy, items []tiers.PoolCopy, sizes []int64, pages []slabPage) ([]tiers.PoolCopy, []int64, []slabPage, error) {
 	named := c.Dir == control.ToL2
-	var l1 []int64
+	// NB: the L1 pages in order, in a scratch array the Node reuses (only
+	// this call reads it).
+	l1 := n.l1Pages[:0]
 	for _, r := range c.L1 {
 		for p := r.Start; p < r.Start+r.Pages; p++ {
 			l1 = append(l1, p)
 		}
 	}
+	n.l1Pages = l1
 	for k := range n.kinds {
 		pb := n.layout.Kinds[k].PageBytes
 		i := 0
