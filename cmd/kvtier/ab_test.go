@@ -105,6 +105,20 @@ func TestABRefuses(t *testing.T) {
 	}
 }
 
+// benchRows reads a bench's --json output: its rows by name.
+func benchRows(t *testing.T, out string) map[string]map[string]any {
+	t.Helper()
+	rows := map[string]map[string]any{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var r map[string]any
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("%v: %s", err, line)
+		}
+		rows[r["bench"].(string)] = r
+	}
+	return rows
+}
+
 // TestBenchServeShadow runs one small round each way of bench serve
 // --shadow against a serve subprocess and checks its rows.
 func TestBenchServeShadow(t *testing.T) {
@@ -112,14 +126,7 @@ func TestBenchServeShadow(t *testing.T) {
 	if err := run(context.Background(), []string{"bench", "serve", "--shadow", "lru,slru", "--rounds", "1", "--sessions", "1", "--requests", "300", "--l3", "none", "--copies=false", "--dir", t.TempDir(), "--json"}, &out, &errb); err != nil {
 		t.Fatalf("bench serve --shadow: %v\n%s", err, errb.String())
 	}
-	rows := map[string]map[string]any{}
-	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
-		var r map[string]any
-		if err := json.Unmarshal([]byte(line), &r); err != nil {
-			t.Fatalf("%v: %s", err, line)
-		}
-		rows[r["bench"].(string)] = r
-	}
+	rows := benchRows(t, out.String())
 	for _, name := range []string{"serve/cpu_per_step_shadow", "serve/cpu_per_step_noshadow", "serve/shadow_cpu_ratio", "serve/shadow_busy_share"} {
 		r := rows[name]
 		if r == nil || r["value"].(float64) <= 0 {
@@ -140,14 +147,7 @@ func TestBenchServeSessions(t *testing.T) {
 	if err := run(context.Background(), []string{"bench", "serve", "--cpu-sessions", "1,2", "--rounds", "1", "--requests", "300", "--l3", "none", "--copies=false", "--dir", t.TempDir(), "--json"}, &out, &errb); err != nil {
 		t.Fatalf("bench serve --cpu-sessions: %v\n%s", err, errb.String())
 	}
-	rows := map[string]map[string]any{}
-	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
-		var r map[string]any
-		if err := json.Unmarshal([]byte(line), &r); err != nil {
-			t.Fatalf("%v: %s", err, line)
-		}
-		rows[r["bench"].(string)] = r
-	}
+	rows := benchRows(t, out.String())
 	value := func(name string) float64 {
 		r := rows[name]
 		if r == nil || r["value"].(float64) <= 0 {
