@@ -12,6 +12,7 @@
 package serve
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	_ "embed"
@@ -56,7 +57,9 @@ func SharedYAML() string { return sharedYAML }
 
 // Config configures a Server.
 type Config struct {
-	// YAML is the stack config text (empty: the embedded default). Its
+	// YAML is the stack config text (empty with no ConfigName: the
+	// embedded default; empty with one, a file with nothing in it, is
+	// refused as `kvtier config validate` refuses it). Its
 	// placeholders are replaced: {{DIR}} by DataDir, {{RANK}} by the rank,
 	// {{RANKS}} by Ranks, {{DIRHASH}} by a short digest of DataDir. A
 	// config for more than one rank must use {{RANK}} in its paths.
@@ -157,8 +160,9 @@ type Config struct {
 	// (`kvtier serve --doors` defaults to both). With only the store
 	// door, serve hosts no engine ranks (an SGLang-only node).
 	Doors []string
-	// StoreYAML is the store door's stack config (empty: the embedded
-	// store.yaml); StoreConfigName names it in errors. {{DIR}} is
+	// StoreYAML is the store door's stack config (empty with no
+	// StoreConfigName: the embedded store.yaml; empty with one is refused
+	// like YAML); StoreConfigName names it in errors. {{DIR}} is
 	// replaced by DataDir, {{DIRHASH}} by its digest.
 	StoreYAML, StoreConfigName string
 	// StoreLimits bound the store door's calls (zero fields: defaults).
@@ -319,7 +323,7 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, fmt.Errorf("serve: data dir: %w", err)
 	}
 	text, name := cfg.YAML, cfg.ConfigName
-	if text == "" {
+	if text == "" && name == "" {
 		text, name = defaultYAML, "embedded default stack"
 		if cfg.OwnerLanes {
 			// The ranks write disjoint pages: they share one slab and
@@ -332,6 +336,12 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	if name == "" {
 		name = "serve config"
+	}
+	if strings.TrimSpace(text) == "" {
+		// An empty file: the loader's own error, before any check of
+		// what the config would have to contain.
+		_, _, err := assemble.Load(nil, name)
+		return nil, fmt.Errorf("serve: %w", cmp.Or(err, errors.New(name+": config is empty")))
 	}
 	if cfg.Ranks <= 0 {
 		// Read the world size from the config itself (rank 0's view).

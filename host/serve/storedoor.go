@@ -75,7 +75,7 @@ func (s *Server) door(name string) bool {
 // embedded default, under DataDir/store.
 func (s *Server) openStoreDoor(ctx context.Context) (err error) {
 	text, name := s.cfg.StoreYAML, s.cfg.StoreConfigName
-	if text == "" {
+	if text == "" && name == "" {
 		text, name = storeYAML, "embedded default store stack"
 	}
 	if name == "" {

@@ -381,3 +381,32 @@ func TestTCPGroupConfigRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestEmptyNamedConfigRefused: a config file with nothing in it (a name
+// given, no text) is refused at Open, naming the file, as `kvtier config
+// validate` refuses it; only no config at all means the embedded
+// default. The same for the store door's --store-config.
+func TestEmptyNamedConfigRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"stack", Config{ConfigName: "empty.yaml"}, "empty.yaml"},
+		{"stack, two ranks", Config{ConfigName: "empty.yaml", Ranks: 2}, "empty.yaml"},
+		{"store door", Config{Doors: []string{DoorStore}, StoreConfigName: "empty-store.yaml"}, "empty-store.yaml"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tc.cfg
+			cfg.DataDir, cfg.Socket = t.TempDir(), filepath.Join(t.TempDir(), "s.sock")
+			s, err := Open(context.Background(), cfg)
+			if err == nil {
+				s.closeRanks(context.Background())
+				t.Fatalf("Open accepted an empty %s", tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "config is empty") {
+				t.Fatalf("error %q, want it to name %s and say the config is empty", err, tc.want)
+			}
+		})
+	}
+}
