@@ -29,6 +29,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
 	pb "github.com/kvtier/kvtier/api/enginev1"
@@ -255,6 +256,11 @@ func Open(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	if cfg.Socket == "" {
 		return nil, fmt.Errorf("serve: no socket path")
+	}
+	if n := len(cfg.Socket); n > maxSocketPath {
+		// NB: checked before any tier opens; the kernel's own refusal
+		// comes at bind, as "invalid argument".
+		return nil, fmt.Errorf("serve: socket path %s: %d bytes, a unix socket's path holds at most %d: use a shorter --socket", cfg.Socket, n, maxSocketPath)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -621,6 +627,10 @@ func (s *Server) closeRanks(ctx context.Context) error {
 	s.shadow.Close()
 	return errors.Join(errs...)
 }
+
+// maxSocketPath is the longest unix socket path Linux binds: its
+// sockaddr_un holds 108 bytes, the last a NUL.
+const maxSocketPath = len(unix.RawSockaddrUnix{}.Path) - 1
 
 // listenUnix listens on path with mode 0600. A socket file left by a dead
 // serve is removed; one a live serve answers on is refused.

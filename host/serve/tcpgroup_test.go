@@ -410,3 +410,23 @@ func TestEmptyNamedConfigRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestSocketPathTooLong: a socket path longer than a unix socket's holds
+// is refused at Open, saying so, before any tier opens; the longest one
+// binds.
+func TestSocketPathTooLong(t *testing.T) {
+	dir := t.TempDir()
+	long := filepath.Join(dir, strings.Repeat("s", maxSocketPath-len(dir)))
+	if len(long) != maxSocketPath+1 {
+		t.Fatalf("test path of %d bytes, want %d", len(long), maxSocketPath+1)
+	}
+	_, err := Open(context.Background(), Config{DataDir: t.TempDir(), Socket: long})
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%d bytes, a unix socket's path holds at most %d", maxSocketPath+1, maxSocketPath)) {
+		t.Fatalf("Open with a socket path of %d bytes: %v", len(long), err)
+	}
+	l, err := listenUnix(long[:maxSocketPath])
+	if err != nil {
+		t.Fatalf("listen on a path of %d bytes: %v", maxSocketPath, err)
+	}
+	l.Close()
+}
