@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"io"
+	"path/filepath"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -30,10 +32,12 @@ func newConfigCmd() *cobra.Command {
 
 // newConfigValidateCmd returns `kvtier config validate FILE`.
 func newConfigValidateCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:     "validate FILE",
-		Short:   `check a stack config; prints "ok: N tiers, policy P" or the error`,
-		Long:    "Checks a stack config with the modules built into this binary; an error names the YAML path and line.",
+	cmd := &cobra.Command{
+		Use:   "validate FILE",
+		Short: `check a stack config; prints "ok: N tiers, policy P" or the error`,
+		Long: `Checks a stack config with the modules built into this binary; an error names the YAML path and line.
+A config for kvtier serve (one with its placeholders: {{DIR}}, {{RANK}}, {{RANKS}},
+{{DIRHASH}}) is checked as serve reads it, for every rank of its world size.`,
 		Example: "  kvtier config validate stack.yaml",
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 1 {
@@ -41,15 +45,20 @@ func newConfigValidateCmd() *cobra.Command {
 			}
 			return nil
 		},
-		RunE: func(cmd *cobra.Command, args []string) error {
-			s, err := configLoadStack(args[0])
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "ok: %d tiers, policy %s\n", len(s.Tiers), s.Policy.Evictor)
-			return nil
-		},
 	}
+	dataDir := cmd.Flags().String("data-dir", "", "with serve's placeholders in FILE: the `dir` {{DIR}} stands for (default: serve's default --data-dir)")
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		s, expanded, err := configLoadStack(args[0], serveView{dataDir: *dataDir})
+		if err != nil {
+			return err
+		}
+		if expanded != "" {
+			expanded = " (" + expanded + ")"
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "ok: %d tiers, policy %s%s\n", len(s.Tiers), s.Policy.Evictor, expanded)
+		return nil
+	}
+	return cmd
 }
 
 // newConfigShowCmd returns `kvtier config show [FILE]`.
@@ -69,7 +78,7 @@ func newConfigShowCmd() *cobra.Command {
 			if len(args) == 1 {
 				path = args[0]
 			}
-			s, err := configLoadStack(path)
+			s, _, err := configLoadStack(path, serveView{})
 			if err != nil {
 				return err
 			}
@@ -139,16 +148,64 @@ func configModules() (config.Modules, error) {
 }
 
 // configLoadStack loads the stack config at path, or the embedded default when
-// path is empty, with the built-in modules.
-func configLoadStack(path string) (*config.Stack, error) {
+// path is empty, with the built-in modules. A config with serve's
+// placeholders ({{DIR}}, {{RANK}}, {{RANKS}}, {{DIRHASH}}: a config for
+// kvtier serve) is read as serve reads it (serveView): expanded for every
+// rank of its world size, each checked, and the view's rank returned;
+// expanded says so.
+func configLoadStack(path string, v serveView) (st *config.Stack, expanded string, err error) {
 	m, err := configModules()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if path == "" {
-		return config.Default(m)
+		st, err := config.Default(m)
+		return st, "", err
 	}
-	return config.LoadFile(path, m)
+	data, err := config.ReadFile(path)
+	if err != nil {
+		return nil, "", err
+	}
+	if !bytes.Contains(data, []byte("{{")) {
+		st, err := config.Load(data, path, m)
+		return st, "", err
+	}
+	dir := v.dataDir
+	if dir == "" {
+		if dir, err = defaultServeDataDir(); err != nil {
+			return nil, "", fmt.Errorf("%s has serve's placeholders: %w", path, err)
+		}
+	}
+	if dir, err = filepath.Abs(dir); err != nil {
+		return nil, "", fmt.Errorf("data dir: %w", err)
+	}
+	// The world size is the config's own, read from rank 0's view.
+	st0, err := config.Load([]byte(serve.Expand(string(data), dir, 0, 1)), path, m)
+	if err != nil {
+		return nil, "", err
+	}
+	ranks := max(1, st0.Ranks.WorldSize)
+	if v.rank < 0 || v.rank >= ranks {
+		return nil, "", fmt.Errorf("--rank %d: %s is a stack for ranks 0..%d: %w", v.rank, path, ranks-1, errUsage)
+	}
+	for r := range ranks {
+		s, err := config.Load([]byte(serve.Expand(string(data), dir, r, ranks)), path, m)
+		if err != nil {
+			return nil, "", fmt.Errorf("rank %d of %d: %w", r, ranks, err)
+		}
+		if r == v.rank {
+			st = s
+		}
+	}
+	return st, fmt.Sprintf("serve's placeholders expanded for ranks 0..%d, data dir %s", ranks-1, dir), nil
+}
+
+// serveView is how a command reads a config written for kvtier serve: the
+// data dir its {{DIR}} stands for (empty: serve's default) and the rank
+// whose view it takes.
+type serveView struct {
+	dataDir string
+	rank    int
 }
 
 func configListModules(w io.Writer) error {

@@ -24,6 +24,24 @@ func TestConfigCommand(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("version: 1\nmodel:\n  page_tokens: 512\n  payloads:\n    - {name: kv, page_bytes: 0}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// A config for kvtier serve: its placeholders, one rank and two.
+	serveOne := filepath.Join(dir, "serve.yaml")
+	if err := os.WriteFile(serveOne, []byte(serve.DefaultYAML()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	serveTwo := filepath.Join(dir, "serve2.yaml")
+	two := strings.Replace(serve.DefaultYAML(), "ranks: {world_size: 1, rank: 0}", "ranks: {world_size: 2, rank: {{RANK}}}", 1)
+	if two == serve.DefaultYAML() {
+		t.Fatal("the embedded serve stack no longer says ranks: {world_size: 1, rank: 0}")
+	}
+	if err := os.WriteFile(serveTwo, []byte(two), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	serveBad := filepath.Join(dir, "serve-bad.yaml")
+	if err := os.WriteFile(serveBad, []byte(strings.Replace(two, "pages: 256", "pages: {{RANK}}", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(dir, "data")
 	tests := []struct {
 		name    string
 		args    []string
@@ -35,6 +53,10 @@ func TestConfigCommand(t *testing.T) {
 		{name: "validate bad", args: []string{"validate", bad}, errText: bad + ":5:30: $.model.payloads[0].page_bytes: must be positive"},
 		{name: "validate missing file", args: []string{"validate", filepath.Join(dir, "nope.yaml")}, errText: "nope.yaml"},
 		{name: "validate no file", args: []string{"validate"}, errText: "want one FILE", usage: true},
+		{name: "validate serve's stack", args: []string{"validate", "--data-dir", data, serveOne}, out: "ok: 3 tiers, policy adaptive (serve's placeholders expanded for ranks 0..0, data dir " + data + ")\n"},
+		{name: "validate serve's stack, 2 ranks", args: []string{"validate", "--data-dir", data, serveTwo}, out: "(serve's placeholders expanded for ranks 0..1, data dir " + data + ")\n"},
+		{name: "validate serve's stack, rank 0 bad", args: []string{"validate", "--data-dir", data, serveBad}, errText: "pages 0 outside"},
+		{name: "show serve's stack", args: []string{"show", serveOne}, out: "/rank0/l3\n"},
 		{name: "default", args: []string{"default"}, out: "version: 1\n"},
 		{name: "default names its users", args: []string{"default"}, out: "`kvtier replay`, `kvtier doctor` and `kvtier config show` use when no\n# --config is given"},
 		{name: "default says serve runs its own", args: []string{"default"}, out: "`kvtier serve` without --config does not use this file"},

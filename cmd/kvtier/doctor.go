@@ -47,8 +47,9 @@ scratch file in each L3 directory (or its nearest existing parent) and remove it
   kvtier config default --serve > stack.yaml && kvtier doctor --config stack.yaml --socket /tmp/kvtier.sock --json`,
 	}
 	fs := cmd.Flags()
-	cfgPath := fs.String("config", "", "stack config `file` (default: the embedded default stack)")
-	socket := fs.String("socket", "", "the unix socket `path` serve will listen on (default: serve's, DIR/kvtier.sock under $XDG_STATE_HOME/kvtier or ~/.local/state/kvtier)")
+	cfgPath := fs.String("config", "", "stack config `file` (default: the embedded default stack; serve's placeholders expanded as serve would, {{DIR}} = --data-dir)")
+	dataDir := fs.String("data-dir", "", "serve's --data-dir `dir`: what a config's {{DIR}} stands for, and where serve's default socket is (default: $XDG_STATE_HOME/kvtier or ~/.local/state/kvtier)")
+	socket := fs.String("socket", "", "the unix socket `path` serve will listen on (default: serve's, kvtier.sock in --data-dir)")
 	asJSON := fs.Bool("json", false, "print one JSON object {checks: [{name, status, message, detail}], ok}")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
@@ -56,15 +57,17 @@ scratch file in each L3 directory (or its nearest existing parent) and remove it
 		if fs.NArg() > 0 {
 			return fmt.Errorf("doctor: unexpected arguments %q: %w", fs.Args(), errUsage)
 		}
-		st, err := configLoadStack(*cfgPath)
+		st, _, err := configLoadStack(*cfgPath, serveView{dataDir: *dataDir})
 		if err != nil {
 			return fmt.Errorf("doctor: %w", err)
 		}
 		sock := *socket
 		if sock == "" {
-			dir, err := defaultServeDataDir()
-			if err != nil {
-				return fmt.Errorf("doctor: %w (pass --socket)", err)
+			dir := *dataDir
+			if dir == "" {
+				if dir, err = defaultServeDataDir(); err != nil {
+					return fmt.Errorf("doctor: %w (pass --socket)", err)
+				}
 			}
 			sock = serveSocketIn(dir)
 		}

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/kvtier/kvtier/host/doctor"
+	"github.com/kvtier/kvtier/host/serve"
 )
 
 // TestDoctorDefaultJSON runs `kvtier doctor --json` for real on the
@@ -111,6 +112,13 @@ func TestDoctorCommand(t *testing.T) {
 	}
 	sl.(*net.UnixListener).SetUnlinkOnClose(false)
 	sl.Close()
+	// kvtier serve's embedded stack, as its --help example writes it
+	// (`kvtier config default --serve`): its placeholders stand for
+	// --data-dir and the rank.
+	serveStack, serveData := filepath.Join(dir, "serve.yaml"), filepath.Join(dir, "data")
+	if err := os.WriteFile(serveStack, []byte(serve.DefaultYAML()), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name   string
 		args   []string
@@ -133,6 +141,8 @@ func TestDoctorCommand(t *testing.T) {
 		{name: "--socket stale", args: []string{"--config", fine, "--socket", stale},
 			out: []string{"PASS  api_socket", stale + " is a stale socket file (no serve answers; serve removes it at start)"}},
 		{name: "bad config", args: []string{"--config", bad}, errMsg: "page_tokens"},
+		{name: "serve's stack", args: []string{"--config", serveStack, "--data-dir", serveData},
+			out: []string{"PASS  api_socket", "the socket " + filepath.Join(serveData, "kvtier.sock") + " is free", filepath.Join(serveData, "rank0", "l3"), "0 fail (" + serveStack + ")"}},
 		{name: "extra argument", args: []string{"now"}, err: errUsage},
 		{name: "unknown flag", args: []string{"--fix"}, err: errUsage},
 	}

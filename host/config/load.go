@@ -49,12 +49,17 @@ func Default(m Modules) (*Stack, error) {
 // MaxConfigBytes: a larger file (or a device such as /dev/zero) is refused
 // with an *Error naming the file and the limit.
 func LoadFile(path string, m Modules) (*Stack, error) {
-	data, err := readCapped(path, MaxConfigBytes)
+	data, err := ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
 	return Load(data, path, m)
 }
+
+// ReadFile reads the stack config file at path as LoadFile does, refusing
+// one larger than MaxConfigBytes, for a caller that rewrites its text
+// before Load (serve's placeholders).
+func ReadFile(path string) ([]byte, error) { return readCapped(path, MaxConfigBytes) }
 
 // readCapped reads the file at path, refusing one of more than limit
 // bytes after reading limit+1 of them.

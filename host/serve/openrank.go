@@ -17,8 +17,16 @@ import (
 )
 
 func expand(text string, cfg Config, rank, ranks int) string {
-	sum := sha256.Sum256([]byte(cfg.DataDir))
-	return strings.NewReplacer("{{DIR}}", cfg.DataDir, "{{RANK}}", strconv.Itoa(rank), "{{RANKS}}", strconv.Itoa(ranks), "{{DIRHASH}}", hex.EncodeToString(sum[:4])).Replace(text)
+	return Expand(text, cfg.DataDir, rank, ranks)
+}
+
+// Expand replaces serve's placeholders in a stack config's text as serve
+// does for rank of ranks with the data dir dataDir (an absolute path, as
+// serve makes its --data-dir): {{DIR}} by dataDir, {{RANK}} by rank,
+// {{RANKS}} by ranks, {{DIRHASH}} by a short digest of dataDir.
+func Expand(text, dataDir string, rank, ranks int) string {
+	sum := sha256.Sum256([]byte(dataDir))
+	return strings.NewReplacer("{{DIR}}", dataDir, "{{RANK}}", strconv.Itoa(rank), "{{RANKS}}", strconv.Itoa(ranks), "{{DIRHASH}}", hex.EncodeToString(sum[:4])).Replace(text)
 }
 
 // openRank opens one rank's stack and builds its Machine and Node.
