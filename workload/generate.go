@@ -147,6 +147,17 @@ func DefaultGeneratorConfig() GeneratorConfig {
 // ErrBadGeneratorConfig is wrapped by Generate's errors about its config.
 var ErrBadGeneratorConfig = errors.New("bad generator config")
 
+const (
+	// MaxGeneratedRequests bounds GeneratorConfig.Requests: Generate
+	// holds the whole trace in memory, about 0.6 KiB a request with the
+	// default profile (a million requests: 620 MiB of RSS).
+	MaxGeneratedRequests = 10_000_000
+	// maxGeneratorActive bounds the counts of things the generator keeps
+	// live (system prompts, conversations, documents, agents), each an
+	// array entry made up front.
+	maxGeneratorActive = 1 << 20
+)
+
 // Validate checks the config and names the first bad field.
 func (c GeneratorConfig) Validate() error {
 	bad := func(field string, format string, args ...any) error {
@@ -155,6 +166,16 @@ func (c GeneratorConfig) Validate() error {
 	switch {
 	case c.Requests < 0:
 		return bad("Requests", "%d is negative", c.Requests)
+	case c.Requests > MaxGeneratedRequests:
+		return bad("Requests", "%d: at most %d (a generated trace is held in memory, about 0.6 KiB a request; generate a larger one as several traces with different seeds)", c.Requests, MaxGeneratedRequests)
+	case c.SystemPrompts > maxGeneratorActive:
+		return bad("SystemPrompts", "%d: at most %d", c.SystemPrompts, maxGeneratorActive)
+	case c.ActiveConversations > maxGeneratorActive:
+		return bad("ActiveConversations", "%d: at most %d", c.ActiveConversations, maxGeneratorActive)
+	case c.ActiveDocuments > maxGeneratorActive:
+		return bad("ActiveDocuments", "%d: at most %d", c.ActiveDocuments, maxGeneratorActive)
+	case c.ActiveAgents > maxGeneratorActive:
+		return bad("ActiveAgents", "%d: at most %d", c.ActiveAgents, maxGeneratorActive)
 	case !(c.RatePerSecond > 0) || math.IsInf(c.RatePerSecond, 0):
 		return bad("RatePerSecond", "%v: want a positive rate", c.RatePerSecond)
 	case c.Mix.Chat < 0 || c.Mix.Document < 0 || c.Mix.Scan < 0 || !(c.Mix.Chat+c.Mix.Document+c.Mix.Scan > 0) || math.IsInf(c.Mix.Chat+c.Mix.Document+c.Mix.Scan, 0):

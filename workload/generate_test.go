@@ -253,6 +253,12 @@ func TestGeneratorConfigValidate(t *testing.T) {
 		mutate func(*GeneratorConfig)
 	}{
 		{"Requests", func(c *GeneratorConfig) { c.Requests = -1 }},
+		{"Requests", func(c *GeneratorConfig) { c.Requests = MaxGeneratedRequests + 1 }},
+		{"Requests", func(c *GeneratorConfig) { c.Requests = 99_999_999_999 }},
+		{"ActiveConversations", func(c *GeneratorConfig) { c.ActiveConversations = maxGeneratorActive + 1 }},
+		{"SystemPrompts", func(c *GeneratorConfig) { c.SystemPrompts = 1 << 40 }},
+		{"ActiveDocuments", func(c *GeneratorConfig) { c.ActiveDocuments = maxGeneratorActive + 1 }},
+		{"ActiveAgents", func(c *GeneratorConfig) { c.Mix.Agent, c.ActiveAgents = 1, maxGeneratorActive+1 }},
 		{"RatePerSecond", func(c *GeneratorConfig) { c.RatePerSecond = 0 }},
 		{"RatePerSecond", func(c *GeneratorConfig) { c.RatePerSecond = math.NaN() }},
 		{"Mix", func(c *GeneratorConfig) { c.Mix = Mix{} }},
