@@ -28,6 +28,23 @@ def default_socket():
     return os.path.join(state, "kvtier", "kvtier.sock")
 
 
+def whole_number(v):
+    """v as an int >= 0 when it holds one (an int, a string of one, a float
+    with no fraction; not a bool: JSON and a command line give any of
+    them), else None: a setting's parse, the caller names the key."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, float):
+        return int(v) if v.is_integer() and v >= 0 else None
+    if isinstance(v, (int, str)):
+        try:
+            n = int(v)
+        except ValueError:
+            return None
+        return n if n >= 0 else None
+    return None
+
+
 def dtype_name(dt):
     """A torch dtype's name as the namespace carries it ("bfloat16")."""
     return str(dt).replace("torch.", "")

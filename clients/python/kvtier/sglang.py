@@ -34,7 +34,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, PoolHitPolicy, PoolName, PoolTransferResult
 
 from kvtier.store.v1 import store_pb2 as pb
-from kvtier._storeclient import MappedSlab, PieceBatch, check_hit, native_sums as _native_sums, release_async, \
+from kvtier._storeclient import MappedSlab, PieceBatch, check_hit, native_sums as _native_sums, release_async, whole_number, \
     default_socket as _default_socket, dtype_name as _dtype_name
 from kvtier.store.v1 import store_pb2_grpc as pbg
 
@@ -67,6 +67,15 @@ def _flag(extra, key, default):
     if isinstance(v, str) and v.strip().lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
         return v.strip().lower() in ("true", "1", "yes", "on")
     raise KvtierError("kvtier: extra_config.%s %r: want true or false" % (key, v))
+
+
+def _count(extra, key, default):
+    """A whole-number extra_config setting >= 0."""
+    v = extra.get(key, default)
+    n = whole_number(v)
+    if n is None:
+        raise KvtierError("kvtier: extra_config.%s %r: want a whole number >= 0" % (key, v))
+    return n
 
 
 _MHA_KINDS = ("k", "v")
@@ -121,10 +130,8 @@ class KvtierStorage(HiCacheStorage):
             raise KvtierError("kvtier: no model name: SGLang gave none (model_name) and extra_config has no \"model\"")
         self.timeout = self._positive(extra, "timeout_s", 5.0)
         self.register_retry = self._positive(extra, "register_retry_s", 0.5)
-        self.get_deadline_ms = int(extra.get("get_deadline_ms", 0))
+        self.get_deadline_ms = _count(extra, "get_deadline_ms", 0)
         self.prefetch = _flag(extra, "prefetch", True)
-        if self.get_deadline_ms < 0:
-            raise KvtierError("kvtier: extra_config.get_deadline_ms %r: want >= 0" % (extra.get("get_deadline_ms"),))
         for name in ("tp", "pp", "attn_cp", "dp"):
             r, n = getattr(storage_config, name + "_rank", 0) or 0, getattr(storage_config, name + "_size", 1) or 1
             if not (0 <= r < n):

@@ -55,7 +55,7 @@ import grpc
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
 
 from kvtier.store.v1 import store_pb2 as pb
-from kvtier._storeclient import MappedSlab, release_async, PieceBatch, address as _address, default_socket as _default_socket, \
+from kvtier._storeclient import MappedSlab, release_async, PieceBatch, address as _address, default_socket as _default_socket, whole_number, \
     native_sums as _native_sums
 from kvtier.store.v1 import store_pb2_grpc as pbg
 
@@ -182,9 +182,9 @@ class KvtierTier(SecondaryTierManager):
         self.register_retry = self._positive(config, "register_retry_s", 0.5)
         self.miss_ttl = self._positive(config, "miss_ttl_s", 1.0)
         self.max_cached = int(self._positive(config, "max_cached_keys", 1 << 20))
-        self.get_deadline_ms = int(config.get("get_deadline_ms", 0))
-        if self.get_deadline_ms < 0:
-            raise KvtierError("kvtier: get_deadline_ms %r: want >= 0" % (config.get("get_deadline_ms"),))
+        self.get_deadline_ms = whole_number(config.get("get_deadline_ms", 0))
+        if self.get_deadline_ms is None:
+            raise KvtierError("kvtier: get_deadline_ms %r: want a whole number >= 0" % (config.get("get_deadline_ms"),))
         self.prefetch = self._flag(config, "prefetch", True)
         self.namespace = self._namespace(offloading_spec, config)
         self.client_id = "vllm-tier-%d" % os.getpid()

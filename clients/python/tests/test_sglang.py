@@ -525,6 +525,13 @@ def test_bad_input(kvtier_bin, tmp_path):
             KvtierStorage(storage_config(mla=True, extra={"socket": s.sock}), {}).register_mem_pool_host(mla_pool)
         with pytest.raises(KvtierError, match="timeout_s"):
             KvtierStorage(storage_config(extra={"socket": s.sock, "timeout_s": -1}), {})
+        for v in (-1, "abc", "1.5", 2.5, None, True, [3]):
+            with pytest.raises(KvtierError, match="get_deadline_ms"):
+                KvtierStorage(storage_config(extra={"socket": s.sock, "get_deadline_ms": v}), {})
+        for v, want in ((0, 0), ("250", 250), (250.0, 250), (" 7 ", 7)):
+            assert KvtierStorage(storage_config(extra={"socket": s.sock, "get_deadline_ms": v}), {}).get_deadline_ms == want
+        with pytest.raises(KvtierError, match="prefetch"):
+            KvtierStorage(storage_config(extra={"socket": s.sock, "prefetch": "maybe"}), {})
         with pytest.raises(KvtierError, match="tp_rank"):
             KvtierStorage(storage_config(tp_rank=2, tp_size=2, extra={"socket": s.sock}), {})
 

@@ -330,6 +330,9 @@ def test_config_errors(tmp_path):
     sock = str(tmp_path / "none.sock")
     with pytest.raises(KvtierError, match="unknown secondary tier keys"):
         KvtierTier(offloading_spec=spec(), primary_kv_view=t.view, tier_type="kvtier", socket=sock, bogus=1)
+    for v in (-1, "abc", 2.5, None, True):
+        with pytest.raises(KvtierError, match="get_deadline_ms"):
+            KvtierTier(offloading_spec=spec(), primary_kv_view=t.view, tier_type="kvtier", socket=sock, get_deadline_ms=v)
     with pytest.raises(KvtierError, match="041410b9"):
         KvtierTier(vllm_config=object(), primary_kv_view=t.view, tier_type="kvtier")
     with pytest.raises(KvtierError, match="split into 3 kinds"):
