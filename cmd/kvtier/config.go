@@ -158,6 +158,11 @@ func configLoadStack(path string, v serveView) (st *config.Stack, expanded strin
 	if err != nil {
 		return nil, "", err
 	}
+	return loadStackAs(path, m, v)
+}
+
+// loadStackAs is configLoadStack with the modules m.
+func loadStackAs(path string, m config.Modules, v serveView) (st *config.Stack, expanded string, err error) {
 	if path == "" {
 		st, err := config.Default(m)
 		return st, "", err

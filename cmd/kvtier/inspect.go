@@ -95,7 +95,7 @@ func inspectL3(ctx context.Context, args []string, stdout, stderr io.Writer, m c
 // the module registries modules returns.
 func newInspectL3Cmd(modules func() (config.Modules, error)) *cobra.Command {
 	cmd := &cobra.Command{
-		Use: "l3 (--config FILE [--tier NAME] | --dir D[,D...] --index-dir DIR [--index lmdb|badger]) [--repair | --rebuild-index]",
+		Use: "l3 (--config FILE [--tier NAME] [--data-dir DIR --rank N] | --dir D[,D...] --index-dir DIR [--index lmdb|badger]) [--repair | --rebuild-index]",
 		Long: `Checks l3disk slab files against their index offline (no store may have
 them open): counts live, orphan, corrupt, lost and free slots and index
 entries without a valid slot; exits 1 when it finds damage, repaired or
@@ -108,7 +108,9 @@ nothing.`,
 	}
 	fs := cmd.Flags()
 	var (
-		cfgPath  = fs.String("config", "", "stack config `file`; its l3disk tier names the disks and the index")
+		cfgPath  = fs.String("config", "", "stack config `file`; its l3disk tier names the disks and the index (a config for serve: its placeholders expanded as serve would, {{DIR}} = --data-dir, {{RANK}} = --rank)")
+		dataDir  = fs.String("data-dir", "", "with a serve config: serve's --data-dir `dir` (default: serve's default)")
+		rank     = fs.Int("rank", 0, "with a serve config: the `rank` whose L3 to check")
 		tierName = fs.String("tier", "", "the l3disk tier's `name` in the config (default: the only one)")
 		dirs     dirList
 		ixName   = fs.String("index", "", "index `module` (lmdb, badger) when no config is given (default: detected from --index-dir)")
@@ -145,7 +147,7 @@ nothing.`,
 		case *cfgPath != "" && len(dirs) > 0:
 			return fmt.Errorf("inspect l3: give --config or --dir, not both: %w", errUsage)
 		case *cfgPath != "":
-			st, err := config.LoadFile(*cfgPath, m)
+			st, _, err := loadStackAs(*cfgPath, m, serveView{dataDir: *dataDir, rank: *rank})
 			if err != nil {
 				return fmt.Errorf("inspect l3: %w", err)
 			}

@@ -128,6 +128,23 @@ tiers:
 	if !strings.Contains(out.String(), "status: ok") || !strings.Contains(out.String(), "5 live") {
 		t.Fatalf("output:\n%s", out.String())
 	}
+	// The same stack written for serve: its placeholders stand for
+	// --data-dir (and the rank).
+	serveCfg := filepath.Join(base, "serve.yaml")
+	serveYAML := strings.NewReplacer(ixDir, "{{DIR}}/index", disk, "{{DIR}}/disk").Replace(yaml)
+	if err := os.WriteFile(serveCfg, []byte(serveYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := inspectL3(context.Background(), []string{"--config", serveCfg, "--data-dir", base}, &out, &errOut, modulesWithSlab(t)); err != nil {
+		t.Fatalf("inspect --config of serve's shape: %v\n%s%s", err, out.String(), errOut.String())
+	}
+	if !strings.Contains(out.String(), "status: ok") || !strings.Contains(out.String(), "5 live") {
+		t.Fatalf("output, serve's shape:\n%s", out.String())
+	}
+	if err := inspectL3(context.Background(), []string{"--config", serveCfg, "--data-dir", base, "--rank", "1"}, &out, &errOut, modulesWithSlab(t)); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "ranks 0..0") {
+		t.Errorf("--rank 1 of a one-rank serve stack: %v, want a usage error naming its ranks", err)
+	}
 	for _, bad := range [][]string{
 		{"inspect", "l3"},
 		{"inspect", "l3", "--config", cfg, "--dir", disk},
