@@ -231,8 +231,15 @@ func checkRanges(rs ...flagRange) error {
 // memoryRange is the range of a flag whose every unit costs perUnit bytes
 // of memory on top of fixed bytes that the rest of the command needs: at
 // most (available - fixed) / perUnit units.
+//
+// A perUnit of zero or less (a cost computed from another flag that is
+// itself out of range, checked in the same checkRanges call) bounds
+// nothing: that flag's own check reports it.
 func (m machine) memoryRange(flagName string, value, minimum, perUnit, fixed int64, unitName string) flagRange {
 	left := m.MemAvailable - fixed
+	if perUnit <= 0 {
+		return flagRange{Flag: flagName, Value: value, Min: minimum, Max: math.MaxInt64}
+	}
 	r := flagRange{Flag: flagName, Value: value, Min: minimum, Max: max(left, 0) / perUnit}
 	r.MaxWhy = fmt.Sprintf("about %s of memory per %s", bytesString(perUnit), unitName)
 	if fixed > 0 {

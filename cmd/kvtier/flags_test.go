@@ -66,6 +66,11 @@ func TestFlagLimits(t *testing.T) {
 		{"replay sweep-points not whole", []string{"replay", trace, "--sweep", "--sweep-points", "2.5"}, []string{`"2.5" is not a whole number`, "sweep-points"}},
 		{"replay capacity empty", []string{"replay", trace, "--capacity", ""}, []string{`--capacity "": empty`}},
 		{"replay capacity blank", []string{"replay", trace, "--capacity", "  "}, []string{`--capacity "": empty`}},
+		// a cost computed from another flag that is out of range (it
+		// divided by zero: bench group --ranks 0 panicked)
+		{"bench group ranks 0", []string{"bench", "group", "--ranks", "0"}, []string{"--ranks 0: must be at least 2"}},
+		{"bench group rounds 0", []string{"bench", "group", "--rounds", "0"}, []string{"--rounds 0: must be at least 1"}},
+		{"bench group ranks -1", []string{"bench", "group", "--ranks", "-1"}, []string{"--ranks -1: must be at least 2"}},
 		// serve: the rank group
 		{"serve group unknown", []string{"serve", "--data-dir", dir, "--group", "mpi"}, []string{`--group "mpi"`, "inproc, engine or tcp"}},
 		{"serve group tcp without size", []string{"serve", "--data-dir", dir, "--group", "tcp", "--group-hub", "127.0.0.1:1"}, []string{"--group tcp needs --group-size N"}},
