@@ -165,3 +165,24 @@ func TestBenchServeSessions(t *testing.T) {
 		t.Errorf("floor ratio %v, want %v", r["ratio"], base/r["value"].(float64))
 	}
 }
+
+// TestBenchServeChildRefuses: a serve subprocess that exits before it
+// listens (here: a shadow policy it does not know) ends the bench with
+// serve's own error, at once. The bench used to wait forever: the exit was
+// one value on a channel, taken by the wait for the socket and then waited
+// for again by the stop.
+func TestBenchServeChildRefuses(t *testing.T) {
+	done := make(chan error, 1)
+	var out, errb bytes.Buffer
+	go func() {
+		done <- run(context.Background(), []string{"bench", "serve", "--shadow", "nope", "--rounds", "1", "--sessions", "1", "--requests", "300", "--l3", "none", "--copies=false", "--dir", t.TempDir()}, &out, &errb)
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), `no eviction policy named "nope"`) {
+			t.Fatalf("bench serve --shadow nope: %v, want serve's refusal of the policy", err)
+		}
+	case <-time.After(40 * time.Second):
+		t.Fatal("bench serve --shadow nope did not return within 40 s of serve's refusal")
+	}
+}

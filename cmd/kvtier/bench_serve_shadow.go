@@ -153,8 +153,13 @@ func (o serveRound) runChild(ctx context.Context, exe, l3 string, shadow []strin
 	if err := cmd.Start(); err != nil {
 		return fail(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	// NB: closed (not sent on) when serve exits, so that every waiter
+	// sees it: a serve that exits before it listens (a flag it refuses)
+	// is seen by waitSocket and then by stop, which waited forever for a
+	// value waitSocket had taken.
+	exited := make(chan struct{})
+	var exitErr error
+	go func() { exitErr = cmd.Wait(); close(exited) }()
 	stopped := false
 	stop := func() error {
 		if stopped {
@@ -163,8 +168,8 @@ func (o serveRound) runChild(ctx context.Context, exe, l3 string, shadow []strin
 		stopped = true
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case err := <-exited:
-			return err
+		case <-exited:
+			return exitErr
 		case <-time.After(30 * time.Second):
 			_ = cmd.Process.Kill()
 			<-exited
@@ -172,7 +177,7 @@ func (o serveRound) runChild(ctx context.Context, exe, l3 string, shadow []strin
 		}
 	}
 	defer stop()
-	if err := waitSocket(ctx, sock, exited, 60*time.Second); err != nil {
+	if err := waitSocket(ctx, sock, exited, func() error { return exitErr }, 60*time.Second); err != nil {
 		return fail(fmt.Errorf("serve: %w\n%s", err, stderr.String()))
 	}
 	proc, err := procfs.NewProc(cmd.Process.Pid)
@@ -308,15 +313,15 @@ func shadowBusy(ctx context.Context, addr string) (time.Duration, error) {
 }
 
 // waitSocket waits until a unix socket at path accepts a connection.
-func waitSocket(ctx context.Context, path string, exited <-chan error, limit time.Duration) error {
+func waitSocket(ctx context.Context, path string, exited <-chan struct{}, exitErr func() error, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for time.Now().Before(deadline) {
 		if c, err := net.Dial("unix", path); err == nil {
 			return c.Close()
 		}
 		select {
-		case err := <-exited:
-			return fmt.Errorf("exited before listening: %v", err)
+		case <-exited:
+			return fmt.Errorf("exited before listening: %v", exitErr())
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
