@@ -42,8 +42,16 @@ its own standalone redis-server on a loopback port.`,
 		if fs.NArg() != 0 {
 			return fmt.Errorf("bench redis: unexpected arguments %v: %w", fs.Args(), errUsage)
 		}
-		if *batch <= 0 || *rounds <= 0 || *pageKiB <= 0 {
-			return fmt.Errorf("bench redis: --batch, --rounds and --page-kib must be positive: %w", errUsage)
+		// NB: checked before a redis-server starts; a batch or page past
+		// these died in makeslice.
+		if err := checkRanges(
+			flagRange{Flag: "page-kib", Value: int64(*pageKiB), Min: 1, Max: maxRedisPageKiB,
+				MaxWhy: "a fixed bound: 64 MiB, the largest page kvtier bench serve takes"},
+			roundsRange("rounds", int64(*rounds)),
+			machineOf(ctx).memoryRange("batch", int64(*batch), 1, redisCopiesPerPage*(int64(max(min(*pageKiB, maxRedisPageKiB), 0))<<10), 0,
+				"page of the batch (a page is held five times: two slab copies, the raw client's read and redis-server's two keys)"),
+		); err != nil {
+			return fmt.Errorf("bench redis: %w: %w", err, errUsage)
 		}
 		cfg := redis.DefaultConfig()
 		cfg.Mode = *mode
@@ -82,3 +90,11 @@ its own standalone redis-server on a loopback port.`,
 	}
 	return cmd
 }
+
+const (
+	// maxRedisPageKiB bounds bench redis's --page-kib.
+	maxRedisPageKiB = 64 << 10
+	// redisCopiesPerPage is how many times bench redis holds each page of
+	// a batch in this machine's memory.
+	redisCopiesPerPage = 5
+)

@@ -71,6 +71,11 @@ func TestFlagLimits(t *testing.T) {
 		{"bench group ranks 0", []string{"bench", "group", "--ranks", "0"}, []string{"--ranks 0: must be at least 2"}},
 		{"bench group rounds 0", []string{"bench", "group", "--rounds", "0"}, []string{"--rounds 0: must be at least 1"}},
 		{"bench group ranks -1", []string{"bench", "group", "--ranks", "-1"}, []string{"--ranks -1: must be at least 2"}},
+		// bench redis: refused before a redis-server starts (a batch or
+		// page past memory died in makeslice)
+		{"bench redis batch beyond memory", []string{"bench", "redis", "--batch", "99999999999999"}, []string{"--batch 99999999999999: at most", "of memory per page of the batch"}},
+		{"bench redis page-kib beyond bound", []string{"bench", "redis", "--page-kib", "99999999999999"}, []string{"--page-kib 99999999999999: at most 65536"}},
+		{"bench redis page-kib 0", []string{"bench", "redis", "--page-kib", "0"}, []string{"--page-kib 0: must be at least 1"}},
 		// serve: the rank group
 		{"serve group unknown", []string{"serve", "--data-dir", dir, "--group", "mpi"}, []string{`--group "mpi"`, "inproc, engine or tcp"}},
 		{"serve group tcp without size", []string{"serve", "--data-dir", dir, "--group", "tcp", "--group-hub", "127.0.0.1:1"}, []string{"--group tcp needs --group-size N"}},
