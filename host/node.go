@@ -427,18 +427,18 @@ func (n *Node) copies(ctx context.Context, cs []control.Copy) error {
 	for i := 0; i < len(cs); {
 		j := i
 		// NB: sized once for the op's pages this Node copies (every kind):
-		// a step copies a page a kind and rank.
+		// a step copies a page a kind and rank. A copy's pages sit at
+		// consecutive positions and one in every lanes of them is this
+		// Node's (control.OwnerOf), so its share is at most a ceiling
+		// division, counted over the runs instead of page by page.
+		lanes := max(n.opts.Lanes, 1)
 		total := 0
 		for k := i; k < len(cs) && cs[k].Op == cs[i].Op; k++ {
 			pages := 0
 			for _, r := range cs[k].L1 {
 				pages += int(r.Pages)
 			}
-			for p := range pages {
-				if n.owns(cs[k].Depth + p) {
-					total++
-				}
-			}
+			total += (pages + lanes - 1) / lanes
 		}
 		total *= n.kinds
 		items := make([]tiers.PoolCopy, 0, total)
