@@ -175,11 +175,9 @@ func loadStackAs(path string, m config.Modules, v serveView) (st *config.Stack, 
 		st, err := config.Load(data, path, m)
 		return st, "", err
 	}
-	dir := v.dataDir
-	if dir == "" {
-		if dir, err = defaultServeDataDir(); err != nil {
-			return nil, "", fmt.Errorf("%s has serve's placeholders: %w", path, err)
-		}
+	dir, err := serveDataDir(v.dataDir)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s has serve's placeholders: %w", path, err)
 	}
 	if dir, err = filepath.Abs(dir); err != nil {
 		return nil, "", fmt.Errorf("data dir: %w", err)

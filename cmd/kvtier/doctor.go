@@ -63,11 +63,9 @@ scratch file in each L3 directory (or its nearest existing parent) and remove it
 		}
 		sock := *socket
 		if sock == "" {
-			dir := *dataDir
-			if dir == "" {
-				if dir, err = defaultServeDataDir(); err != nil {
-					return fmt.Errorf("doctor: %w (pass --socket)", err)
-				}
+			dir, err := serveDataDir(*dataDir)
+			if err != nil {
+				return fmt.Errorf("doctor: %w (pass --socket)", err)
 			}
 			sock = serveSocketIn(dir)
 		}

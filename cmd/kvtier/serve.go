@@ -164,13 +164,9 @@ See docs/serve.md and docs/engine-api.md.`,
 		if cs != tiers.ColdStartLoad && cs != tiers.ColdStartClear {
 			return fmt.Errorf("serve: --cold-start %q: want load or clear: %w", *cold, errUsage)
 		}
-		dir := *dataDir
-		if dir == "" {
-			d, err := defaultServeDataDir()
-			if err != nil {
-				return fmt.Errorf("serve: %w", err)
-			}
-			dir = d
+		dir, err := serveDataDir(*dataDir)
+		if err != nil {
+			return fmt.Errorf("serve: %w", err)
 		}
 		sock := *socket
 		if sock == "" {
@@ -241,6 +237,15 @@ func defaultServeDataDir() (string, error) {
 		base = filepath.Join(home, ".local", "state")
 	}
 	return filepath.Join(base, "kvtier"), nil
+}
+
+// serveDataDir is a --data-dir flag's value, or serve's default when it
+// is empty.
+func serveDataDir(flag string) (string, error) {
+	if flag != "" {
+		return flag, nil
+	}
+	return defaultServeDataDir()
 }
 
 // serveSocketIn is serve's --socket default under the data dir dir.
